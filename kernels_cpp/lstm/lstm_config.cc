@@ -1,0 +1,122 @@
+// Attribute parsing for both ops: every attribute is checked here once, with messages that name
+// the attribute and the expected vs actual value.
+#include "lstm/lstm_config.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace ortlstm {
+namespace {
+
+std::string JoinStrings(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ", ";
+    out += items[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
+  LstmConfig cfg;
+  if (!raw.hidden_size) return "attribute hidden_size is required (a positive integer) but is missing";
+  if (*raw.hidden_size <= 0) {
+    return "attribute hidden_size: expected a positive integer, got " + std::to_string(*raw.hidden_size);
+  }
+  cfg.hidden_size = *raw.hidden_size;
+
+  const std::string direction = raw.direction.value_or("forward");
+  if (direction == "forward") {
+    cfg.direction = Direction::kForward;
+  } else if (direction == "reverse") {
+    cfg.direction = Direction::kReverse;
+  } else if (direction == "bidirectional") {
+    cfg.direction = Direction::kBidirectional;
+  } else {
+    return "attribute direction: expected one of forward, reverse, bidirectional, got '" + direction + "'";
+  }
+  cfg.num_directions = cfg.direction == Direction::kBidirectional ? 2 : 1;
+
+  std::vector<std::string> names;
+  if (raw.activations && !raw.activations->empty()) {
+    names = *raw.activations;
+  } else {
+    for (int64_t d = 0; d < cfg.num_directions; ++d) {
+      names.insert(names.end(), {"Sigmoid", "Tanh", "Tanh"});
+    }
+  }
+  const size_t expected_count = static_cast<size_t>(3 * cfg.num_directions);
+  if (names.size() != expected_count) {
+    std::ostringstream msg;
+    msg << "attribute activations: expected 3*num_directions=" << expected_count << " names (f, g, h per direction, "
+        << "direction=" << direction << "), got " << names.size() << " [" << JoinStrings(names) << "]";
+    return msg.str();
+  }
+  const std::vector<float> alphas = raw.activation_alpha.value_or(std::vector<float>{});
+  const std::vector<float> betas = raw.activation_beta.value_or(std::vector<float>{});
+  size_t next_alpha = 0;
+  size_t next_beta = 0;
+  std::array<Activation, 6> parsed{};
+  for (size_t k = 0; k < names.size(); ++k) {
+    const auto kind = ParseActivationName(names[k]);
+    if (!kind) {
+      return "attribute activations: unknown activation '" + names[k] + "' at position " + std::to_string(k) +
+             "; expected one of Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, "
+             "Elu, Softsign, Softplus";
+    }
+    const ActivationParamSpec spec = ActivationParams(*kind);
+    Activation act{*kind, spec.default_alpha, spec.default_beta};
+    if (spec.alpha_count > 0 && next_alpha < alphas.size()) act.alpha = alphas[next_alpha++];
+    if (spec.beta_count > 0 && next_beta < betas.size()) act.beta = betas[next_beta++];
+    parsed[k] = act;
+  }
+  if (next_alpha < alphas.size()) {
+    std::ostringstream msg;
+    msg << "attribute activation_alpha: the activations [" << JoinStrings(names) << "] take " << next_alpha
+        << " alpha value(s), got " << alphas.size();
+    return msg.str();
+  }
+  if (next_beta < betas.size()) {
+    std::ostringstream msg;
+    msg << "attribute activation_beta: the activations [" << JoinStrings(names) << "] take " << next_beta
+        << " beta value(s), got " << betas.size();
+    return msg.str();
+  }
+  for (int64_t d = 0; d < cfg.num_directions; ++d) {
+    cfg.activations[d] = DirectionActivations{parsed[3 * d], parsed[3 * d + 1], parsed[3 * d + 2]};
+  }
+
+  if (raw.clip) {
+    if (!(*raw.clip > 0.0f) || std::isinf(*raw.clip)) {
+      return "attribute clip: expected a positive finite threshold, got " + std::to_string(*raw.clip);
+    }
+    cfg.clip = *raw.clip;
+  }
+  const int64_t input_forget = raw.input_forget.value_or(0);
+  if (input_forget != 0 && input_forget != 1) {
+    return "attribute input_forget: expected 0 or 1, got " + std::to_string(input_forget);
+  }
+  cfg.input_forget = input_forget == 1;
+  cfg.layout = raw.layout.value_or(0);
+  if (cfg.layout != 0 && cfg.layout != 1) {
+    return "attribute layout: expected 0 or 1, got " + std::to_string(cfg.layout);
+  }
+  *config = cfg;
+  return "";
+}
+
+std::string JoinActivationNames(const LstmConfig& config) {
+  std::string out;
+  for (int64_t d = 0; d < config.num_directions; ++d) {
+    const auto& acts = config.activations[d];
+    for (const Activation* act : {&acts.f, &acts.g, &acts.h}) {
+      if (!out.empty()) out += ",";
+      out += ActivationName(act->kind);
+    }
+  }
+  return out;
+}
+
+}  // namespace ortlstm

@@ -1,0 +1,60 @@
+// Entry points of the ORT-free LSTM math: forward (LSTMTraining) and backward (LSTMGrad).
+// Inputs are validated by the adapter (ort/); shapes and layouts are in lstm/lstm_dims.h.
+#pragma once
+
+#include <cstdint>
+
+#include "lstm/lstm_config.h"
+#include "lstm/lstm_dims.h"
+
+namespace ortlstm {
+
+// Optional tensors are nullptr when absent (inputs) or not requested (outputs).
+template <typename T>
+struct LstmForwardTensors {
+  const T* X = nullptr;
+  const T* W = nullptr;
+  const T* R = nullptr;
+  const T* B = nullptr;
+  const int32_t* sequence_lens = nullptr;
+  const T* initial_h = nullptr;
+  const T* initial_c = nullptr;
+  const T* P = nullptr;
+  T* HAll = nullptr;
+  T* Ht = nullptr;
+  T* Ct = nullptr;
+  T* CAll = nullptr;
+  T* IOFC = nullptr;
+};
+
+template <typename T>
+struct LstmBackwardTensors {
+  const T* X = nullptr;
+  const T* W = nullptr;
+  const T* R = nullptr;
+  const int32_t* sequence_lens = nullptr;
+  const T* initial_h = nullptr;
+  const T* initial_c = nullptr;
+  const T* HAll = nullptr;
+  const T* CAll = nullptr;
+  const T* IOFC = nullptr;
+  const T* grad_HAll = nullptr;
+  const T* grad_Ht = nullptr;
+  const T* grad_Ct = nullptr;
+  const T* P = nullptr;
+  T* dX = nullptr;
+  T* dW = nullptr;
+  T* dR = nullptr;
+  T* dB = nullptr;
+  T* dH0 = nullptr;
+  T* dC0 = nullptr;
+  T* dP = nullptr;
+};
+
+template <typename T>
+void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors);
+
+template <typename T>
+void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors);
+
+}  // namespace ortlstm

@@ -1,0 +1,28 @@
+// Runtime checks of every input of LSTMTraining and LSTMGrad, done once per call before any math.
+// Each returns "" and fills LstmDims, or a message naming the input with expected vs actual shape,
+// type or value (dim names as in docs/ops.md).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "generated/op_schema.h"
+#include "lstm/lstm_config.h"
+#include "lstm/lstm_dims.h"
+#include "ort/ort_util.h"
+
+namespace ortlstm::ort {
+
+using TrainingInputs = std::array<TensorArg, schema::lstm_training::kNumInputs>;
+using GradInputs = std::array<TensorArg, schema::lstm_grad::kNumInputs>;
+
+std::string ValidateTrainingInputs(const LstmConfig& config, const TrainingInputs& inputs, LstmDims* dims);
+std::string ValidateGradInputs(const LstmConfig& config, const GradInputs& inputs, LstmDims* dims);
+
+// Output shapes, from validated dims.
+std::vector<int64_t> SequenceShape(const LstmDims& dims, int64_t width);  // HAll, CAll (H), IOFC (4H)
+std::vector<int64_t> StateShape(const LstmDims& dims);                    // Ht, Ct, initial_h, dH0, ...
+std::vector<int64_t> InputShape(const LstmDims& dims);                    // X, dX
+
+}  // namespace ortlstm::ort

@@ -1,0 +1,199 @@
+// C API plumbing for the adapters. Every OrtStatus returned by ORT is released here; callers get
+// plain messages.
+#include "ort/ort_util.h"
+
+#include <cctype>
+#include <memory>
+#include <sstream>
+
+#include "generated/op_schema.h"
+
+namespace ortlstm::ort {
+namespace {
+
+const OrtApi* g_api = nullptr;
+const OrtApi* g_api_string_arrays = nullptr;
+
+// Takes ownership of `status`; returns its message, or "" for success.
+std::string Consume(OrtStatus* status) {
+  if (status == nullptr) return "";
+  std::string message = Api().GetErrorMessage(status);
+  Api().ReleaseStatus(status);
+  return message.empty() ? "unknown onnxruntime error" : message;
+}
+
+std::optional<int64_t> ReadInt(const OrtKernelInfo* info, const char* name) {
+  int64_t value = 0;
+  if (!Consume(Api().KernelInfoGetAttribute_int64(info, name, &value)).empty()) return std::nullopt;
+  return value;
+}
+
+std::optional<float> ReadFloat(const OrtKernelInfo* info, const char* name) {
+  float value = 0.0f;
+  if (!Consume(Api().KernelInfoGetAttribute_float(info, name, &value)).empty()) return std::nullopt;
+  return value;
+}
+
+std::optional<std::string> ReadString(const OrtKernelInfo* info, const char* name) {
+  size_t size = 0;
+  if (!Consume(Api().KernelInfoGetAttribute_string(info, name, nullptr, &size)).empty() || size == 0) {
+    return std::nullopt;
+  }
+  std::string value(size, '\0');
+  if (!Consume(Api().KernelInfoGetAttribute_string(info, name, value.data(), &size)).empty()) return std::nullopt;
+  value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  return value;
+}
+
+std::optional<std::vector<float>> ReadFloats(const OrtKernelInfo* info, const char* name) {
+  size_t size = 0;
+  if (!Consume(Api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size)).empty()) return std::nullopt;
+  std::vector<float> values(size);
+  if (size > 0 && !Consume(Api().KernelInfoGetAttributeArray_float(info, name, values.data(), &size)).empty()) {
+    return std::nullopt;
+  }
+  return values;
+}
+
+std::optional<std::vector<std::string>> ReadStrings(const OrtKernelInfo* info, const char* name) {
+#if ORT_API_VERSION >= 25
+  if (g_api_string_arrays == nullptr) return std::nullopt;
+  OrtAllocator* allocator = nullptr;
+  if (!Consume(Api().GetAllocatorWithDefaultOptions(&allocator)).empty()) return std::nullopt;
+  char** strings = nullptr;
+  size_t size = 0;
+  if (!Consume(g_api_string_arrays->KernelInfoGetAttributeArray_string(info, name, allocator, &strings, &size))
+           .empty()) {
+    return std::nullopt;
+  }
+  std::vector<std::string> values;
+  for (size_t i = 0; i < size; ++i) {
+    values.emplace_back(strings[i]);
+    allocator->Free(allocator, strings[i]);
+  }
+  if (strings != nullptr) allocator->Free(allocator, strings);
+  return values;
+#else
+  (void)info;
+  (void)name;
+  return std::nullopt;
+#endif
+}
+
+std::vector<std::string> SplitCommaList(const std::string& text) {
+  std::vector<std::string> items;
+  std::string item;
+  std::istringstream stream(text);
+  while (std::getline(stream, item, ',')) {
+    const auto first = item.find_first_not_of(" \t");
+    const auto last = item.find_last_not_of(" \t");
+    items.push_back(first == std::string::npos ? "" : item.substr(first, last - first + 1));
+  }
+  return items;
+}
+
+std::string Lower(std::string text) {
+  for (char& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return text;
+}
+
+}  // namespace
+
+const OrtApi& Api() { return *g_api; }
+
+void SetApis(const OrtApi* api, const OrtApi* api_with_string_arrays) {
+  g_api = api;
+  g_api_string_arrays = api_with_string_arrays;
+}
+
+bool CanReadStringArrays() { return g_api_string_arrays != nullptr; }
+
+OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message) { return Api().CreateStatus(code, message.c_str()); }
+
+std::string ReadInput(OrtKernelContext* context, size_t index, TensorArg* arg) {
+  *arg = TensorArg{};
+  size_t count = 0;
+  std::string error = Consume(Api().KernelContext_GetInputCount(context, &count));
+  if (!error.empty() || index >= count) return error;
+  const OrtValue* value = nullptr;
+  error = Consume(Api().KernelContext_GetInput(context, index, &value));
+  if (!error.empty() || value == nullptr) return error;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  error = Consume(Api().GetTensorTypeAndShape(value, &info));
+  if (!error.empty()) return error;
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> owned(
+      info, [](OrtTensorTypeAndShapeInfo* p) { Api().ReleaseTensorTypeAndShapeInfo(p); });
+  size_t rank = 0;
+  error = Consume(Api().GetTensorElementType(info, &arg->type));
+  if (error.empty()) error = Consume(Api().GetDimensionsCount(info, &rank));
+  if (!error.empty()) return error;
+  arg->shape.resize(rank);
+  if (rank > 0) error = Consume(Api().GetDimensions(info, arg->shape.data(), rank));
+  if (!error.empty()) return error;
+  void* data = nullptr;
+  error = Consume(Api().GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  if (!error.empty()) return error;
+  arg->data = data;
+  arg->present = true;
+  return "";
+}
+
+std::string AllocateOutput(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape, void** data) {
+  *data = nullptr;
+  size_t count = 0;
+  std::string error = Consume(Api().KernelContext_GetOutputCount(context, &count));
+  if (!error.empty() || index >= count) return error;
+  OrtValue* value = nullptr;
+  error = Consume(Api().KernelContext_GetOutput(context, index, shape.data(), shape.size(), &value));
+  if (!error.empty() || value == nullptr) return error;
+  return Consume(Api().GetTensorMutableData(value, data));
+}
+
+std::string FormatShape(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string NodeName(const OrtKernelInfo* info) {
+  size_t size = 0;
+  if (!Consume(Api().KernelInfo_GetNodeName(info, nullptr, &size)).empty() || size <= 1) return "";
+  std::string name(size, '\0');
+  if (!Consume(Api().KernelInfo_GetNodeName(info, name.data(), &size)).empty()) return "";
+  name.resize(size > 0 ? size - 1 : 0);
+  return name;
+}
+
+std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw) {
+  namespace attr = schema::attr;
+  raw->hidden_size = ReadInt(info, attr::kHiddenSize);
+  raw->direction = ReadString(info, attr::kDirection);
+  raw->activation_alpha = ReadFloats(info, attr::kActivationAlpha);
+  raw->activation_beta = ReadFloats(info, attr::kActivationBeta);
+  raw->clip = ReadFloat(info, attr::kClip);
+  raw->input_forget = ReadInt(info, attr::kInputForget);
+  raw->layout = ReadInt(info, attr::kLayout);
+
+  const std::optional<std::vector<std::string>> listed = ReadStrings(info, attr::kActivations);
+  const std::optional<std::string> joined = ReadString(info, attr::kActivationsCsv);
+  std::optional<std::vector<std::string>> from_joined;
+  if (joined) from_joined = SplitCommaList(*joined);
+  if (listed && from_joined) {
+    std::vector<std::string> a = *listed;
+    std::vector<std::string> b = *from_joined;
+    for (auto& s : a) s = Lower(s);
+    for (auto& s : b) s = Lower(s);
+    if (a != b) {
+      return std::string("attributes ") + attr::kActivations + " and " + attr::kActivationsCsv +
+             " disagree: activations has " + std::to_string(listed->size()) + " names, activations_csv is '" +
+             *joined + "'";
+    }
+  }
+  raw->activations = listed ? listed : from_joined;
+  return "";
+}
+
+}  // namespace ortlstm::ort

@@ -1,0 +1,57 @@
+// Thin helpers over ORT's C API for the adapters: read a kernel's inputs, allocate its outputs,
+// read node attributes and turn messages into OrtStatus. Only C API functions of version <= 19
+// are called through Api(); newer ones go through ApiAtLeast(), which is null on older runtimes.
+#pragma once
+
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lstm/lstm_config.h"
+
+namespace ortlstm::ort {
+
+// The C API version the library requests: the highest onnxruntime 1.19 provides.
+inline constexpr uint32_t kOrtApiVersion = 19;
+// onnxruntime 1.25 added KernelInfoGetAttributeArray_string.
+inline constexpr uint32_t kOrtApiVersionStringArrays = 25;
+
+const OrtApi& Api();
+// Set once by RegisterCustomOps.
+void SetApis(const OrtApi* api, const OrtApi* api_with_string_arrays);
+// Whether kernels can read string-list attributes (activations) directly.
+bool CanReadStringArrays();
+
+OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message);
+
+// One kernel input as the adapter sees it; `present` is false for an omitted optional input.
+struct TensorArg {
+  bool present = false;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  template <typename T>
+  const T* Data() const {
+    return present ? static_cast<const T*>(data) : nullptr;
+  }
+};
+
+// Reads input `index` (absent when the node has fewer inputs or an empty name there).
+std::string ReadInput(OrtKernelContext* context, size_t index, TensorArg* arg);
+// Allocates output `index` with `shape` unless the node omitted it; *data stays null then.
+std::string AllocateOutput(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape, void** data);
+
+// "[2, 3, 4]"
+std::string FormatShape(const std::vector<int64_t>& shape);
+
+// Reads the LSTM attributes of a node; "" on success or a message naming the attribute.
+std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw);
+std::string NodeName(const OrtKernelInfo* info);
+
+}  // namespace ortlstm::ort

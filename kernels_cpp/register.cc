@@ -1,0 +1,66 @@
+// The library's entry point and its only table of kernels: ORT calls RegisterCustomOps when a
+// session registers the library; it adds the ortlstm domain with every op of ort/lstm_ops.cc.
+#include <string>
+
+#include "generated/op_schema.h"
+#include "ort/lstm_ops.h"
+#include "ort/ort_util.h"
+
+namespace {
+
+// "1.19.2" -> 19 (ORT's C API version equals its minor release number); -1 if unparsable.
+int MinorVersion(const char* version) {
+  if (version == nullptr) return -1;
+  const std::string text(version);
+  const auto first = text.find('.');
+  if (first == std::string::npos || text.compare(0, first, "1") != 0) return -1;
+  try {
+    return std::stoi(text.substr(first + 1));
+  } catch (...) {
+    return -1;
+  }
+}
+
+OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using ortlstm::ort::Api;
+  const OrtApi* api = api_base->GetApi(ortlstm::ort::kOrtApiVersion);
+  if (api == nullptr) {
+    // Version 1 of the API exists in every release and can still report the problem.
+    const OrtApi* oldest = api_base->GetApi(1);
+    const std::string message = std::string("ortlstm needs onnxruntime >= 1.19 (C API version ") +
+                                std::to_string(ortlstm::ort::kOrtApiVersion) + "); this is onnxruntime " +
+                                api_base->GetVersionString();
+    return oldest != nullptr ? oldest->CreateStatus(ORT_FAIL, message.c_str()) : nullptr;
+  }
+  Ort::InitApi(api);
+  // Only newer runtimes hand string-list attributes (activations) to custom kernels. Older ones
+  // print to stderr when asked for an API version they lack, so ask only when the release has it.
+  const OrtApi* string_arrays = nullptr;
+  if (ORT_API_VERSION >= ortlstm::ort::kOrtApiVersionStringArrays &&
+      MinorVersion(api_base->GetVersionString()) >= static_cast<int>(ortlstm::ort::kOrtApiVersionStringArrays)) {
+    string_arrays = api_base->GetApi(ortlstm::ort::kOrtApiVersionStringArrays);
+  }
+  ortlstm::ort::SetApis(api, string_arrays);
+
+  // The domain must outlive every session created from `options`; ORT does not take ownership,
+  // so it is deliberately never released (one small object per registration).
+  OrtCustomOpDomain* domain = nullptr;
+  if (OrtStatus* status = Api().CreateCustomOpDomain(ortlstm::schema::kDomain, &domain)) return status;
+  const std::string error = ortlstm::ort::AddLstmOps(domain);
+  if (!error.empty()) {
+    Api().ReleaseCustomOpDomain(domain);
+    return ortlstm::ort::MakeStatus(ORT_FAIL, "ortlstm: registering the ops failed: " + error);
+  }
+  if (OrtStatus* status = Api().AddCustomOpDomain(options, domain)) {
+    Api().ReleaseCustomOpDomain(domain);
+    return status;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  return Register(options, api_base);
+}
