@@ -35,12 +35,13 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api);
   // Only newer runtimes hand string-list attributes (activations) to custom kernels. Older ones
   // print to stderr when asked for an API version they lack, so ask only when the release has it.
+  const int release_minor = MinorVersion(api_base->GetVersionString());
   const OrtApi* string_arrays = nullptr;
   if (ORT_API_VERSION >= ortlstm::ort::kOrtApiVersionStringArrays &&
-      MinorVersion(api_base->GetVersionString()) >= static_cast<int>(ortlstm::ort::kOrtApiVersionStringArrays)) {
+      release_minor >= ortlstm::ort::kOrtApiVersionStringArrays) {
     string_arrays = api_base->GetApi(ortlstm::ort::kOrtApiVersionStringArrays);
   }
-  ortlstm::ort::SetApis(api, string_arrays);
+  ortlstm::ort::SetRuntime(api, string_arrays, release_minor);
 
   // The domain must outlive every session created from `options`; ORT does not take ownership,
   // so it is deliberately never released (one small object per registration).

@@ -14,15 +14,16 @@ struct ActivationEntry {
   ActivationParamSpec params;
 };
 
-// Defaults are onnxruntime's (verified against its LSTM kernel by tests/test_reference.py).
+// Defaults are onnxruntime's, odd as some are (Affine and ScaledTanh default to 0, 0, an
+// all-zero function); tests/test_reference.py pins them against its LSTM kernel.
 constexpr ActivationEntry kActivationTable[] = {
     {"relu", "Relu", ActivationKind::kRelu, {0, 0, 0.0f, 0.0f}},
     {"tanh", "Tanh", ActivationKind::kTanh, {0, 0, 0.0f, 0.0f}},
     {"sigmoid", "Sigmoid", ActivationKind::kSigmoid, {0, 0, 0.0f, 0.0f}},
-    {"affine", "Affine", ActivationKind::kAffine, {1, 1, 1.0f, 0.0f}},
+    {"affine", "Affine", ActivationKind::kAffine, {1, 1, 0.0f, 0.0f}},
     {"leakyrelu", "LeakyRelu", ActivationKind::kLeakyRelu, {1, 0, 0.01f, 0.0f}},
-    {"thresholdedrelu", "ThresholdedRelu", ActivationKind::kThresholdedRelu, {1, 0, 1.0f, 0.0f}},
-    {"scaledtanh", "ScaledTanh", ActivationKind::kScaledTanh, {1, 1, 1.0f, 1.0f}},
+    {"thresholdedrelu", "ThresholdedRelu", ActivationKind::kThresholdedRelu, {1, 0, 0.0f, 0.0f}},
+    {"scaledtanh", "ScaledTanh", ActivationKind::kScaledTanh, {1, 1, 0.0f, 0.0f}},
     {"hardsigmoid", "HardSigmoid", ActivationKind::kHardSigmoid, {1, 1, 0.2f, 0.5f}},
     {"elu", "Elu", ActivationKind::kElu, {1, 0, 1.0f, 0.0f}},
     {"softsign", "Softsign", ActivationKind::kSoftsign, {0, 0, 0.0f, 0.0f}},

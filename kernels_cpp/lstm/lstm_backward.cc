@@ -51,16 +51,18 @@ void BackwardDirection(const LstmDims& dims, const LstmConfig& config, const Lst
     return t - 1;
   };
 
+  // Ht/Ct of an entry that ran no step are constant zeros (lstm_forward.cc): their gradients stop.
   for (int64_t b = 0; b < batch_size; ++b) {
     const int64_t state = dims.StateRow(d, b);
     T* gh = grad_h + b * hidden;
     T* gc = grad_c + b * hidden;
-    if (io.grad_Ht) {
+    const bool ran = length(b) > 0;
+    if (ran && io.grad_Ht) {
       std::copy_n(io.grad_Ht + state * hidden, hidden, gh);
     } else {
       std::fill_n(gh, hidden, T(0));
     }
-    if (io.grad_Ct) {
+    if (ran && io.grad_Ct) {
       std::copy_n(io.grad_Ct + state * hidden, hidden, gc);
     } else {
       std::fill_n(gc, hidden, T(0));

@@ -120,10 +120,25 @@ void ForwardDirection(const LstmDims& dims, const LstmConfig& config, const Lstm
     }
   }
 
+  // An entry that ran no step reports a zero final state, not its initial state (as onnxruntime's
+  // LSTM does), so nothing flows back from Ht/Ct into initial_h/initial_c for it.
   for (int64_t b = 0; b < batch_size; ++b) {
     const int64_t state = dims.StateRow(d, b);
-    if (io.Ht) std::copy_n(h_state + b * hidden, hidden, io.Ht + state * hidden);
-    if (io.Ct) std::copy_n(c_state + b * hidden, hidden, io.Ct + state * hidden);
+    const bool ran = seq_length > 0 && (io.sequence_lens == nullptr || io.sequence_lens[b] > 0);
+    if (io.Ht) {
+      if (ran) {
+        std::copy_n(h_state + b * hidden, hidden, io.Ht + state * hidden);
+      } else {
+        std::fill_n(io.Ht + state * hidden, hidden, T(0));
+      }
+    }
+    if (io.Ct) {
+      if (ran) {
+        std::copy_n(c_state + b * hidden, hidden, io.Ct + state * hidden);
+      } else {
+        std::fill_n(io.Ct + state * hidden, hidden, T(0));
+      }
+    }
   }
 }
 

@@ -66,26 +66,6 @@ std::optional<std::string> InferAttrString(OrtShapeInferContext* ctx, const char
   return value;
 }
 
-// The names of a STRINGS attribute, joined with commas (ORT hands them over NUL-separated).
-std::optional<std::string> InferAttrStringsJoined(OrtShapeInferContext* ctx, const char* name) {
-  const OrtOpAttr* attr = FindAttribute(ctx, name);
-  if (attr == nullptr) return std::nullopt;
-  size_t size = 0;
-  char probe = 0;
-  if (Ok(Api().ReadOpAttr(attr, ORT_OP_ATTR_STRINGS, &probe, 0, &size)) && size == 0) return std::string();
-  std::vector<char> bytes(size);
-  if (!Ok(Api().ReadOpAttr(attr, ORT_OP_ATTR_STRINGS, bytes.data(), size, &size))) return std::nullopt;
-  std::string joined;
-  for (size_t i = 0; i < size; ++i) {
-    if (bytes[i] == '\0') {
-      if (i + 1 < size) joined += ',';
-    } else {
-      joined += bytes[i];
-    }
-  }
-  return joined;
-}
-
 // Input `index`'s element type and shape; false when the graph does not say.
 bool InferInput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType* type, InferShape* shape) {
   size_t count = 0;
@@ -129,20 +109,6 @@ bool InferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataT
 
 InferDim Known(int64_t value) { return InferDim{value, ""}; }
 
-// On runtimes whose kernels cannot read string lists, a node that sets `activations` must also
-// carry them as the string attribute activations_csv, or its kernel would silently use defaults.
-OrtStatus* CheckActivationsReadable(OrtShapeInferContext* ctx, const char* op_name) {
-  if (CanReadStringArrays()) return nullptr;
-  const auto listed = InferAttrStringsJoined(ctx, schema::attr::kActivations);
-  if (!listed || listed->empty() || FindAttribute(ctx, schema::attr::kActivationsCsv) != nullptr) return nullptr;
-  const std::string message =
-      std::string(op_name) + ": attribute activations=[" + *listed +
-      "] cannot be read by custom-op kernels on onnxruntime older than 1.25 (its C API has no string-list "
-      "attribute reader). Also set the string attribute activations_csv=\"" + *listed +
-      "\" on the node (ortlstm.ops.make_node and ortlstm.graphs do this), or use onnxruntime >= 1.25.";
-  return MakeStatus(ORT_INVALID_ARGUMENT, message);
-}
-
 struct InferredDims {
   ONNXTensorElementDataType type;
   InferDim seq_length, batch_size, hidden_size, num_directions;
@@ -176,7 +142,6 @@ InferShape StateShapeOf(const InferredDims& d) {
 }
 
 OrtStatus* InferTrainingShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
-  if (OrtStatus* status = CheckActivationsReadable(ctx, schema::lstm_training::kName)) return status;
   InferredDims d{};
   if (!InferDims(ctx, &d)) return nullptr;
   using Out = schema::lstm_training::Out;
@@ -194,7 +159,6 @@ OrtStatus* InferTrainingShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
 }
 
 OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
-  if (OrtStatus* status = CheckActivationsReadable(ctx, schema::lstm_grad::kName)) return status;
   InferredDims d{};
   if (!InferDims(ctx, &d)) return nullptr;
   using In = schema::lstm_grad::In;
@@ -394,8 +358,12 @@ struct LstmOp : Ort::CustomOpBase<LstmOp<Spec, T>, typename Spec::template Kerne
   LstmOp() {
     // ORT 1.19 rejects ops that declare a newer struct version than it knows.
     OrtCustomOp::version = kOrtApiVersion;
-    OrtCustomOp::InferOutputShapeFn = Spec::kInfer;
   }
+
+  // Before onnxruntime 1.25, ORT's shape-inference context dereferences the type of an omitted
+  // optional input (an empty name in the middle of the input list) and crashes, so the hook is
+  // installed only where that is fixed.
+  void EnableShapeInference(bool enable) { OrtCustomOp::InferOutputShapeFn = enable ? Spec::kInfer : nullptr; }
 
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
@@ -455,6 +423,11 @@ LstmOp<GradSpec, double> g_grad_double;
 }  // namespace
 
 std::string AddLstmOps(OrtCustomOpDomain* domain) {
+  const bool shape_inference = RuntimeIsAtLeast(kOrtApiVersionFixedShapeInference);
+  g_training_float.EnableShapeInference(shape_inference);
+  g_training_double.EnableShapeInference(shape_inference);
+  g_grad_float.EnableShapeInference(shape_inference);
+  g_grad_double.EnableShapeInference(shape_inference);
   for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_training_float, &g_training_double, &g_grad_float,
                                                             &g_grad_double}) {
     OrtStatus* status = Api().CustomOpDomain_Add(domain, op);

@@ -13,6 +13,7 @@ namespace {
 
 const OrtApi* g_api = nullptr;
 const OrtApi* g_api_string_arrays = nullptr;
+int g_release_minor = -1;
 
 // Takes ownership of `status`; returns its message, or "" for success.
 std::string Consume(OrtStatus* status) {
@@ -80,6 +81,14 @@ std::optional<std::vector<std::string>> ReadStrings(const OrtKernelInfo* info, c
 #endif
 }
 
+// Whether the node has attribute `name` of any type. The C API before 1.25 has no presence test,
+// so this asks for a string and tells "missing" from "another type" by ORT's message.
+bool AttributeExists(const OrtKernelInfo* info, const char* name) {
+  size_t size = 0;
+  const std::string error = Consume(Api().KernelInfoGetAttribute_string(info, name, nullptr, &size));
+  return error.empty() || error.find("No attribute") == std::string::npos;
+}
+
 std::vector<std::string> SplitCommaList(const std::string& text) {
   std::vector<std::string> items;
   std::string item;
@@ -101,10 +110,13 @@ std::string Lower(std::string text) {
 
 const OrtApi& Api() { return *g_api; }
 
-void SetApis(const OrtApi* api, const OrtApi* api_with_string_arrays) {
+void SetRuntime(const OrtApi* api, const OrtApi* api_with_string_arrays, int release_minor) {
   g_api = api;
   g_api_string_arrays = api_with_string_arrays;
+  g_release_minor = release_minor;
 }
+
+bool RuntimeIsAtLeast(int release_minor) { return g_release_minor >= release_minor; }
 
 bool CanReadStringArrays() { return g_api_string_arrays != nullptr; }
 
@@ -193,6 +205,13 @@ std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw
     }
   }
   raw->activations = listed ? listed : from_joined;
+  if (!raw->activations && !CanReadStringArrays() && AttributeExists(info, attr::kActivations)) {
+    return std::string("attribute activations cannot be read by custom-op kernels on onnxruntime older than 1.25 ") +
+           "(its C API has no string-list attribute reader), and ignoring it would compute with the wrong "
+           "activations. Also give the same names as the string attribute activations_csv, e.g. "
+           "activations_csv=\"Sigmoid,Tanh,Tanh\" (ortlstm.ops.make_node and ortlstm.graphs do this), or use "
+           "onnxruntime >= 1.25.";
+  }
   return "";
 }
 

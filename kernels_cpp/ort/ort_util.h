@@ -18,12 +18,17 @@ namespace ortlstm::ort {
 
 // The C API version the library requests: the highest onnxruntime 1.19 provides.
 inline constexpr uint32_t kOrtApiVersion = 19;
-// onnxruntime 1.25 added KernelInfoGetAttributeArray_string.
-inline constexpr uint32_t kOrtApiVersionStringArrays = 25;
+// onnxruntime 1.25 added KernelInfoGetAttributeArray_string (C API version = minor release).
+inline constexpr int kOrtApiVersionStringArrays = 25;
+// Releases before this one crash in custom-op shape inference when an optional input in the
+// middle is omitted; 1.25 is the oldest release past the fix that the project has tested.
+inline constexpr int kOrtApiVersionFixedShapeInference = 25;
 
 const OrtApi& Api();
-// Set once by RegisterCustomOps.
-void SetApis(const OrtApi* api, const OrtApi* api_with_string_arrays);
+// Set once by RegisterCustomOps: the API used for everything, the one with string-list
+// attribute readers (null on older runtimes) and the runtime's minor release number.
+void SetRuntime(const OrtApi* api, const OrtApi* api_with_string_arrays, int release_minor);
+bool RuntimeIsAtLeast(int release_minor);
 // Whether kernels can read string-list attributes (activations) directly.
 bool CanReadStringArrays();
 

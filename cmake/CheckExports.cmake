@@ -1,0 +1,25 @@
+# Run after linking (cmake -DLIBRARY=<.so> -DNM=<nm> -P CheckExports.cmake): fails unless the
+# library's dynamic symbol table defines RegisterCustomOps and nothing else.
+#
+# With -fvisibility=hidden the source must mark RegisterCustomOps visible itself: a version
+# script cannot export a hidden symbol, and ORT_EXPORT from onnxruntime_c_api.h is empty on
+# Linux. Without this check the omission surfaces only when ORT fails to find the function.
+execute_process(COMMAND "${NM}" -D --defined-only "${LIBRARY}"
+                OUTPUT_VARIABLE table RESULT_VARIABLE result)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "${NM} failed on ${LIBRARY}")
+endif()
+string(REGEX MATCHALL "[^\n]+" lines "${table}")
+set(exported "")
+foreach(line IN LISTS lines)
+  # Lines are "<address> <type> <name>"; absolute (A) entries are version nodes, not symbols.
+  if(line MATCHES "^[0-9a-fA-F]+ ([^A ]) ([^ ]+)$")
+    list(APPEND exported "${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+if(NOT exported STREQUAL "RegisterCustomOps")
+  message(FATAL_ERROR
+    "${LIBRARY} must export exactly RegisterCustomOps, but exports: '${exported}'.\n"
+    "Define it as: extern \"C\" __attribute__((visibility(\"default\"))) OrtStatus* ORT_API_CALL "
+    "RegisterCustomOps(OrtSessionOptions*, const OrtApiBase*)")
+endif()

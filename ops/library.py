@@ -1,0 +1,87 @@
+"""Locates the kernel library and hands it to ONNX Runtime.
+
+The only module that knows the library's file name or how ORT loads it. ONNX Runtime is
+imported lazily: it is an optional dependency (extras ``infer`` and ``train``), and the rest
+of the package (schemas, graph builders) works without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+LIBRARY_FILENAME = "libortlstm_ops.so"
+
+_INSTALL_HINT = "pip install 'ortlstm[infer]' (onnxruntime) or 'ortlstm[train]' (onnxruntime-training-cpu)"
+
+
+def library_path() -> str:
+    """Returns the path of the built kernel library, ``libortlstm_ops.so``.
+
+    Every directory of this package's ``__path__`` is searched: in an editable install the
+    Python sources stay in the checkout while the built library sits in site-packages.
+
+    Raises:
+        FileNotFoundError: The library was not built; the message says how to build it.
+    """
+    package = importlib.import_module(__package__ or "ortlstm.ops")
+    searched = [Path(entry) for entry in package.__path__]
+    for directory in searched:
+        candidate = directory / LIBRARY_FILENAME
+        if candidate.is_file():
+            return str(candidate)
+    raise FileNotFoundError(
+        f"{LIBRARY_FILENAME} not found in {', '.join(map(str, searched))}. The kernel library is "
+        "built when the package is installed: run `pip install .` or `pip install -e .` in the "
+        "ortlstm checkout (a C++17 compiler and network access to deb.debian.org are needed)."
+    )
+
+
+def _import_onnxruntime() -> ModuleType:
+    try:
+        return importlib.import_module("onnxruntime")
+    except ModuleNotFoundError as error:
+        if error.name != "onnxruntime":
+            raise
+        raise ImportError(f"ortlstm needs ONNX Runtime, which it does not install: {_INSTALL_HINT}") from error
+
+
+def _load_blas() -> None:
+    # Importing scipy_openblas32 loads libscipy_openblas.so with RTLD_GLOBAL, so the kernel
+    # library resolves its BLAS even where its RUNPATH does not lead to it (the two packages
+    # installed in different site directories, or an in-place build).
+    try:
+        importlib.import_module("scipy_openblas32")
+    except ImportError:
+        # A build against a system BLAS does not need it; a library that does will fail to
+        # load in ORT with the name of the missing libscipy_openblas.so.
+        pass
+
+
+def session_options(**options: object) -> onnxruntime.SessionOptions:
+    """Returns ``onnxruntime.SessionOptions`` with the ortlstm kernel library registered.
+
+    The result works for ``InferenceSession`` and for ``onnxruntime.training.api.Module``.
+
+    Args:
+        **options: ``SessionOptions`` attributes to set, e.g. ``intra_op_num_threads=2``.
+
+    Raises:
+        ImportError: ONNX Runtime is not installed.
+        FileNotFoundError: The kernel library was not built.
+        TypeError: An option is not a ``SessionOptions`` attribute, or has the wrong type.
+    """
+    ort = _import_onnxruntime()
+    _load_blas()
+    result = ort.SessionOptions()
+    for name, value in options.items():
+        if not isinstance(getattr(type(result), name, None), property):
+            raise TypeError(f"session_options(): {name!r} is not an onnxruntime.SessionOptions attribute")
+        setattr(result, name, value)
+    result.register_custom_ops_library(library_path())
+    return result

@@ -1,0 +1,700 @@
+"""The op contract of ortlstm: every op declared once, as plain data.
+
+This module is the single source of truth for op names, port order, shapes and attributes.
+The C++ header, docs/ops.md, the onnx OpSchema registration and the NumPy reference all read it;
+nothing else in the repository spells out a port name or index by hand. It must stay pure data
+(standard library only, no onnx or onnxruntime) so that every layer can import it cheaply.
+Changing the order or meaning of a port requires bumping the op's version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+
+DOMAIN = "ortlstm"
+OPSET_VERSION = 1
+
+DIM_DOCS: dict[str, str] = {
+    "seq_length": "number of time steps, read from X",
+    "batch_size": "number of sequences, read from X",
+    "input_size": "features per step, read from X",
+    "hidden_size": "the `hidden_size` attribute",
+    "num_directions": "2 if `direction` is bidirectional, else 1",
+}
+"""The ONNX LSTM dim names that shapes may use, with where each value comes from."""
+
+DIRECTIONS = ("forward", "reverse", "bidirectional")
+"""Values of the `direction` attribute, as in ONNX LSTM."""
+
+_DIM_EXPRESSION = re.compile(r"^(?:(?P<factor>[1-9][0-9]*)\*)?(?P<name>[a-z_]+)$")
+
+
+class AttrType(enum.Enum):
+    """ONNX attribute types used by the ops, spelled as in onnx's AttributeProto (lowercase)."""
+
+    INT = "int"
+    FLOAT = "float"
+    STRING = "string"
+    INTS = "ints"
+    FLOATS = "floats"
+    STRINGS = "strings"
+
+
+AttrValue = int | float | str | tuple[int, ...] | tuple[float, ...] | tuple[str, ...]
+
+
+def parse_dim(expression: str) -> tuple[int, str]:
+    """Splits a shape entry such as ``"4*hidden_size"`` into its factor and dim name.
+
+    Shapes are written as text so the docs can show them verbatim, but code that checks or
+    infers shapes needs the parts.
+
+    Args:
+        expression: A dim name from ``DIM_DOCS``, optionally prefixed by ``<factor>*``.
+
+    Returns:
+        ``(factor, dim_name)``; the factor is 1 for a bare name.
+
+    Raises:
+        ValueError: If the expression is malformed or names an unknown dim.
+    """
+    match = _DIM_EXPRESSION.match(expression)
+    if match is None or match["name"] not in DIM_DOCS:
+        raise ValueError(
+            f"shape entry {expression!r}: expected '<dim>' or '<factor>*<dim>' with <dim> one of {sorted(DIM_DOCS)}"
+        )
+    return int(match["factor"] or 1), match["name"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSpec:
+    """One input or output of an op.
+
+    Attributes:
+        name: Port name as it appears in the ONNX schema.
+        doc: One or two sentences for the generated reference.
+        shape: Shape for ``layout=0``, one ONNX dim name or ``"<factor>*<dim>"`` per axis.
+            Use ``shape_for_layout`` for ``layout=1``.
+        type_str: Type parameter, a key of the op's type constraints (``"T"`` or ``"T1"``).
+        optional: Whether the port may be omitted (an empty name in the node).
+        differentiable: Whether gradients flow through this port (ONNX differentiation category).
+    """
+
+    name: str
+    doc: str
+    shape: tuple[str, ...]
+    type_str: str
+    optional: bool
+    differentiable: bool
+
+    def __post_init__(self) -> None:
+        """Rejects malformed shape entries when the spec is declared, not when it is used."""
+        for expression in self.shape:
+            parse_dim(expression)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrSpec:
+    """One attribute of an op.
+
+    Attributes:
+        name: Attribute name as in ONNX LSTM.
+        type: ONNX attribute type.
+        default: Value the schema declares when the node omits the attribute, or None when the
+            effective default depends on other attributes (documented in ``doc``) or there is none.
+        required: Whether a node must carry the attribute.
+        doc: Meaning, for the generated reference.
+    """
+
+    name: str
+    type: AttrType
+    default: AttrValue | None
+    required: bool
+    doc: str
+
+    def __post_init__(self) -> None:
+        """A required attribute with a default would be contradictory in an ONNX schema."""
+        if self.required and self.default is not None:
+            raise ValueError(f"attribute {self.name!r}: required attributes take no default")
+
+
+@dataclasses.dataclass(frozen=True)
+class TypeConstraintSpec:
+    """One type parameter shared by several ports.
+
+    Attributes:
+        type_str: Parameter name used by ``PortSpec.type_str``.
+        allowed_types: ONNX type strings, e.g. ``"tensor(float)"``.
+        doc: Why these types.
+    """
+
+    type_str: str
+    allowed_types: tuple[str, ...]
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One op of the custom domain.
+
+    Attributes:
+        name: Op type.
+        domain: Always ``DOMAIN``.
+        version: Opset version the op appears in.
+        doc: Description for the generated reference (Markdown).
+        inputs: Inputs in node order.
+        outputs: Outputs in node order.
+        attributes: Attributes, in documentation order.
+        type_constraints: Type parameters used by the ports.
+    """
+
+    name: str
+    domain: str
+    version: int
+    doc: str
+    inputs: tuple[PortSpec, ...]
+    outputs: tuple[PortSpec, ...]
+    attributes: tuple[AttrSpec, ...]
+    type_constraints: tuple[TypeConstraintSpec, ...]
+
+    def __post_init__(self) -> None:
+        """Catches inconsistent specs at import time, before any generated file is written."""
+        for kind, names in (
+            ("input", [port.name for port in self.inputs]),
+            ("output", [port.name for port in self.outputs]),
+            ("attribute", [attr.name for attr in self.attributes]),
+            ("type constraint", [constraint.type_str for constraint in self.type_constraints]),
+        ):
+            duplicates = sorted({name for name in names if names.count(name) > 1})
+            if duplicates:
+                raise ValueError(f"{self.name}: duplicate {kind} names {duplicates}")
+        declared = {constraint.type_str for constraint in self.type_constraints}
+        for port in self.inputs + self.outputs:
+            if port.type_str not in declared:
+                raise ValueError(
+                    f"{self.name}.{port.name}: type {port.type_str!r} is not among the constraints {sorted(declared)}"
+                )
+
+
+def shape_for_layout(port: PortSpec, layout: int) -> tuple[str, ...]:
+    """Returns the port's shape for an ONNX LSTM ``layout`` value.
+
+    ONNX LSTM's ``layout=1`` is batch-major: batch_size moves to the first axis of every tensor
+    that has one (X ``[batch_size, seq_length, input_size]``, Y ``[batch_size, seq_length,
+    num_directions, hidden_size]``, Y_h ``[batch_size, num_directions, hidden_size]``). The same
+    rule covers the stash and gradient ports, which share X's, Y's or Y_h's shape.
+
+    Args:
+        port: The port.
+        layout: 0 (seq_length first) or 1 (batch_size first).
+
+    Returns:
+        The shape entries in axis order.
+
+    Raises:
+        ValueError: If ``layout`` is neither 0 nor 1.
+    """
+    if layout not in (0, 1):
+        raise ValueError(f"layout: expected 0 or 1, got {layout}")
+    if layout == 0 or "batch_size" not in port.shape:
+        return port.shape
+    return ("batch_size", *(dim for dim in port.shape if dim != "batch_size"))
+
+
+def num_directions(direction: str) -> int:
+    """Returns the num_directions dim for a ``direction`` attribute value.
+
+    Args:
+        direction: ``forward``, ``reverse`` or ``bidirectional``.
+
+    Returns:
+        2 for bidirectional, else 1.
+
+    Raises:
+        ValueError: For any other value.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {list(DIRECTIONS)}, got {direction!r}")
+    return 2 if direction == "bidirectional" else 1
+
+
+def input_names(op: OpSpec) -> tuple[str, ...]:
+    """Returns the op's input names in node order."""
+    return tuple(port.name for port in op.inputs)
+
+
+def output_names(op: OpSpec) -> tuple[str, ...]:
+    """Returns the op's output names in node order."""
+    return tuple(port.name for port in op.outputs)
+
+
+def attribute_names(op: OpSpec) -> tuple[str, ...]:
+    """Returns the op's attribute names."""
+    return tuple(attr.name for attr in op.attributes)
+
+
+def input_index(op: OpSpec, name: str) -> int:
+    """Returns the position of input ``name`` in the op's node.
+
+    Raises:
+        KeyError: If the op has no such input; the message lists the valid names.
+    """
+    return _index(op, "input", input_names(op), name)
+
+
+def output_index(op: OpSpec, name: str) -> int:
+    """Returns the position of output ``name`` in the op's node.
+
+    Raises:
+        KeyError: If the op has no such output; the message lists the valid names.
+    """
+    return _index(op, "output", output_names(op), name)
+
+
+def attribute(op: OpSpec, name: str) -> AttrSpec:
+    """Returns the op's attribute spec called ``name``.
+
+    Raises:
+        KeyError: If the op has no such attribute; the message lists the valid names.
+    """
+    return op.attributes[_index(op, "attribute", attribute_names(op), name)]
+
+
+def op_by_name(name: str) -> OpSpec:
+    """Returns the spec of op type ``name`` in ``DOMAIN``.
+
+    Raises:
+        KeyError: If no op of that name is declared.
+    """
+    for op in OPS:
+        if op.name == name:
+            return op
+    raise KeyError(f"no op {name!r} in domain {DOMAIN!r}; ops are {[op.name for op in OPS]}")
+
+
+def _index(op: OpSpec, kind: str, names: tuple[str, ...], name: str) -> int:
+    if name not in names:
+        raise KeyError(f"{op.name} has no {kind} {name!r}; {kind}s are {list(names)}")
+    return names.index(name)
+
+
+_FLOAT_TYPES = TypeConstraintSpec(
+    type_str="T",
+    allowed_types=("tensor(float)", "tensor(double)"),
+    doc="All float tensors of a node share one type: float32 for training, float64 for gradient checks.",
+)
+_SEQUENCE_LENS_TYPE = TypeConstraintSpec(
+    type_str="T1",
+    allowed_types=("tensor(int32)",),
+    doc="sequence_lens is int32, as in ONNX LSTM.",
+)
+
+# Both ops take ONNX LSTM's attributes so a gradient node can copy its forward node's attributes
+# verbatim. hidden_size is required (ONNX LSTM makes it optional) because the kernels size every
+# buffer from it before reading R.
+_LSTM_ATTRIBUTES = (
+    AttrSpec(
+        name="hidden_size",
+        type=AttrType.INT,
+        default=None,
+        required=True,
+        doc="Number of neurons in the hidden layer. Required here, unlike in ONNX LSTM.",
+    ),
+    AttrSpec(
+        name="direction",
+        type=AttrType.STRING,
+        default="forward",
+        required=False,
+        doc="`forward`, `reverse` or `bidirectional`. Bidirectional makes num_directions 2.",
+    ),
+    AttrSpec(
+        name="activations",
+        type=AttrType.STRINGS,
+        default=None,
+        required=False,
+        doc=(
+            "Activation functions f, g, h (one triple per direction), ONNX spelling, case-insensitive. "
+            "Default: `Sigmoid, Tanh, Tanh` for each direction."
+        ),
+    ),
+    AttrSpec(
+        name="activation_alpha",
+        type=AttrType.FLOATS,
+        default=None,
+        required=False,
+        doc="Alpha of the activations that take one (e.g. LeakyRelu), in activation order. Default per ONNX LSTM.",
+    ),
+    AttrSpec(
+        name="activation_beta",
+        type=AttrType.FLOATS,
+        default=None,
+        required=False,
+        doc="Beta of the activations that take one (e.g. ScaledTanh), in activation order. Default per ONNX LSTM.",
+    ),
+    # Not an ONNX LSTM attribute. The custom-op C API of onnxruntime before 1.25 cannot read a
+    # string-list attribute, so a kernel there would never see `activations`; builders write both.
+    AttrSpec(
+        name="activations_csv",
+        type=AttrType.STRING,
+        default=None,
+        required=False,
+        doc=(
+            "`activations` as one comma-separated string, e.g. `Sigmoid,Tanh,Tanh`: custom-op kernels on "
+            "onnxruntime older than 1.25 cannot read string-list attributes. If both are set they must agree "
+            "(case-insensitive)."
+        ),
+    ),
+    AttrSpec(
+        name="clip",
+        type=AttrType.FLOAT,
+        default=None,
+        required=False,
+        doc="Cell clip threshold: gate pre-activations are clipped to [-clip, clip]. Default: no clipping.",
+    ),
+    AttrSpec(
+        name="input_forget",
+        type=AttrType.INT,
+        default=0,
+        required=False,
+        doc="1 couples the input and forget gates (f_t = 1 - i_t).",
+    ),
+    AttrSpec(
+        name="layout",
+        type=AttrType.INT,
+        default=0,
+        required=False,
+        doc="0: seq_length first, the layout=0 shapes. 1: batch_size moves to the first axis, the layout=1 shapes.",
+    ),
+)
+
+_SEQ = ("seq_length", "num_directions", "batch_size", "hidden_size")
+_STATE = ("num_directions", "batch_size", "hidden_size")
+
+LSTM_TRAINING = OpSpec(
+    name="LSTMTraining",
+    domain=DOMAIN,
+    version=OPSET_VERSION,
+    doc="""\
+One LSTM layer, forward, that also returns what `LSTMGrad` needs to differentiate it.
+
+Inputs, attributes and the first three outputs are exactly those of ONNX `LSTM` (opset 14):
+HAll, Ht and Ct are LSTM's Y, Y_h and Y_c. Two more outputs stash the intermediate values of
+every step, CAll (cell states) and IOFC (activated gates), so the backward pass recomputes
+nothing. All outputs are optional; a kernel skips the work of an omitted one where it can.
+
+Drop-in: the inputs and outputs keep the order and meaning of `com.microsoft` `LSTMTraining`
+(onnxruntime-training), so a graph written for it switches to this domain without rewiring.
+
+Per direction and step t, with gates in the order i, o, f, c and activations f, g, h
+(default Sigmoid, Tanh, Tanh):
+
+    i_t = f(X_t W_i^T + H_{t-1} R_i^T + P_i * C_{t-1} + Wb_i + Rb_i)
+    f_t = f(X_t W_f^T + H_{t-1} R_f^T + P_f * C_{t-1} + Wb_f + Rb_f)
+    c_t = g(X_t W_c^T + H_{t-1} R_c^T + Wb_c + Rb_c)
+    C_t = f_t * C_{t-1} + i_t * c_t
+    o_t = f(X_t W_o^T + H_{t-1} R_o^T + P_o * C_t + Wb_o + Rb_o)
+    H_t = o_t * h(C_t)
+
+Steps t >= sequence_lens[b] (counting from 0) are zero in HAll, CAll and IOFC; Ht and Ct hold
+the state at each sequence's last valid step.""",
+    inputs=(
+        PortSpec(
+            name="X",
+            doc="Input sequences.",
+            shape=("seq_length", "batch_size", "input_size"),
+            type_str="T",
+            optional=False,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="W",
+            doc="Input weights, gates stacked iofc.",
+            shape=("num_directions", "4*hidden_size", "input_size"),
+            type_str="T",
+            optional=False,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="R",
+            doc="Recurrence weights, gates stacked iofc.",
+            shape=("num_directions", "4*hidden_size", "hidden_size"),
+            type_str="T",
+            optional=False,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="B",
+            doc="Biases `[Wb_iofc, Rb_iofc]`. Default zeros.",
+            shape=("num_directions", "8*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="sequence_lens",
+            doc="Valid steps of each sequence. Default: seq_length for all.",
+            shape=("batch_size",),
+            type_str="T1",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="initial_h",
+            doc="Initial hidden state. Default zeros.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="initial_c",
+            doc="Initial cell state. Default zeros.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="P",
+            doc="Peephole weights, gates stacked iof. Default zeros.",
+            shape=("num_directions", "3*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+    ),
+    outputs=(
+        PortSpec(
+            name="HAll",
+            doc="Hidden state of every step (ONNX LSTM's Y).",
+            shape=_SEQ,
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="Ht",
+            doc="Last hidden state (ONNX LSTM's Y_h).",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="Ct",
+            doc="Last cell state (ONNX LSTM's Y_c).",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=True,
+        ),
+        PortSpec(
+            name="CAll",
+            doc="Cell state of every step; stash for LSTMGrad.",
+            shape=_SEQ,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="IOFC",
+            doc="Activated gates i, o, f, c of every step; stash for LSTMGrad.",
+            shape=("seq_length", "num_directions", "batch_size", "4*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+    ),
+    attributes=_LSTM_ATTRIBUTES,
+    type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+)
+
+LSTM_GRAD = OpSpec(
+    name="LSTMGrad",
+    domain=DOMAIN,
+    version=OPSET_VERSION,
+    doc="""\
+Gradients of `LSTMTraining` with respect to its differentiable inputs.
+
+Takes the forward inputs, the stash of the forward node (HAll, CAll, IOFC) and the gradients
+that reach the forward outputs HAll, Ht and Ct. Attributes must equal the forward node's. An
+omitted gradient input counts as zeros (for an LSTM, usually only HAll or only Ht feeds the
+loss). Every output is optional and an omitted one is not computed, so a graph pays only for the
+gradients it uses. dB has both halves equal, because Wb and Rb enter the gates only as a sum. No
+port of this op is differentiable: second-order gradients are not provided.
+
+Drop-in: the first twelve inputs and the outputs keep the order and meaning of `com.microsoft`
+`LSTMGrad` (onnxruntime-training). Input P is an addition, placed last so that order holds: the
+peephole terms need P to propagate through the cell state, so without it the gradients of a
+peephole LSTM would be wrong.""",
+    inputs=(
+        PortSpec(
+            name="X",
+            doc="X of the forward node.",
+            shape=("seq_length", "batch_size", "input_size"),
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="W",
+            doc="W of the forward node.",
+            shape=("num_directions", "4*hidden_size", "input_size"),
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="R",
+            doc="R of the forward node.",
+            shape=("num_directions", "4*hidden_size", "hidden_size"),
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="sequence_lens",
+            doc="sequence_lens of the forward node.",
+            shape=("batch_size",),
+            type_str="T1",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="initial_h",
+            doc="initial_h of the forward node.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="initial_c",
+            doc="initial_c of the forward node.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="HAll",
+            doc="HAll of the forward node.",
+            shape=_SEQ,
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="CAll",
+            doc="CAll of the forward node.",
+            shape=_SEQ,
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="IOFC",
+            doc="IOFC of the forward node.",
+            shape=("seq_length", "num_directions", "batch_size", "4*hidden_size"),
+            type_str="T",
+            optional=False,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="grad_HAll",
+            doc="Gradient of the loss with respect to HAll. Default zeros.",
+            shape=_SEQ,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="grad_Ht",
+            doc="Gradient of the loss with respect to Ht. Default zeros.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="grad_Ct",
+            doc="Gradient of the loss with respect to Ct. Default zeros.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="P",
+            doc="P of the forward node. Default zeros.",
+            shape=("num_directions", "3*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+    ),
+    outputs=(
+        PortSpec(
+            name="dX",
+            doc="Gradient with respect to X.",
+            shape=("seq_length", "batch_size", "input_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dW",
+            doc="Gradient with respect to W.",
+            shape=("num_directions", "4*hidden_size", "input_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dR",
+            doc="Gradient with respect to R.",
+            shape=("num_directions", "4*hidden_size", "hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dB",
+            doc="Gradient with respect to B; its Wb and Rb halves are equal.",
+            shape=("num_directions", "8*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dH0",
+            doc="Gradient with respect to initial_h.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dC0",
+            doc="Gradient with respect to initial_c.",
+            shape=_STATE,
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+        PortSpec(
+            name="dP",
+            doc="Gradient with respect to P.",
+            shape=("num_directions", "3*hidden_size"),
+            type_str="T",
+            optional=True,
+            differentiable=False,
+        ),
+    ),
+    attributes=_LSTM_ATTRIBUTES,
+    type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+)
+
+OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)

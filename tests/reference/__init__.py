@@ -1,0 +1,1 @@
+"""Independent float64 NumPy oracles used by the tests; never imported by the package."""
