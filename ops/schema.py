@@ -80,6 +80,8 @@ class PortSpec:
         type_str: Type parameter, a key of the op's type constraints (``"T"`` or ``"T1"``).
         optional: Whether the port may be omitted (an empty name in the node).
         differentiable: Whether gradients flow through this port (ONNX differentiation category).
+        gradient_of: For a port of the gradient op, the forward port whose gradient it carries
+            (``grad_HAll`` carries HAll's, ``dX`` X's); gradient-graph builders map ports by it.
     """
 
     name: str
@@ -88,6 +90,7 @@ class PortSpec:
     type_str: str
     optional: bool
     differentiable: bool
+    gradient_of: str | None = None
 
     def __post_init__(self) -> None:
         """Rejects malformed shape entries when the spec is declared, not when it is used."""
@@ -609,6 +612,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="HAll",
         ),
         PortSpec(
             name="grad_Ht",
@@ -617,6 +621,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="Ht",
         ),
         PortSpec(
             name="grad_Ct",
@@ -625,6 +630,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="Ct",
         ),
         PortSpec(
             name="P",
@@ -643,6 +649,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="X",
         ),
         PortSpec(
             name="dW",
@@ -651,6 +658,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="W",
         ),
         PortSpec(
             name="dR",
@@ -659,6 +667,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="R",
         ),
         PortSpec(
             name="dB",
@@ -667,6 +676,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="B",
         ),
         PortSpec(
             name="dH0",
@@ -675,6 +685,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="initial_h",
         ),
         PortSpec(
             name="dC0",
@@ -683,6 +694,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="initial_c",
         ),
         PortSpec(
             name="dP",
@@ -691,6 +703,7 @@ peephole LSTM would be wrong.""",
             type_str="T",
             optional=True,
             differentiable=False,
+            gradient_of="P",
         ),
     ),
     attributes=_LSTM_ATTRIBUTES,
@@ -698,3 +711,9 @@ peephole LSTM would be wrong.""",
 )
 
 OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)
+
+for _port in LSTM_GRAD.inputs + LSTM_GRAD.outputs:
+    if _port.gradient_of is not None and _port.gradient_of not in input_names(LSTM_TRAINING) + output_names(
+        LSTM_TRAINING
+    ):
+        raise ValueError(f"LSTMGrad.{_port.name}: gradient_of={_port.gradient_of!r} is not a port of LSTMTraining")

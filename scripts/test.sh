@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up and runs the whole test suite, from a fresh clone: the README's test command and what
+# CI runs. Three virtual environments under .venvs/ (reused when present):
+#   infer     newest onnxruntime           release build, full suite
+#   train     onnxruntime-training-cpu 1.19.2 + torch (CPU)   release build, full suite
+#   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
+# plus the drift check of the generated files. Usage: bash scripts/test.sh [pytest args...]
+# pytest runs through its entry point, not `python -m pytest`, so that the checkout's ortlstm/
+# directory does not shadow the installed package.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+venvs="$root/.venvs"
+# pip keeps its cache; the C++ builds go to build/ (see pyproject.toml), one dir per build type.
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+make_venv() {  # name, pip install arguments...
+  local name="$1"
+  shift
+  if [ ! -x "$venvs/$name/bin/python" ]; then
+    "$python" -m venv "$venvs/$name"
+  fi
+  "$venvs/$name/bin/python" -m pip install -q --upgrade pip
+  "$venvs/$name/bin/python" -m pip install -q "$@"
+}
+
+section() { printf '\n=== %s ===\n' "$*"; }
+
+section "generated files are up to date (ops/codegen.py --check)"
+make_venv infer ".[infer,test]"
+"$venvs/infer/bin/python" -m ops.codegen --check
+
+section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
+"$venvs/infer/bin/pytest" tests "$@"
+
+section "tests: onnxruntime-training-cpu"
+make_venv train ".[train,test]"
+"$venvs/train/bin/pytest" tests "$@"
+
+section "kernel tests under AddressSanitizer + UBSan"
+make_venv sanitize ".[infer,test]" -C cmake.build-type=Debug -C cmake.define.ORTLSTM_SANITIZE=ON
+# The sanitizer runtime must come first in the process; python itself is not instrumented.
+# detect_leaks=0: CPython and ORT keep memory until exit, which LeakSanitizer reports.
+# --capture=sys: pytest's fd capture would swallow a sanitizer report on abort.
+LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  "$venvs/sanitize/bin/pytest" --capture=sys -m "not slow" \
+  tests/test_lstm_training.py tests/test_lstm_grad.py tests/test_errors.py tests/test_edge_cases.py "$@"
