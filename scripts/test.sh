@@ -2,7 +2,7 @@
 # Sets up and runs the whole test suite, from a fresh clone: the README's test command and what
 # CI runs. Three virtual environments under .venvs/ (reused when present):
 #   infer     newest onnxruntime           release build, full suite
-#   train     onnxruntime-training-cpu 1.19.2 + torch (CPU)   release build, full suite
+#   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
 # plus the drift check of the generated files. Usage: bash scripts/test.sh [pytest args...]
 # pytest runs through its entry point, not `python -m pytest`, so that the checkout's ortlstm/
@@ -36,7 +36,7 @@ section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; 
 "$venvs/infer/bin/pytest" tests "$@"
 
 section "tests: onnxruntime-training-cpu"
-make_venv train ".[train,test]"
+make_venv train ".[demo,test]"
 "$venvs/train/bin/pytest" tests "$@"
 
 section "kernel tests under AddressSanitizer + UBSan"
