@@ -2,6 +2,7 @@
 // generated schema (generated/op_schema.h); this file only adapts ORT tensors to lstm/ math.
 #include "ort/lstm_ops.h"
 
+#include <algorithm>
 #include <array>
 #include <new>
 #include <string>
@@ -90,8 +91,14 @@ bool InferInput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataTy
   return true;
 }
 
-// Sets output `index`; false if the node has no such output (ORT refuses the index).
+// Sets the shape of output `index`; false if the node has no such output (ORT refuses the index).
+// ORT takes only the shape from here (the element type follows the op's type constraints), and
+// writes a dim without a symbol as a literal value, so a shape with an unknown dim is not set.
 bool InferOutput(OrtShapeInferContext* ctx, size_t index, ONNXTensorElementDataType type, const InferShape& shape) {
+  const bool complete = !shape.empty() && std::all_of(shape.begin(), shape.end(), [](const InferDim& dim) {
+    return dim.value >= 0 || !dim.symbol.empty();
+  });
+  if (!complete) return true;
   OrtTensorTypeAndShapeInfo* info = nullptr;
   if (!Ok(Api().CreateTensorTypeAndShapeInfo(&info))) return false;
   std::vector<int64_t> values;
@@ -115,7 +122,7 @@ struct InferredDims {
   int64_t layout;
 };
 
-// Dims from X and the attributes; false when X's type or rank is unknown.
+// Dims from X and the attributes; false when X's rank is unknown.
 bool InferDims(OrtShapeInferContext* ctx, InferredDims* dims) {
   InferShape x_shape;
   if (!InferInput(ctx, 0, &dims->type, &x_shape) || x_shape.size() != 3) return false;
@@ -163,10 +170,11 @@ OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   if (!InferDims(ctx, &d)) return nullptr;
   using In = schema::lstm_grad::In;
   using Out = schema::lstm_grad::Out;
+  // dX, dW, dR take the shapes of X, W, R.
   auto input_shape = [&](In port) {
     InferShape shape;
     ONNXTensorElementDataType type;
-    if (!InferInput(ctx, schema::lstm_grad::Index(port), &type, &shape)) shape.clear();
+    if (!InferInput(ctx, schema::lstm_grad::Index(port), &type, &shape) || shape.size() != 3) shape.clear();
     return shape;
   };
   const std::array<std::pair<Out, InferShape>, 7> outputs = {{
