@@ -2,6 +2,7 @@
 // session registers the library; it adds the ortlstm domain with every op of ort/lstm_ops.cc.
 #include <string>
 
+#include "common/blas.h"
 #include "generated/op_schema.h"
 #include "ort/lstm_ops.h"
 #include "ort/ort_util.h"
@@ -42,6 +43,8 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
     string_arrays = api_base->GetApi(ortlstm::ort::kOrtApiVersionStringArrays);
   }
   ortlstm::ort::SetRuntime(api, string_arrays, release_minor);
+  // Threads come from ORT's intra-op pool only (common/parallel.h).
+  ortlstm::UseSingleThreadedBlas();
 
   // The domain must outlive every session created from `options`; ORT does not take ownership,
   // so it is deliberately never released (one small object per registration).

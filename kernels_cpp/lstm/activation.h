@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "lstm/fast_math.h"
+
 namespace ortlstm {
 
 enum class ActivationKind {
@@ -50,16 +52,6 @@ ActivationParamSpec ActivationParams(ActivationKind kind);
 bool DerivativeDeterminedByOutput(const Activation& act);
 
 template <typename T>
-inline T Sigmoid(T x) {
-  // Written so that neither branch overflows: exp of a non-positive argument only.
-  if (x >= T(0)) {
-    return T(1) / (T(1) + std::exp(-x));
-  }
-  const T e = std::exp(x);
-  return e / (T(1) + e);
-}
-
-template <typename T>
 inline T Apply(const Activation& act, T x) {
   const T alpha = static_cast<T>(act.alpha);
   const T beta = static_cast<T>(act.beta);
@@ -67,9 +59,9 @@ inline T Apply(const Activation& act, T x) {
     case ActivationKind::kRelu:
       return x > T(0) ? x : (x == x ? T(0) : x);
     case ActivationKind::kTanh:
-      return std::tanh(x);
+      return FastTanh(x);
     case ActivationKind::kSigmoid:
-      return Sigmoid(x);
+      return FastSigmoid(x);
     case ActivationKind::kAffine:
       return alpha * x + beta;
     case ActivationKind::kLeakyRelu:
@@ -77,7 +69,7 @@ inline T Apply(const Activation& act, T x) {
     case ActivationKind::kThresholdedRelu:
       return x > alpha ? x : (x == x ? T(0) : x);
     case ActivationKind::kScaledTanh:
-      return alpha * std::tanh(beta * x);
+      return alpha * FastTanh(beta * x);
     case ActivationKind::kHardSigmoid: {
       const T y = alpha * x + beta;
       return y != y ? y : std::min(T(1), std::max(T(0), y));
@@ -102,11 +94,11 @@ inline T DerivativeFromInput(const Activation& act, T x) {
     case ActivationKind::kRelu:
       return x > T(0) ? T(1) : T(0);
     case ActivationKind::kTanh: {
-      const T y = std::tanh(x);
+      const T y = FastTanh(x);
       return T(1) - y * y;
     }
     case ActivationKind::kSigmoid: {
-      const T y = Sigmoid(x);
+      const T y = FastSigmoid(x);
       return y * (T(1) - y);
     }
     case ActivationKind::kAffine:
@@ -116,7 +108,7 @@ inline T DerivativeFromInput(const Activation& act, T x) {
     case ActivationKind::kThresholdedRelu:
       return x > alpha ? T(1) : T(0);
     case ActivationKind::kScaledTanh: {
-      const T y = std::tanh(beta * x);
+      const T y = FastTanh(beta * x);
       return alpha * beta * (T(1) - y * y);
     }
     case ActivationKind::kHardSigmoid: {
@@ -130,7 +122,7 @@ inline T DerivativeFromInput(const Activation& act, T x) {
       return T(1) / (d * d);
     }
     case ActivationKind::kSoftplus:
-      return Sigmoid(x);
+      return FastSigmoid(x);
   }
   return T(1);
 }

@@ -1,15 +1,52 @@
-// Pointwise pieces shared by the forward and the backward: clipping and the derivative of a gate
-// activation from its output. Both directions of the flow call the same Apply() so that a clipped
-// pre-activation produces bit-identical outputs, which is how the backward recognises it.
+// Pointwise pieces shared by the forward and the backward: clipping, activations over arrays and
+// the derivative of a gate activation from its output. The loops are written so GCC vectorizes
+// them (one activation kind per loop, no calls); the scalar Apply() and the array loops run the
+// same operations, so a clipped pre-activation yields bit-identical gate values in both places,
+// which is how the backward recognises it.
 #pragma once
 
-#include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "lstm/activation.h"
 #include "lstm/lstm_config.h"
 
 namespace ortlstm {
+
+// x <- act(x) for x[0, n).
+template <typename T>
+inline void ApplyInPlace(const Activation& act, T* x, int64_t n) {
+  switch (act.kind) {
+    case ActivationKind::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) x[i] = FastSigmoid(x[i]);
+      return;
+    case ActivationKind::kTanh:
+      for (int64_t i = 0; i < n; ++i) x[i] = FastTanh(x[i]);
+      return;
+    default:
+      for (int64_t i = 0; i < n; ++i) x[i] = Apply<T>(act, x[i]);
+      return;
+  }
+}
+
+// out <- d act / d x at x, for x[0, n).
+template <typename T>
+inline void DerivativeFromInputs(const Activation& act, const T* x, T* out, int64_t n) {
+  if (act.kind == ActivationKind::kTanh) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T y = FastTanh(x[i]);
+      out[i] = T(1) - y * y;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = DerivativeFromInput<T>(act, x[i]);
+}
+
+// x <- clip(x) to [-threshold, threshold]; NaN stays NaN.
+template <typename T>
+inline void ClipInPlace(T* x, int64_t n, T threshold) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] > threshold ? threshold : (x[i] < -threshold ? -threshold : x[i]);
+}
 
 template <typename T>
 struct GateActivation {
@@ -25,17 +62,24 @@ struct GateActivation {
     }
   }
 
-  // d act(clip(x)) / dx given y = act(clip(x)): zero where the clip was active.
-  T DerivativeFromOutput(T y) const {
-    if (clipped && (y == at_upper || y == at_lower)) return T(0);
-    return ortlstm::DerivativeFromOutput<T>(act, y);
+  // out <- d act(clip(x)) / dx given y = act(clip(x)), for y[0, n): zero where the clip was
+  // active (y equals act(+-clip) exactly; a flat stretch of act has zero derivative anyway).
+  void DerivativesFromOutputs(const T* y, T* out, int64_t n) const {
+    switch (act.kind) {
+      case ActivationKind::kSigmoid:
+        for (int64_t i = 0; i < n; ++i) out[i] = y[i] * (T(1) - y[i]);
+        break;
+      case ActivationKind::kTanh:
+        for (int64_t i = 0; i < n; ++i) out[i] = T(1) - y[i] * y[i];
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) out[i] = DerivativeFromOutput<T>(act, y[i]);
+        break;
+    }
+    if (clipped) {
+      for (int64_t i = 0; i < n; ++i) out[i] = (y[i] == at_upper || y[i] == at_lower) ? T(0) : out[i];
+    }
   }
 };
-
-// Clip to [-threshold, threshold]; NaN stays NaN.
-template <typename T>
-inline T ClipTo(T x, T threshold) {
-  return x > threshold ? threshold : (x < -threshold ? -threshold : x);
-}
 
 }  // namespace ortlstm

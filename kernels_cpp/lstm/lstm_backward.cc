@@ -1,9 +1,11 @@
 // LSTM backward for LSTMGrad, from the stashed HAll, CAll and activated gates (no forward re-run).
-// The reverse time loop holds only the recurrence: a pointwise pass turns dH_t, dC_t into the
-// pre-activation gradients of step t, and one GEMM carries dH back through R. dX, dW and dR are
-// whole-sequence GEMMs after the loop, dB a column sum, dP a reduction. Layouts: lstm/lstm_dims.h.
+// The reverse time loop holds only the recurrence, two rounds of executor tasks per step: a
+// pointwise pass over blocks of hidden units turns dH_t, dC_t into the pre-activation gradients
+// of step t, then one GEMM per block of hidden units carries dH back through R. dX, dW and dR are
+// whole-sequence GEMMs after the loop, dB a column sum and dP a reduction, each over fixed blocks
+// so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "common/blas.h"
 #include "lstm/gate_math.h"
@@ -12,202 +14,337 @@
 namespace ortlstm {
 namespace {
 
+// Per-block temporaries of the pointwise pass, one row of hidden units each.
+constexpr int kTemporaries = 5;
+
 template <typename T>
-struct DirectionScratch {
-  T* grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
-  T* hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it (zero where inactive)
-  T* grad_h;       // [N, H] dL/dH flowing into the step being processed
-  T* grad_c;       // [N, H] dL/dC flowing into the step being processed
+struct BackwardScratch {
+  std::unique_ptr<T[]> grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
+  std::unique_ptr<T[]> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive
+  std::unique_ptr<T[]> grad_h;       // [N, H] dL/dH flowing into the step being processed
+  std::unique_ptr<T[]> grad_c;       // [N, H] dL/dC flowing into the step being processed
+  std::unique_ptr<T[]> temporaries;  // [blocks, kTemporaries, H]
+  std::unique_ptr<T[]> zeros;        // [H] C_{t-1} of a first step without initial_c
+  BackwardScratch(const LstmDims& dims, int64_t blocks)
+      : grad_gates(new T[dims.Rows() * dims.GateWidth()]),
+        hidden_prev(new T[dims.Rows() * dims.hidden_size]),
+        grad_h(new T[dims.batch_size * dims.hidden_size]),
+        grad_c(new T[dims.batch_size * dims.hidden_size]),
+        temporaries(new T[blocks * kTemporaries * dims.hidden_size]),
+        zeros(new T[dims.hidden_size]()) {}
 };
 
+int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
+  constexpr int64_t kMinBlockWork = int64_t{1} << 17;  // multiply-adds of the dH GEMM
+  const int64_t work = dims.batch_size * dims.GateWidth() * dims.hidden_size;
+  return std::max<int64_t>(1, std::min<int64_t>({executor.Width(), work / kMinBlockWork, dims.hidden_size}));
+}
+
 template <typename T>
-void BackwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& io, int64_t d,
-                       const DirectionScratch<T>& scratch, bool accumulate_dx) {
-  const int64_t seq_length = dims.seq_length;
-  const int64_t batch_size = dims.batch_size;
-  const int64_t input_size = dims.input_size;
-  const int64_t hidden = dims.hidden_size;
-  const int64_t width = dims.GateWidth();
-  const bool reverse = config.IsReverse(d);
-  const T* W = io.W + d * width * input_size;  // [4H, I]
-  const T* R = io.R + d * width * hidden;      // [4H, H]
-  const T* P = io.P ? io.P + d * 3 * hidden : nullptr;
-  const T* Pi = P;
-  const T* Po = P ? P + hidden : nullptr;
-  const T* Pf = P ? P + 2 * hidden : nullptr;
-  const DirectionActivations& acts = config.activations[d];
-  const GateActivation<T> f_act(acts.f, config.clip);
-  const GateActivation<T> g_act(acts.g, config.clip);
-  const Activation h_act = acts.h;
-  T* grad_gates = scratch.grad_gates;
-  T* hidden_prev = scratch.hidden_prev;
-  T* grad_h = scratch.grad_h;
-  T* grad_c = scratch.grad_c;
+class BackwardDirection {
+ public:
+  BackwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& io, int64_t d,
+                    int64_t blocks)
+      : dims_(dims),
+        config_(config),
+        io_(io),
+        d_(d),
+        hidden_size_(dims.hidden_size),
+        width_(dims.GateWidth()),
+        blocks_(blocks),
+        reverse_(config.IsReverse(d)),
+        P_(io.P ? io.P + d * 3 * hidden_size_ : nullptr),
+        f_act_(config.activations[d].f, config.clip),
+        g_act_(config.activations[d].g, config.clip),
+        h_act_(config.activations[d].h),
+        scratch_(dims, blocks) {}
 
-  auto length = [&](int64_t b) -> int64_t { return io.sequence_lens ? io.sequence_lens[b] : seq_length; };
-  // The step before t in processing order, or -1 when t is the first step of entry b.
-  auto previous_step = [&](int64_t t, int64_t b) -> int64_t {
-    if (reverse) return t + 1 < length(b) ? t + 1 : -1;
-    return t - 1;
-  };
+  const T* GradGates() const { return scratch_.grad_gates.get(); }
 
-  // Ht/Ct of an entry that ran no step are constant zeros (lstm_forward.cc): their gradients stop.
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const int64_t state = dims.StateRow(d, b);
-    T* gh = grad_h + b * hidden;
-    T* gc = grad_c + b * hidden;
-    const bool ran = length(b) > 0;
-    if (ran && io.grad_Ht) {
-      std::copy_n(io.grad_Ht + state * hidden, hidden, gh);
-    } else {
-      std::fill_n(gh, hidden, T(0));
+  // The reverse time loop; leaves dL/d(pre-activations) of every step in grad_gates.
+  void Recurrence(const Executor& executor) {
+    const int64_t hidden = hidden_size_;
+    T* gh = scratch_.grad_h.get();
+    T* gc = scratch_.grad_c.get();
+    // Ht/Ct of an entry that ran no step are constant zeros (lstm_forward.cc): their gradients stop.
+    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+      const int64_t state = dims_.StateRow(d_, b) * hidden;
+      const bool ran = Length(b) > 0;
+      if (ran && io_.grad_Ht) {
+        std::copy_n(io_.grad_Ht + state, hidden, gh + b * hidden);
+      } else {
+        std::fill_n(gh + b * hidden, hidden, T(0));
+      }
+      if (ran && io_.grad_Ct) {
+        std::copy_n(io_.grad_Ct + state, hidden, gc + b * hidden);
+      } else {
+        std::fill_n(gc + b * hidden, hidden, T(0));
+      }
     }
-    if (ran && io.grad_Ct) {
-      std::copy_n(io.grad_Ct + state * hidden, hidden, gc);
-    } else {
-      std::fill_n(gc, hidden, T(0));
+    const T* R = io_.R + d_ * width_ * hidden;
+    const int64_t step_ld = dims_.BatchStride() * width_;
+    for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
+      const int64_t t = reverse_ ? dims_.seq_length - 1 - s : s;
+      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
+        Pointwise(t, SplitRange(hidden, blocks_, static_cast<int64_t>(k)), static_cast<int64_t>(k));
+      });
+      // dH_{t-1}[:, j0:j1] += dpre_t [N, 4H] * R[:, j0:j1] [4H, j1-j0]: M = N, N = j1-j0, K = 4H.
+      const T* step_grad = scratch_.grad_gates.get() + dims_.XRow(t, 0) * width_;
+      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
+        const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
+        if (units.end == units.begin) return;
+        Gemm(false, false, dims_.batch_size, units.end - units.begin, width_, T(1), step_grad, step_ld, R + units.begin,
+             hidden, T(1), gh + units.begin, hidden);
+      });
+    }
+    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+      const int64_t state = dims_.StateRow(d_, b) * hidden;
+      if (io_.dH0) std::copy_n(gh + b * hidden, hidden, io_.dH0 + state);
+      if (io_.dC0) std::copy_n(gc + b * hidden, hidden, io_.dC0 + state);
     }
   }
 
-  const int64_t step_ld = dims.BatchStride() * width;
-  for (int64_t s = seq_length - 1; s >= 0; --s) {
-    const int64_t t = reverse ? seq_length - 1 - s : s;
-    for (int64_t b = 0; b < batch_size; ++b) {
-      const int64_t x_row = dims.XRow(t, b);
-      T* dpre = grad_gates + x_row * width;  // [4H]
-      T* h_prev_row = hidden_prev + x_row * hidden;
-      if (t >= length(b)) {
-        std::fill_n(dpre, width, T(0));
-        std::fill_n(h_prev_row, hidden, T(0));
+  // dW, dR, dB, dP of this direction, from the finished recurrence. `x` is X with the steps past
+  // each sequence's length zeroed (or X itself when every sequence is full).
+  void WeightGradients(const T* x, const Executor& executor) const {
+    const int64_t rows = dims_.Rows();
+    const int64_t hidden = hidden_size_;
+    const T* grad_gates = scratch_.grad_gates.get();
+    // dW [4H, I] = dpre^T [4H, T*N] * X [T*N, I]: M = 4H, N = I, K = T*N, A transposed.
+    if (io_.dW) {
+      ParallelGemm(executor, true, false, width_, dims_.input_size, rows, T(1), grad_gates, width_, x,
+                   dims_.input_size, T(0), io_.dW + d_ * width_ * dims_.input_size, dims_.input_size);
+    }
+    // dR [4H, H] = dpre^T [4H, T*N] * H_prev [T*N, H]: M = 4H, N = H, K = T*N, A transposed.
+    if (io_.dR) {
+      ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad_gates, width_, scratch_.hidden_prev.get(),
+                   hidden, T(0), io_.dR + d_ * width_ * hidden, hidden);
+    }
+    // dB [8H] = column sums of dpre, written to both the Wb and the Rb half.
+    if (io_.dB) {
+      T* dB = io_.dB + d_ * 2 * width_;
+      const int64_t parts = std::min<int64_t>(executor.Width(), width_);
+      executor.For(static_cast<size_t>(parts), [&](size_t k) {
+        const Range columns = SplitRange(width_, parts, static_cast<int64_t>(k));
+        std::fill(dB + columns.begin, dB + columns.end, T(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = grad_gates + r * width_;
+          for (int64_t j = columns.begin; j < columns.end; ++j) dB[j] += row[j];
+        }
+        std::copy(dB + columns.begin, dB + columns.end, dB + width_ + columns.begin);
+      });
+    }
+    // dPi = sum dpre_i . Ct-1,  dPo = sum dpre_o . Ct,  dPf = sum dpre_f . Ct-1  (over t, b).
+    if (io_.dP) {
+      T* dPi = io_.dP + d_ * 3 * hidden;
+      T* dPo = dPi + hidden;
+      T* dPf = dPi + 2 * hidden;
+      const int64_t parts = std::min<int64_t>(executor.Width(), hidden);
+      executor.For(static_cast<size_t>(parts), [&](size_t k) {
+        const Range units = SplitRange(hidden, parts, static_cast<int64_t>(k));
+        std::fill(dPi + units.begin, dPi + units.end, T(0));
+        std::fill(dPo + units.begin, dPo + units.end, T(0));
+        std::fill(dPf + units.begin, dPf + units.end, T(0));
+        for (int64_t t = 0; t < dims_.seq_length; ++t) {
+          for (int64_t b = 0; b < dims_.batch_size; ++b) {
+            if (t >= Length(b)) continue;
+            const T* cp = PreviousCell(t, b);
+            const T* cell = io_.CAll + dims_.SeqRow(t, d_, b) * hidden;
+            const T* dpre = grad_gates + dims_.XRow(t, b) * width_;
+            for (int64_t j = units.begin; j < units.end; ++j) {
+              dPi[j] += dpre[j] * cp[j];
+              dPo[j] += dpre[hidden + j] * cell[j];
+              dPf[j] += dpre[2 * hidden + j] * cp[j];
+            }
+          }
+        }
+      });
+    }
+  }
+
+ private:
+  int64_t Length(int64_t b) const { return io_.sequence_lens ? io_.sequence_lens[b] : dims_.seq_length; }
+
+  // The step before t in processing order, or -1 when t is the first step of entry b.
+  int64_t PreviousStep(int64_t t, int64_t b) const {
+    if (reverse_) return t + 1 < Length(b) ? t + 1 : -1;
+    return t - 1;
+  }
+
+  // C_{t-1} [H] as step t of entry b saw it.
+  const T* PreviousCell(int64_t t, int64_t b) const {
+    const int64_t prev = PreviousStep(t, b);
+    if (prev >= 0) return io_.CAll + dims_.SeqRow(prev, d_, b) * hidden_size_;
+    if (io_.initial_c) return io_.initial_c + dims_.StateRow(d_, b) * hidden_size_;
+    return scratch_.zeros.get();
+  }
+
+  // Step t, hidden units [units.begin, units.end) of every entry: dpre_t, dC_{t-1}, H_{t-1}.
+  void Pointwise(int64_t t, Range units, int64_t block) {
+    const int64_t hidden = hidden_size_;
+    const int64_t count = units.end - units.begin;
+    if (count <= 0) return;
+    T* temporaries = scratch_.temporaries.get() + block * kTemporaries * hidden;
+    T* dh = temporaries;                   // dL/dH_t
+    T* h_of_c = temporaries + hidden;      // h(C_t), then scratch
+    T* dh_of_c = temporaries + 2 * hidden;  // h'(C_t)
+    T* dact = temporaries + 3 * hidden;    // a gate activation's derivative
+    T* dc = temporaries + 4 * hidden;      // dL/dC_t
+    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+      const int64_t x_row = dims_.XRow(t, b);
+      T* dpre = scratch_.grad_gates.get() + x_row * width_;
+      T* h_prev = scratch_.hidden_prev.get() + x_row * hidden + units.begin;
+      if (t >= Length(b)) {
+        for (int64_t g = 0; g < 4; ++g) std::fill_n(dpre + g * hidden + units.begin, count, T(0));
+        std::fill_n(h_prev, count, T(0));
         continue;
       }
-      const int64_t seq_row = dims.SeqRow(t, d, b);
-      const int64_t prev = previous_step(t, b);
-      const int64_t state = dims.StateRow(d, b);
-      const T* c_prev = prev >= 0 ? io.CAll + dims.SeqRow(prev, d, b) * hidden
-                                  : (io.initial_c ? io.initial_c + state * hidden : nullptr);
+      const int64_t seq_row = dims_.SeqRow(t, d_, b);
+      const int64_t prev = PreviousStep(t, b);
+      const int64_t state = dims_.StateRow(d_, b) * hidden;
       if (prev >= 0) {
-        std::copy_n(io.HAll + dims.SeqRow(prev, d, b) * hidden, hidden, h_prev_row);
-      } else if (io.initial_h) {
-        std::copy_n(io.initial_h + state * hidden, hidden, h_prev_row);
+        std::copy_n(io_.HAll + dims_.SeqRow(prev, d_, b) * hidden + units.begin, count, h_prev);
+      } else if (io_.initial_h) {
+        std::copy_n(io_.initial_h + state + units.begin, count, h_prev);
       } else {
-        std::fill_n(h_prev_row, hidden, T(0));
+        std::fill_n(h_prev, count, T(0));
       }
-      const T* cell = io.CAll + seq_row * hidden;
-      const T* gate = io.IOFC + seq_row * width;
-      const T* grad_hall = io.grad_HAll ? io.grad_HAll + seq_row * hidden : nullptr;
-      T* gh = grad_h + b * hidden;
-      T* gc = grad_c + b * hidden;
-      for (int64_t j = 0; j < hidden; ++j) {
-        const T gate_i = gate[j];
-        const T gate_o = gate[hidden + j];
-        const T gate_f = gate[2 * hidden + j];
-        const T gate_c = gate[3 * hidden + j];
-        const T cp = c_prev ? c_prev[j] : T(0);
-        // dH_t = dL/dHAll_t + (dH from step t+1 or grad_Ht)
-        const T dh = gh[j] + (grad_hall ? grad_hall[j] : T(0));
-        // Ht = o . h(Ct):  do = dH_t . h(Ct),  dCt += dH_t . o . h'(Ct)
-        const T dpre_o = dh * Apply<T>(h_act, cell[j]) * f_act.DerivativeFromOutput(gate_o);
-        T dc = gc[j] + dh * gate_o * DerivativeFromInput<T>(h_act, cell[j]);
-        if (P) dc += dpre_o * Po[j];  // o sees Po . Ct
-        // Ct = f . Ct-1 + i . c  (input_forget: f = 1 - i, so dCt/di = c - Ct-1)
-        const T dpre_i = dc * (config.input_forget ? gate_c - cp : gate_c) * f_act.DerivativeFromOutput(gate_i);
-        const T dpre_f = config.input_forget ? T(0) : dc * cp * f_act.DerivativeFromOutput(gate_f);
-        const T dpre_c = dc * gate_i * g_act.DerivativeFromOutput(gate_c);
-        // dCt-1 = dCt . f + dpre_i . Pi + dpre_f . Pf
-        T dc_prev = dc * gate_f;
-        if (P) dc_prev += dpre_i * Pi[j] + dpre_f * Pf[j];
-        dpre[j] = dpre_i;
-        dpre[hidden + j] = dpre_o;
-        dpre[2 * hidden + j] = dpre_f;
-        dpre[3 * hidden + j] = dpre_c;
-        gc[j] = dc_prev;
-        gh[j] = T(0);  // replaced by dpre . R below; inactive rows keep theirs
+      const T* cp = PreviousCell(t, b) + units.begin;
+      const T* cell = io_.CAll + seq_row * hidden + units.begin;
+      const T* gate = io_.IOFC + seq_row * width_;
+      const T* gi = gate + units.begin;
+      const T* go = gate + hidden + units.begin;
+      const T* gf = gate + 2 * hidden + units.begin;
+      const T* gc = gate + 3 * hidden + units.begin;
+      T* dpre_i = dpre + units.begin;
+      T* dpre_o = dpre + hidden + units.begin;
+      T* dpre_f = dpre + 2 * hidden + units.begin;
+      T* dpre_c = dpre + 3 * hidden + units.begin;
+      T* grad_h = scratch_.grad_h.get() + b * hidden + units.begin;
+      T* grad_c = scratch_.grad_c.get() + b * hidden + units.begin;
+
+      // dH_t = dL/dHAll_t + (dH from step t+1, or grad_Ht)
+      if (io_.grad_HAll) {
+        const T* grad_hall = io_.grad_HAll + seq_row * hidden + units.begin;
+        for (int64_t j = 0; j < count; ++j) dh[j] = grad_h[j] + grad_hall[j];
+      } else {
+        std::copy_n(grad_h, count, dh);
       }
-    }
-    // dH_{t-1} [N, H] += dpre_t [N, 4H] * R [4H, H]: M = N, N = H, K = 4H, no transposes.
-    Gemm(false, false, batch_size, hidden, width, T(1), grad_gates + dims.XRow(t, 0) * width, step_ld, R, hidden, T(1),
-         grad_h, hidden);
-  }
-
-  for (int64_t b = 0; b < batch_size; ++b) {
-    const int64_t state = dims.StateRow(d, b);
-    if (io.dH0) std::copy_n(grad_h + b * hidden, hidden, io.dH0 + state * hidden);
-    if (io.dC0) std::copy_n(grad_c + b * hidden, hidden, io.dC0 + state * hidden);
-  }
-
-  const int64_t rows = dims.Rows();
-  // dX [T*N, I] (+)= dpre [T*N, 4H] * W [4H, I]: M = T*N, N = I, K = 4H.
-  if (io.dX) {
-    Gemm(false, false, rows, input_size, width, T(1), grad_gates, width, W, input_size, accumulate_dx ? T(1) : T(0),
-         io.dX, input_size);
-  }
-  // dW [4H, I] = dpre^T [4H, T*N] * X [T*N, I]: M = 4H, N = I, K = T*N, A transposed.
-  if (io.dW) {
-    Gemm(true, false, width, input_size, rows, T(1), grad_gates, width, io.X, input_size, T(0),
-         io.dW + d * width * input_size, input_size);
-  }
-  // dR [4H, H] = dpre^T [4H, T*N] * H_prev [T*N, H]: M = 4H, N = H, K = T*N, A transposed.
-  if (io.dR) {
-    Gemm(true, false, width, hidden, rows, T(1), grad_gates, width, hidden_prev, hidden, T(0),
-         io.dR + d * width * hidden, hidden);
-  }
-  // dB [8H] = column sums of dpre, written to both the Wb and the Rb half.
-  if (io.dB) {
-    T* dB = io.dB + d * 2 * width;
-    std::fill_n(dB, width, T(0));
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = grad_gates + r * width;
-      for (int64_t j = 0; j < width; ++j) dB[j] += row[j];
-    }
-    std::copy_n(dB, width, dB + width);
-  }
-  // dPi = sum dpre_i . Ct-1,  dPo = sum dpre_o . Ct,  dPf = sum dpre_f . Ct-1  (over t, b).
-  if (io.dP) {
-    T* dPi = io.dP + d * 3 * hidden;
-    T* dPo = dPi + hidden;
-    T* dPf = dPi + 2 * hidden;
-    std::fill_n(dPi, 3 * hidden, T(0));
-    for (int64_t t = 0; t < seq_length; ++t) {
-      for (int64_t b = 0; b < batch_size; ++b) {
-        if (t >= length(b)) continue;
-        const int64_t prev = previous_step(t, b);
-        const int64_t state = dims.StateRow(d, b);
-        const T* c_prev = prev >= 0 ? io.CAll + dims.SeqRow(prev, d, b) * hidden
-                                    : (io.initial_c ? io.initial_c + state * hidden : nullptr);
-        const T* cell = io.CAll + dims.SeqRow(t, d, b) * hidden;
-        const T* dpre = grad_gates + dims.XRow(t, b) * width;
-        for (int64_t j = 0; j < hidden; ++j) {
-          const T cp = c_prev ? c_prev[j] : T(0);
-          dPi[j] += dpre[j] * cp;
-          dPo[j] += dpre[hidden + j] * cell[j];
-          dPf[j] += dpre[2 * hidden + j] * cp;
+      // Ht = o . h(Ct):  dpre_o = dH_t . h(Ct) . f'(o),  dCt += dH_t . o . h'(Ct)
+      std::copy_n(cell, count, h_of_c);
+      ApplyInPlace(h_act_, h_of_c, count);
+      DerivativeFromInputs(h_act_, cell, dh_of_c, count);
+      f_act_.DerivativesFromOutputs(go, dact, count);
+      for (int64_t j = 0; j < count; ++j) {
+        dpre_o[j] = dh[j] * h_of_c[j] * dact[j];
+        dc[j] = grad_c[j] + dh[j] * go[j] * dh_of_c[j];
+      }
+      if (P_) {
+        const T* po = P_ + hidden + units.begin;
+        for (int64_t j = 0; j < count; ++j) dc[j] += dpre_o[j] * po[j];  // o sees Po . Ct
+      }
+      // Ct = f . Ct-1 + i . c  (input_forget: f = 1 - i, so dCt/di = c - Ct-1)
+      f_act_.DerivativesFromOutputs(gi, dact, count);
+      if (config_.input_forget) {
+        for (int64_t j = 0; j < count; ++j) {
+          dpre_i[j] = dc[j] * (gc[j] - cp[j]) * dact[j];
+          dpre_f[j] = T(0);
         }
+      } else {
+        for (int64_t j = 0; j < count; ++j) dpre_i[j] = dc[j] * gc[j] * dact[j];
+        f_act_.DerivativesFromOutputs(gf, dact, count);
+        for (int64_t j = 0; j < count; ++j) dpre_f[j] = dc[j] * cp[j] * dact[j];
+      }
+      g_act_.DerivativesFromOutputs(gc, dact, count);
+      for (int64_t j = 0; j < count; ++j) dpre_c[j] = dc[j] * gi[j] * dact[j];
+      // dCt-1 = dCt . f + dpre_i . Pi + dpre_f . Pf; dH_{t-1} is rebuilt from dpre by the GEMM.
+      for (int64_t j = 0; j < count; ++j) {
+        grad_c[j] = dc[j] * gf[j];
+        grad_h[j] = T(0);
+      }
+      if (P_) {
+        const T* pi = P_ + units.begin;
+        const T* pf = P_ + 2 * hidden + units.begin;
+        for (int64_t j = 0; j < count; ++j) grad_c[j] += dpre_i[j] * pi[j] + dpre_f[j] * pf[j];
       }
     }
   }
-}
+
+  const LstmDims& dims_;
+  const LstmConfig& config_;
+  const LstmBackwardTensors<T>& io_;
+  const int64_t d_;
+  const int64_t hidden_size_;
+  const int64_t width_;
+  const int64_t blocks_;
+  const bool reverse_;
+  const T* P_;  // [3H] of this direction, or null
+  const GateActivation<T> f_act_;
+  const GateActivation<T> g_act_;
+  const Activation h_act_;
+  BackwardScratch<T> scratch_;
+};
 
 }  // namespace
 
 template <typename T>
-void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors) {
+void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors,
+                  const Executor& executor) {
   const bool any_output = tensors.dX || tensors.dW || tensors.dR || tensors.dB || tensors.dH0 || tensors.dC0 ||
                           tensors.dP;
   if (!any_output) return;
-  const int64_t hidden = dims.hidden_size;
-  // Scratch, sized once per call and reused by both directions.
-  std::vector<T> grad_gates(static_cast<size_t>(dims.Rows() * dims.GateWidth()));
-  std::vector<T> hidden_prev(static_cast<size_t>(dims.Rows() * hidden));
-  std::vector<T> grad_h(static_cast<size_t>(dims.batch_size * hidden));
-  std::vector<T> grad_c(static_cast<size_t>(dims.batch_size * hidden));
-  const DirectionScratch<T> scratch{grad_gates.data(), hidden_prev.data(), grad_h.data(), grad_c.data()};
-  for (int64_t d = 0; d < dims.num_directions; ++d) {
-    BackwardDirection(dims, config, tensors, d, scratch, /*accumulate_dx=*/d > 0);
+  const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
+  const SerialExecutor serial;
+  const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
+  const int64_t blocks = StepBlocks(dims, step_executor);
+  BackwardDirection<T> forward(dims, config, tensors, 0, blocks);
+  std::unique_ptr<BackwardDirection<T>> backward;
+  if (dims.num_directions == 2) backward = std::make_unique<BackwardDirection<T>>(dims, config, tensors, 1, blocks);
+
+  if (directions_in_parallel) {
+    executor.For(2, [&](size_t d) { (d == 0 ? forward : *backward).Recurrence(serial); });
+  } else {
+    forward.Recurrence(executor);
+    if (backward) backward->Recurrence(executor);
+  }
+  // Padded steps have zero gate gradients, but 0 * NaN is NaN: whatever X holds there must not
+  // reach dW, so those rows are zeroed in a copy when there are any.
+  const T* x_for_weights = tensors.X;
+  std::unique_ptr<T[]> masked_x;
+  if (tensors.dW && tensors.sequence_lens &&
+      std::any_of(tensors.sequence_lens, tensors.sequence_lens + dims.batch_size,
+                  [&](int32_t length) { return length < dims.seq_length; })) {
+    const int64_t input_size = dims.input_size;
+    masked_x.reset(new T[dims.Rows() * input_size]);
+    for (int64_t t = 0; t < dims.seq_length; ++t) {
+      for (int64_t b = 0; b < dims.batch_size; ++b) {
+        const int64_t row = dims.XRow(t, b) * input_size;
+        if (t < tensors.sequence_lens[b]) {
+          std::copy_n(tensors.X + row, input_size, masked_x.get() + row);
+        } else {
+          std::fill_n(masked_x.get() + row, input_size, T(0));
+        }
+      }
+    }
+    x_for_weights = masked_x.get();
+  }
+  forward.WeightGradients(x_for_weights, executor);
+  if (backward) backward->WeightGradients(x_for_weights, executor);
+  // dX [T*N, I] = sum over directions of dpre [T*N, 4H] * W [4H, I]: M = T*N, N = I, K = 4H.
+  if (tensors.dX) {
+    const int64_t width = dims.GateWidth();
+    for (int64_t d = 0; d < dims.num_directions; ++d) {
+      const T* grad_gates = d == 0 ? forward.GradGates() : backward->GradGates();
+      ParallelGemm(executor, false, false, dims.Rows(), dims.input_size, width, T(1), grad_gates, width,
+                   tensors.W + d * width * dims.input_size, dims.input_size, d == 0 ? T(0) : T(1), tensors.dX,
+                   dims.input_size);
+    }
   }
 }
 
-template void LstmBackward<float>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<float>&);
-template void LstmBackward<double>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<double>&);
+template void LstmBackward<float>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<float>&,
+                                  const Executor&);
+template void LstmBackward<double>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<double>&,
+                                   const Executor&);
 
 }  // namespace ortlstm

@@ -22,8 +22,11 @@ std::string JoinStrings(const std::vector<std::string>& items) {
 std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   LstmConfig cfg;
   if (!raw.hidden_size) return "attribute hidden_size is required (a positive integer) but is missing";
-  if (*raw.hidden_size <= 0) {
-    return "attribute hidden_size: expected a positive integer, got " + std::to_string(*raw.hidden_size);
+  // 8*hidden_size (B's width) must stay an int for BLAS.
+  constexpr int64_t kMaxHiddenSize = (int64_t{1} << 31) / 8 - 1;
+  if (*raw.hidden_size <= 0 || *raw.hidden_size > kMaxHiddenSize) {
+    return "attribute hidden_size: expected an integer in [1, " + std::to_string(kMaxHiddenSize) + "], got " +
+           std::to_string(*raw.hidden_size);
   }
   cfg.hidden_size = *raw.hidden_size;
 
@@ -50,7 +53,7 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   const size_t expected_count = static_cast<size_t>(3 * cfg.num_directions);
   if (names.size() != expected_count) {
     std::ostringstream msg;
-    msg << "attribute activations: expected 3*num_directions=" << expected_count << " names (f, g, h per direction, "
+    msg << "attribute " << raw.activations_attribute << ": expected 3*num_directions=" << expected_count << " names (f, g, h per direction, "
         << "direction=" << direction << "), got " << names.size() << " [" << JoinStrings(names) << "]";
     return msg.str();
   }
@@ -62,7 +65,7 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   for (size_t k = 0; k < names.size(); ++k) {
     const auto kind = ParseActivationName(names[k]);
     if (!kind) {
-      return "attribute activations: unknown activation '" + names[k] + "' at position " + std::to_string(k) +
+      return "attribute " + raw.activations_attribute + ": unknown activation '" + names[k] + "' at position " + std::to_string(k) +
              "; expected one of Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, "
              "Elu, Softsign, Softplus";
     }

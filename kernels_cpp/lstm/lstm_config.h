@@ -19,6 +19,9 @@ struct RawLstmAttributes {
   std::optional<int64_t> hidden_size;
   std::optional<std::string> direction;
   std::optional<std::vector<std::string>> activations;
+  // Which attribute the activation names came from, for messages: "activations" or the
+  // comma-separated "activations_csv" that older runtimes need.
+  std::string activations_attribute = "activations";
   std::optional<std::vector<float>> activation_alpha;
   std::optional<std::vector<float>> activation_beta;
   std::optional<float> clip;

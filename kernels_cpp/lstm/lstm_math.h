@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/parallel.h"
 #include "lstm/lstm_config.h"
 #include "lstm/lstm_dims.h"
 
@@ -51,10 +52,13 @@ struct LstmBackwardTensors {
   T* dP = nullptr;
 };
 
+// Work is split into tasks of `executor`; the BLAS must be single-threaded (common/blas.h).
 template <typename T>
-void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors);
+void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
+                 const Executor& executor);
 
 template <typename T>
-void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors);
+void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors,
+                  const Executor& executor);
 
 }  // namespace ortlstm

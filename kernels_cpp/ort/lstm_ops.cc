@@ -201,6 +201,12 @@ OrtStatus* Fail(const char* op_name, const std::string& node, const std::string&
   return MakeStatus(ORT_INVALID_ARGUMENT, text + ": " + message);
 }
 
+OrtStatus* OutOfMemory(const char* op_name, const std::string& node) {
+  std::string text = std::string(op_name);
+  if (!node.empty()) text += " node '" + node + "'";
+  return MakeStatus(ORT_FAIL, text + ": out of memory for the scratch buffers");
+}
+
 template <size_t N>
 std::string ReadInputs(OrtKernelContext* context, std::array<TensorArg, N>* inputs, const bool (&optional)[N],
                        const char* const (&names)[N]) {
@@ -255,10 +261,10 @@ class LstmTrainingKernel {
       t.Ct = static_cast<T*>(out[spec::Index(Out::kCt)]);
       t.CAll = static_cast<T*>(out[spec::Index(Out::kCAll)]);
       t.IOFC = static_cast<T*>(out[spec::Index(Out::kIOFC)]);
-      LstmForward<T>(dims, config_, t);
+      LstmForward<T>(dims, config_, t, OrtExecutor(context));
       return nullptr;
     } catch (const std::bad_alloc&) {
-      return MakeStatus(ORT_FAIL, std::string(spec::kName) + ": out of memory for the scratch buffers");
+      return OutOfMemory(spec::kName, node_);
     }
   }
 
@@ -320,10 +326,10 @@ class LstmGradKernel {
       t.dH0 = static_cast<T*>(out[spec::Index(Out::kDH0)]);
       t.dC0 = static_cast<T*>(out[spec::Index(Out::kDC0)]);
       t.dP = static_cast<T*>(out[spec::Index(Out::kDP)]);
-      LstmBackward<T>(dims, config_, t);
+      LstmBackward<T>(dims, config_, t, OrtExecutor(context));
       return nullptr;
     } catch (const std::bad_alloc&) {
-      return MakeStatus(ORT_FAIL, std::string(spec::kName) + ": out of memory for the scratch buffers");
+      return OutOfMemory(spec::kName, node_);
     }
   }
 

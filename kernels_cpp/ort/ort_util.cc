@@ -2,7 +2,9 @@
 // plain messages.
 #include "ort/ort_util.h"
 
+#include <algorithm>
 #include <cctype>
+#include <thread>
 #include <memory>
 #include <sstream>
 
@@ -98,6 +100,7 @@ std::vector<std::string> SplitCommaList(const std::string& text) {
     const auto last = item.find_last_not_of(" \t");
     items.push_back(first == std::string::npos ? "" : item.substr(first, last - first + 1));
   }
+  if (!text.empty() && text.back() == ',') items.emplace_back();  // getline drops a trailing empty item
   return items;
 }
 
@@ -161,6 +164,30 @@ std::string AllocateOutput(OrtKernelContext* context, size_t index, const std::v
   return Consume(Api().GetTensorMutableData(value, data));
 }
 
+OrtExecutor::OrtExecutor(OrtKernelContext* context) : context_(context) {
+  // ORT's C API does not tell the pool size; the machine's hardware threads bound it (ORT's
+  // default intra-op pool has one thread per physical core). A pool with fewer threads just runs
+  // the extra tasks in turn; task boundaries, hence results, depend only on this width.
+  const unsigned hardware = std::thread::hardware_concurrency();
+  width_ = hardware == 0 ? 1 : static_cast<int>(std::min(hardware, 64u));
+}
+
+void OrtExecutor::For(std::size_t count, const std::function<void(std::size_t)>& task) const {
+  if (count == 0) return;
+  if (count == 1) {
+    task(0);
+    return;
+  }
+  auto trampoline = [](void* data, size_t index) { (*static_cast<const std::function<void(std::size_t)>*>(data))(index); };
+  OrtStatus* status = Api().KernelContext_ParallelFor(context_, trampoline, count, 0,
+                                                      const_cast<std::function<void(std::size_t)>*>(&task));
+  if (status != nullptr) {
+    // Only a null context fails; run the tasks here rather than lose them.
+    Api().ReleaseStatus(status);
+    for (std::size_t i = 0; i < count; ++i) task(i);
+  }
+}
+
 std::string FormatShape(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -205,6 +232,7 @@ std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw
     }
   }
   raw->activations = listed ? listed : from_joined;
+  if (!listed && from_joined) raw->activations_attribute = attr::kActivationsCsv;
   if (!raw->activations && !CanReadStringArrays() && AttributeExists(info, attr::kActivations)) {
     return std::string("attribute activations cannot be read by custom-op kernels on onnxruntime older than 1.25 ") +
            "(its C API has no string-list attribute reader), and ignoring it would compute with the wrong "

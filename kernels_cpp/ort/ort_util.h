@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.h"
 #include "lstm/lstm_config.h"
 
 namespace ortlstm::ort {
@@ -51,6 +52,18 @@ struct TensorArg {
 std::string ReadInput(OrtKernelContext* context, size_t index, TensorArg* arg);
 // Allocates output `index` with `shape` unless the node omitted it; *data stays null then.
 std::string AllocateOutput(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape, void** data);
+
+// Runs tasks on the session's intra-op thread pool (KernelContext_ParallelFor).
+class OrtExecutor final : public Executor {
+ public:
+  explicit OrtExecutor(OrtKernelContext* context);
+  void For(std::size_t count, const std::function<void(std::size_t)>& task) const override;
+  int Width() const override { return width_; }
+
+ private:
+  OrtKernelContext* context_;
+  int width_;
+};
 
 // "[2, 3, 4]"
 std::string FormatShape(const std::vector<int64_t>& shape);
