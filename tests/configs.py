@@ -187,7 +187,7 @@ CONFIGS: list[LstmConfig] = [
         initial_h=True,
         initial_c=True,
         activations=("Affine", "Tanh", "ScaledTanh", "Relu", "Elu", "Softsign"),
-        activation_alpha=(0.5, 0.7, 1.3, 0.4),
+        activation_alpha=(0.5, 0.7, 1.3),
         activation_beta=(0.1, 0.9),
     ),
     LstmConfig(

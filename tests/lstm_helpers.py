@@ -1,0 +1,187 @@
+"""Helpers shared by the oracle tests and the kernel tests.
+
+onnxruntime's standard ``LSTM`` (the float32 ground truth), the comparison used everywhere
+(``assert_close``), absent optional inputs made explicit so they can be perturbed, the oracle's
+view of a config's attributes, and the linear-activation variant of a config. Nothing here
+imports the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from configs import LstmConfig
+from onnx import TensorProto, helper
+from reference.lstm_ref import linear_activation_attributes, parse_activations
+
+# LSTM last changed in opset 14 (layout) before 22; onnxruntime 1.19 (the training build)
+# refuses models stamped with opset 22, so the models use the newest opset both runtimes load.
+OPSET = 21
+IR_VERSION = 10
+LSTM_INPUT_NAMES = [port.name for port in onnx.defs.get_schema("LSTM", OPSET).inputs]
+LSTM_OUTPUT_NAMES = [port.name for port in onnx.defs.get_schema("LSTM", OPSET).outputs]
+
+# Beyond the table's tiny sizes, for the tests marked slow: several BLAS tiles with tails, and
+# (LARGE_CONFIG) enough rows that BLAS blocks and threads the GEMMs.
+MEDIUM_CONFIG = LstmConfig(
+    7,
+    5,
+    9,
+    11,
+    "bidirectional",
+    peephole=True,
+    initial_h=True,
+    initial_c=True,
+    sequence_lens=(7, 0, 3, 6, 1),
+    clip=1.3,
+    layout=1,
+)
+LARGE_CONFIG = LstmConfig(
+    24, 48, 96, 64, "bidirectional", peephole=True, initial_h=True, initial_c=True, clip=2.0, layout=1
+)
+
+
+def slow(config: LstmConfig) -> object:
+    """A ``pytest.param`` of ``config`` marked slow, with the config's id."""
+    return pytest.param(config, marks=pytest.mark.slow, id=config.id)
+
+
+# Gradient output of LSTMGrad -> the LSTMTraining input it differentiates.
+GRADIENT_OF = {"dX": "X", "dW": "W", "dR": "R", "dB": "B", "dH0": "initial_h", "dC0": "initial_c", "dP": "P"}
+
+
+# ---------------------------------------------------------------------------------------------
+# onnxruntime's LSTM
+
+
+def lstm_model(present: list[str], attributes: dict, elem_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """One standard LSTM node; ``present`` lists the inputs that are fed, the rest are absent."""
+    node_inputs = [name if name in present else "" for name in LSTM_INPUT_NAMES]
+    while node_inputs[-1] == "":
+        node_inputs.pop()
+    graph_inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT32 if name == "sequence_lens" else elem_type, None)
+        for name in LSTM_INPUT_NAMES
+        if name in present
+    ]
+    graph_outputs = [helper.make_tensor_value_info(name, elem_type, None) for name in LSTM_OUTPUT_NAMES]
+    node = helper.make_node("LSTM", node_inputs, LSTM_OUTPUT_NAMES, **attributes)
+    graph = helper.make_graph([node], "lstm", graph_inputs, graph_outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A single-threaded, unoptimised CPU session (no fusion hides what the node computes)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class OrtLstm:
+    """onnxruntime's LSTM for one config, in float32, any seq_length.
+
+    Feeds and results use the config's layout; layout 1 goes through transposes because ORT's
+    CPU LSTM rejects layout=1.
+    """
+
+    def __init__(self, config: LstmConfig, inputs: dict[str, np.ndarray | None]):
+        self.layout = config.layout
+        self.present = [name for name in LSTM_INPUT_NAMES if inputs[name] is not None]
+        attributes = {name: value for name, value in config.attributes().items() if name != "layout"}
+        self.session = ort_session(lstm_model(self.present, attributes))
+
+    def run(self, inputs: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """Y, Y_h, Y_c under the LSTMTraining names HAll, Ht, Ct."""
+        feeds = {}
+        for name in self.present:
+            value = inputs[name]
+            if name == "sequence_lens":
+                feeds[name] = value.astype(np.int32)
+                continue
+            if self.layout == 1 and name in ("X", "initial_h", "initial_c"):
+                value = value.transpose(1, 0, 2)
+            feeds[name] = np.ascontiguousarray(value, dtype=np.float32)
+        Y, Y_h, Y_c = self.session.run(None, feeds)
+        if self.layout == 1:
+            Y, Y_h, Y_c = Y.transpose(2, 0, 1, 3), Y_h.transpose(1, 0, 2), Y_c.transpose(1, 0, 2)
+        return {"HAll": Y, "Ht": Y_h, "Ct": Y_c}
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons and inputs
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, rtol: float, what: str) -> None:
+    """Elementwise, with the absolute tolerance scaled by the largest expected magnitude."""
+    assert actual.shape == expected.shape, f"{what}: expected shape {expected.shape}, got {actual.shape}"
+    scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=what)
+
+
+def materialised(config: LstmConfig, inputs: dict[str, np.ndarray | None]) -> dict[str, np.ndarray | None]:
+    """Absent B, initial_h, initial_c, P as explicit zeros, so they can be perturbed."""
+    hidden_size, num_directions, batch_size = config.hidden_size, config.num_directions, config.batch_size
+    state_shape = (
+        (num_directions, batch_size, hidden_size) if config.layout == 0 else (batch_size, num_directions, hidden_size)
+    )
+    zeros = {
+        "B": np.zeros((num_directions, 8 * hidden_size)),
+        "initial_h": np.zeros(state_shape),
+        "initial_c": np.zeros(state_shape),
+        "P": np.zeros((num_directions, 3 * hidden_size)),
+    }
+    return {name: zeros[name] if value is None and name in zeros else value for name, value in inputs.items()}
+
+
+def _float32(value: float) -> float:
+    return float(np.float32(value))
+
+
+def _uses_parameters(name: str) -> tuple[bool, bool]:
+    """Whether activation ``name`` takes a value from activation_alpha / activation_beta."""
+    probe = 1234.5  # no activation's default
+    f_act = parse_activations([name] * 3, [probe], [probe], 1)[0][0]
+    return f_act.alpha == probe, f_act.beta == probe
+
+
+def oracle_attributes(config: LstmConfig) -> dict:
+    """The config's attributes as a kernel reads them: clip, alpha and beta rounded to float32.
+
+    ONNX float attributes are float32, and so are onnxruntime's activation defaults (0.01f for
+    LeakyRelu, ...); the oracle fed float64 literals differs from any kernel by about 1e-8. So
+    every activation's alpha and beta, defaults included, is resolved and passed explicitly.
+    """
+    attributes = config.attributes()
+    if "clip" in attributes:
+        attributes["clip"] = _float32(attributes["clip"])
+    resolved = parse_activations(
+        config.activations, config.activation_alpha, config.activation_beta, config.num_directions
+    )
+    alphas, betas = [], []
+    for activation in (activation for direction in resolved for activation in direction):
+        uses_alpha, uses_beta = _uses_parameters(activation.name)
+        if uses_alpha:
+            alphas.append(_float32(activation.alpha))
+        if uses_beta:
+            betas.append(_float32(activation.beta))
+    attributes["activations"] = [activation.name for direction in resolved for activation in direction]
+    attributes["activation_alpha"] = alphas
+    attributes["activation_beta"] = betas
+    return attributes
+
+
+def linear_variant(config: LstmConfig) -> LstmConfig:
+    """The config with f, g and h all the identity (the oracle's linear-activation mode)."""
+    linear = linear_activation_attributes(config.num_directions)
+    return dataclasses.replace(
+        config,
+        activations=tuple(linear["activations"]),
+        activation_alpha=tuple(linear["activation_alpha"]),
+        activation_beta=tuple(linear["activation_beta"]),
+        tag="linear",
+    )

@@ -1,0 +1,184 @@
+"""The ONNX backend test cases of the LSTM operator, run through ortlstm LSTMTraining.
+
+onnx defines its node cases in code (``onnx.backend.test.case.node.lstm``; the public way to get
+them is ``onnx.backend.test.case.node.collect_testcases("LSTM")``): each case is a one-node model
+with its inputs and expected outputs, computed by onnx's NumPy LSTM. (The onnx 1.23 wheel does not
+ship the serialized ``onnx/backend/test/data/node/test_lstm_*`` directories, so the code is the
+source here.) onnx 1.23 provides six cases, all float32: defaults, with_initial_bias,
+with_peepholes, batchwise (layout=1), reverse and bidirectional.
+
+Each case's model is rewritten into ours: the LSTM node becomes an ``ortlstm`` LSTMTraining node
+with the same inputs and attributes, its outputs Y, Y_h, Y_c becoming HAll, Ht, Ct; graph inputs
+and outputs stay the case's own. The result must match the case's expected outputs within the
+case's tolerance (rtol 1e-3, atol 1e-7 in onnx 1.23). There are no double-typed LSTM cases, so
+each case also runs with every float tensor cast to float64, against the same expected values
+and tolerance, and against the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import ortlstm.ops
+import pytest
+from onnx import TensorProto, helper
+from onnx.backend.test.case import node as node_cases
+from onnx.backend.test.case.test_case import TestCase
+from ortlstm.ops import schema
+from reference.lstm_ref import lstm_forward
+
+IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
+ONNX_OPSET = 17  # the rewritten graph has no standard ops; any opset both onnxruntimes know
+FLOAT64_ORACLE_RTOL = 1e-10
+FLOAT64_ORACLE_ATOL = 1e-12
+
+TRAINING = schema.op_by_name("LSTMTraining")
+# ONNX LSTM's Y, Y_h, Y_c are LSTMTraining's first three outputs; its inputs are ours, in order.
+LSTM_OUTPUT_TO_PORT = dict(zip(("Y", "Y_h", "Y_c"), schema.output_names(TRAINING)[:3], strict=True))
+KNOWN_CASES = {
+    "test_lstm_defaults",
+    "test_lstm_with_initial_bias",
+    "test_lstm_with_peepholes",
+    "test_lstm_batchwise",
+    "test_lstm_reverse",
+    "test_lstm_bidirectional",
+}
+
+
+def _is_lstm(case: TestCase) -> bool:
+    return case.model.graph.node[0].op_type == "LSTM"
+
+
+def _collect_lstm_cases() -> list[TestCase]:
+    """The LSTM node cases of onnx.
+
+    onnx registers a case module's cases when the module is imported (its ``export_*`` methods
+    run at class creation and call ``expect``), so importing just the LSTM module is enough and
+    costs ~0.1 s, where ``collect_testcases`` imports every op's cases (~6 s of CPU). If onnx's
+    private module or case list moves, the public ``collect_testcases("LSTM")`` takes over.
+    """
+    with contextlib.suppress(ImportError):
+        importlib.import_module("onnx.backend.test.case.node.lstm")
+    cases = [case for case in getattr(node_cases, "_NodeTestCases", []) if _is_lstm(case)]
+    if not cases:
+        with warnings.catch_warnings():  # importing every node case module warns from unrelated ops
+            warnings.simplefilter("ignore")
+            cases = [case for case in node_cases.collect_testcases("LSTM") if _is_lstm(case)]
+    return cases
+
+
+CASES = _collect_lstm_cases()
+
+
+def _case_id(case: TestCase) -> str:
+    return case.name
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, object]:
+    """The node's attributes as Python values, strings decoded."""
+
+    def decode(value: object) -> object:
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list):
+            return [decode(item) for item in value]
+        return value
+
+    return {attribute.name: decode(helper.get_attribute_value(attribute)) for attribute in node.attribute}
+
+
+def _our_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
+    """The case's model with its LSTM node replaced by LSTMTraining (same inputs, attributes)."""
+    (node,) = case.model.graph.node
+    input_ports = schema.input_names(TRAINING)
+    inputs = {input_ports[index]: name for index, name in enumerate(node.input) if name}
+    outputs = {LSTM_OUTPUT_TO_PORT[("Y", "Y_h", "Y_c")[index]]: name for index, name in enumerate(node.output) if name}
+    ours = ortlstm.ops.make_node("LSTMTraining", inputs, outputs, name=f"{case.name}_ortlstm", **_attributes(node))
+
+    def retyped(values: list[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
+        result = []
+        for value in values:
+            value = onnx.ValueInfoProto.FromString(value.SerializeToString())
+            if value.type.tensor_type.elem_type == TensorProto.FLOAT:
+                value.type.tensor_type.elem_type = elem_type
+            result.append(value)
+        return result
+
+    graph = helper.make_graph(
+        [ours], case.name, retyped(list(case.model.graph.input)), retyped(list(case.model.graph.output))
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", ONNX_OPSET),
+            helper.make_opsetid(ortlstm.ops.DOMAIN, ortlstm.ops.OPSET_VERSION),
+        ],
+        ir_version=IR_VERSION,
+    )
+
+
+def _feeds(case: TestCase, dtype: type) -> dict[str, np.ndarray]:
+    ((inputs, _),) = case.data_sets
+    return {
+        value.name: array.astype(dtype) if array.dtype == np.float32 else array
+        for value, array in zip(case.model.graph.input, inputs, strict=True)
+    }
+
+
+def _expected(case: TestCase) -> dict[str, np.ndarray]:
+    ((_, outputs),) = case.data_sets
+    return {value.name: array for value, array in zip(case.model.graph.output, outputs, strict=True)}
+
+
+def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
+    names = [output.name for output in model.graph.output]
+    return dict(zip(names, session.run(names, dict(feeds)), strict=True))
+
+
+def test_onnx_provides_the_known_lstm_cases() -> None:
+    """The cases this file was written against are all collected (onnx may add more)."""
+    assert {case.name for case in CASES} >= KNOWN_CASES, f"onnx {onnx.__version__}: {sorted(c.name for c in CASES)}"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda dtype: np.dtype(dtype).name)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_onnx_backend_case(case: TestCase, dtype: type) -> None:
+    """LSTMTraining reproduces the case's expected Y / Y_h / Y_c within the case's tolerance."""
+    elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    actual = _run(_our_model(case, elem_type), _feeds(case, dtype))
+    for name, expected in _expected(case).items():
+        assert actual[name].dtype == dtype, f"{case.name}: {name}"
+        assert actual[name].shape == expected.shape, f"{case.name}: {name}"
+        np.testing.assert_allclose(
+            actual[name], expected, rtol=case.rtol, atol=case.atol, err_msg=f"{case.name} ({np.dtype(dtype)}): {name}"
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_onnx_backend_case_float64_matches_oracle(case: TestCase) -> None:
+    """In float64 the kernel and the NumPy oracle agree to rounding on every case's inputs."""
+    (node,) = case.model.graph.node
+    feeds = _feeds(case, np.float64)
+    input_ports = schema.input_names(TRAINING)
+    oracle_inputs = {input_ports[index]: feeds[name] for index, name in enumerate(node.input) if name}
+    oracle = lstm_forward(**oracle_inputs, **_attributes(node))
+    actual = _run(_our_model(case, TensorProto.DOUBLE), feeds)
+    for index, name in enumerate(node.output):
+        if name:
+            port = LSTM_OUTPUT_TO_PORT[("Y", "Y_h", "Y_c")[index]]
+            np.testing.assert_allclose(
+                actual[name],
+                oracle[port],
+                rtol=FLOAT64_ORACLE_RTOL,
+                atol=FLOAT64_ORACLE_ATOL,
+                err_msg=f"{case.name} (float64 oracle): {name}",
+            )
