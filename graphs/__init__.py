@@ -3,7 +3,7 @@
 - ``convert``: standard ONNX ``LSTM`` nodes -> ortlstm ``LSTMTraining`` nodes.
 - ``register_gradient``: tells onnxruntime-training that ``LSTMGrad`` differentiates them.
 - ``generate_artifacts`` / ``open_training``: training artifacts and their onnxruntime-training
-  session objects.
+  session objects; ``export_inference_model``: the trained model, for inference.
 - ``build_gradient_model``: a standalone model computing an LSTM's outputs and all gradients.
 
 Nothing here imports onnxruntime at import time; the functions that need it import it lazily.
@@ -12,12 +12,19 @@ Nothing here imports onnxruntime at import time; the functions that need it impo
 from __future__ import annotations
 
 try:
-    from ortlstm.graphs.artifacts import TrainingArtifacts, generate_artifacts, lstm_parameters, open_training
+    from ortlstm.graphs.artifacts import (
+        TrainingArtifacts,
+        export_inference_model,
+        generate_artifacts,
+        lstm_parameters,
+        open_training,
+    )
     from ortlstm.graphs.convert import convert
     from ortlstm.graphs.gradient import gradient_definition, register_gradient
 except ModuleNotFoundError:
     from graphs.artifacts import (  # type: ignore[no-redef]
         TrainingArtifacts,
+        export_inference_model,
         generate_artifacts,
         lstm_parameters,
         open_training,
@@ -28,6 +35,7 @@ except ModuleNotFoundError:
 __all__ = [
     "TrainingArtifacts",
     "convert",
+    "export_inference_model",
     "generate_artifacts",
     "gradient_definition",
     "lstm_parameters",

@@ -5,7 +5,9 @@
 for a custom op: it copies each forward node's attributes onto its gradient node (the registry
 has no way to say "same attributes"), blanks gradient inputs that nothing produces (outputs that
 do not reach the loss), and writes every model with an IR version onnxruntime 1.19 loads.
-``open_training`` loads the result into ``onnxruntime.training.api`` objects.
+``open_training`` loads the result into ``onnxruntime.training.api`` objects, and
+``export_inference_model`` writes the trained model for inference (onnxruntime-training's own
+export cannot load the custom ops).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.numpy_helper
 
 try:
     from ortlstm.graphs.convert import MAX_IR_VERSION, convert, is_onnx_lstm
@@ -97,6 +100,38 @@ def _cap_ir_version(path: Path) -> None:
         onnx.save(model, str(path))
 
 
+def _lstm_inputs_named(model: onnx.ModelProto, port_names: tuple[str, ...]) -> set[str]:
+    """Values fed to the given inputs of the main graph's LSTMTraining nodes."""
+    ports = [schema.input_index(schema.LSTM_TRAINING, name) for name in port_names]
+    return {
+        node.input[index]
+        for node in model.graph.node
+        if node.op_type == schema.LSTM_TRAINING.name and node.domain == schema.LSTM_TRAINING.domain
+        for index in ports
+        if index < len(node.input) and node.input[index]
+    }
+
+
+# onnxruntime-training 1.19 drops output k of a registered gradient node unless forward input k
+# needs a gradient. LSTMGrad's outputs dH0, dC0, dP sit at positions 4-6, facing sequence_lens,
+# initial_h and initial_c, so the generator cannot produce the gradients of these inputs.
+_UNTRAINABLE_PORTS = ("initial_h", "initial_c", "P")
+_UNTRAINABLE_REASON = (
+    "onnxruntime-training 1.19 keeps output k of a custom gradient node only if forward input k needs a "
+    "gradient, and LSTMGrad's dH0, dC0, dP (outputs 4-6) face the forward inputs sequence_lens, initial_h and "
+    "initial_c, so generate_artifacts cannot train an LSTM's initial_h, initial_c or P. LSTMGrad computes these "
+    "gradients (see ortlstm.graphs.build_gradient_model); through generate_artifacts, train W, R, B and the "
+    "rest of the model."
+)
+
+
+def _check_trainable(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    untrainable = _lstm_inputs_named(model, _UNTRAINABLE_PORTS)
+    blocked = [name for name in requires_grad if name in untrainable]
+    if blocked:
+        raise ValueError(f"requires_grad: {blocked} feed an LSTM's initial_h, initial_c or P. {_UNTRAINABLE_REASON}")
+
+
 def lstm_parameters(model: onnx.ModelProto) -> list[dict[str, str]]:
     """The W, R, B (and P) value names of each LSTM / LSTMTraining node of the main graph.
 
@@ -132,7 +167,9 @@ def generate_artifacts(
     Args:
         model: The model whose outputs the loss reads.
         requires_grad: Initializers to train. Default: every float initializer not in
-            ``frozen_params``.
+            ``frozen_params`` and not an LSTM's initial_h / initial_c (exporters write a zero
+            initial state as an initializer, e.g. torch.onnx.export's dynamo exporter; PyTorch
+            does not train it).
         frozen_params: Initializers kept fixed.
         loss: An ``onnxruntime.training.artifacts.LossType`` or an onnxblock loss block.
         optimizer: An ``onnxruntime.training.artifacts.OptimType`` (None: no optimizer model).
@@ -151,14 +188,25 @@ def generate_artifacts(
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
     frozen = list(frozen_params or [])
     if requires_grad is None:
+        # Exported initial states are constants (PyTorch does not train them), and P cannot be
+        # trained through this generator: neither is picked by default.
+        peepholes = _lstm_inputs_named(converted, ("P",))
+        if peepholes:
+            raise ValueError(
+                f"the model's LSTMs have peephole weights {sorted(peepholes)}: pass requires_grad explicitly. "
+                + _UNTRAINABLE_REASON
+            )
+        states = _lstm_inputs_named(converted, ("initial_h", "initial_c"))
         requires_grad = [
             init.name
             for init in converted.graph.initializer
             if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
             and len(init.dims) > 0
             and init.name not in frozen
+            and init.name not in states
         ]
     _check_parameter_names(converted, requires_grad, "requires_grad")
+    _check_trainable(converted, requires_grad)
     _check_parameter_names(converted, frozen, "frozen_params")
     register_gradient()
 
@@ -214,3 +262,91 @@ def open_training(artifacts: TrainingArtifacts, **options: object) -> tuple[Any,
     if artifacts.optimizer_model is not None:
         optimizer = api.Optimizer(str(artifacts.optimizer_model), module)
     return module, optimizer, state
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read from the enclosing scope (any name their nodes use)."""
+    names: set[str] = set()
+    for attribute in node.attribute:
+        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+        for subgraph in subgraphs:
+            for inner in subgraph.node:
+                names.update(inner.input)
+                names |= _subgraph_inputs(inner)
+    return names
+
+
+def export_inference_model(
+    artifacts: TrainingArtifacts,
+    state: Any,
+    output_names: Sequence[str],
+    path: str | os.PathLike[str],
+) -> onnx.ModelProto:
+    """Writes the eval model with the current parameters as initializers and without the loss.
+
+    What ``Module.export_model_for_inferencing`` does, which onnxruntime-training 1.19 cannot do
+    for these models: it reloads the eval model without the session's custom-op library and
+    fails with "ortlstm:LSTMTraining(-1) is not a registered function/op". The result keeps the
+    ``LSTMTraining`` nodes: run it with ``onnxruntime.InferenceSession(path,
+    ortlstm.ops.session_options())``, also in plain onnxruntime.
+
+    Args:
+        artifacts: What :func:`generate_artifacts` returned.
+        state: The ``CheckpointState`` from :func:`open_training`, after training.
+        output_names: Values of the model to output, e.g. the exported model's own outputs
+            (the loss's inputs).
+        path: Where to write the model.
+
+    Returns:
+        The model written.
+
+    Raises:
+        ValueError: An output name is not a value of the eval model.
+    """
+    model = onnx.load(str(artifacts.eval_model))
+    graph = model.graph
+    value_infos = {value.name: value for value in [*graph.input, *graph.value_info, *graph.output]}
+    known = {value.name for value in graph.input} | {name for node in graph.node for name in node.output if name}
+    unknown = [name for name in output_names if name not in known]
+    if unknown:
+        raise ValueError(
+            f"export_inference_model: outputs {unknown} are not values of the eval model {artifacts.eval_model}; "
+            f"its user inputs are {[value.name for value in graph.input if value.name not in state.parameters]}. "
+            "Pass the exported model's output names (the inputs of the loss)."
+        )
+
+    # Keep only the nodes the outputs depend on (this drops the loss).
+    needed = set(output_names)
+    kept = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            needed |= _subgraph_inputs(node)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.output[:]
+    # The generator drops the type of the model outputs it feeds to the loss; ORT infers it.
+    graph.output.extend(value_infos.get(name, onnx.ValueInfoProto(name=name)) for name in output_names)
+
+    # Parameters (trained and frozen) become initializers; inputs nothing reads any more go.
+    parameters = state.parameters
+    inputs = list(graph.input)
+    del graph.input[:]
+    for value in inputs:
+        if value.name not in needed:
+            continue
+        if value.name in parameters:
+            graph.initializer.append(onnx.numpy_helper.from_array(parameters[value.name].data, value.name))
+        else:
+            graph.input.append(value)
+    initializers = [init for init in graph.initializer if init.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    value_info = [value for value in graph.value_info if value.name in needed]
+    del graph.value_info[:]
+    graph.value_info.extend(value_info)
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    onnx.save(model, str(path))
+    return model
