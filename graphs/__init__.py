@@ -21,6 +21,7 @@ try:
     )
     from ortlstm.graphs.convert import convert
     from ortlstm.graphs.gradient import gradient_definition, register_gradient
+    from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
 except ModuleNotFoundError:
     from graphs.artifacts import (  # type: ignore[no-redef]
         TrainingArtifacts,
@@ -31,9 +32,12 @@ except ModuleNotFoundError:
     )
     from graphs.convert import convert  # type: ignore[no-redef]
     from graphs.gradient import gradient_definition, register_gradient  # type: ignore[no-redef]
+    from graphs.standalone import LstmGraphConfig, build_gradient_model  # type: ignore[no-redef]
 
 __all__ = [
+    "LstmGraphConfig",
     "TrainingArtifacts",
+    "build_gradient_model",
     "convert",
     "export_inference_model",
     "generate_artifacts",
