@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
@@ -895,7 +896,15 @@ def out_of_memory_messages() -> dict[str, str]:
         for case, (op, outputs, shapes) in _OOM_CASES.items()
     }
     script = _OOM_SCRIPT.format(tests=str(Path(__file__).parent), cases=json.dumps(cases))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=False)
+    # cwd outside the checkout: from its root, `import ortlstm` would find the source folder, not the install.
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tempfile.gettempdir(),
+    )
     assert result.returncode == 0, f"child crashed (rc={result.returncode}): {result.stderr[-3000:]}"
     messages: dict[str, str] = {}
     for line in result.stdout.splitlines():

@@ -25,6 +25,9 @@ except ModuleNotFoundError:
     # Source checkout without an install (PYTHONPATH=<repo root>).
     from ops import codegen, onnx_defs, schema  # type: ignore[no-redef]
 
+# The checkout this test file sits in: the checked-in generated files live there, also when the
+# package under test is installed elsewhere (codegen.REPO_ROOT then points into site-packages).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 _IR_VERSION = 10  # the newest IR version onnxruntime-training 1.19.2 loads
 _ONNX_OPSET = 17
 
@@ -38,7 +41,7 @@ def _registered() -> None:
 
 
 def test_generated_files_are_current() -> None:
-    stale = codegen.stale_files(codegen.REPO_ROOT)
+    stale = codegen.stale_files(REPO_ROOT)
     if stale:
         pytest.fail(
             "generated files differ from ops/schema.py; run `python -m ops.codegen`:\n" + "\n".join(stale.values()),

@@ -34,12 +34,6 @@ struct BackwardScratch {
         zeros(new T[dims.hidden_size]()) {}
 };
 
-int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
-  constexpr int64_t kMinBlockWork = int64_t{1} << 17;  // multiply-adds of the dH GEMM
-  const int64_t work = dims.batch_size * dims.GateWidth() * dims.hidden_size;
-  return std::max<int64_t>(1, std::min<int64_t>({executor.Width(), work / kMinBlockWork, dims.hidden_size}));
-}
-
 template <typename T>
 class BackwardDirection {
  public:

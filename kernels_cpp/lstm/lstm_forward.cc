@@ -35,13 +35,6 @@ struct ForwardScratch {
         bias(new T[dims.GateWidth()]) {}
 };
 
-// How many hidden-unit blocks one step is cut into: enough work per block to pay for a task.
-int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
-  constexpr int64_t kMinBlockWork = int64_t{1} << 17;  // multiply-adds of the recurrent GEMM
-  const int64_t work = dims.batch_size * dims.GateWidth() * dims.hidden_size;
-  return std::max<int64_t>(1, std::min<int64_t>({executor.Width(), work / kMinBlockWork, dims.hidden_size}));
-}
-
 template <typename T>
 class ForwardDirection {
  public:

@@ -52,6 +52,17 @@ struct LstmBackwardTensors {
   T* dP = nullptr;
 };
 
+// How many blocks of hidden units one time step is cut into (forward and backward alike): as
+// many as the executor is wide, while each block keeps enough recurrent-GEMM work to pay for a task.
+inline int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
+  constexpr int64_t kMinBlockWork = int64_t{1} << 17;  // multiply-adds of one step's recurrent GEMM
+  const int64_t work = dims.batch_size * dims.GateWidth() * dims.hidden_size;
+  int64_t blocks = work / kMinBlockWork;
+  if (blocks > executor.Width()) blocks = executor.Width();
+  if (blocks > dims.hidden_size) blocks = dims.hidden_size;
+  return blocks < 1 ? 1 : blocks;
+}
+
 // Work is split into tasks of `executor`; the BLAS must be single-threaded (common/blas.h).
 template <typename T>
 void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
