@@ -39,10 +39,12 @@ inline float ExpFloat(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t shifted_bits;
+  // The integer n sits in the low bits of `shifted`; 2^n is (n + 127) in the exponent field.
+  // Unsigned arithmetic: for a NaN input the bits are garbage (the result is discarded below),
+  // and wrapping must not be undefined behaviour.
+  uint32_t shifted_bits;
   std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  int32_t n_int = shifted_bits - 0x4B400000;  // the integer n, from the low bits of `shifted`
-  int32_t scale_bits = (n_int + 127) << 23;
+  const uint32_t scale_bits = (shifted_bits - 0x4B400000u + 127u) << 23;
   float scale;
   std::memcpy(&scale, &scale_bits, sizeof(scale));
   const float result = p * scale;
