@@ -37,7 +37,8 @@ section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; 
 
 section "tests: onnxruntime-training-cpu"
 make_venv train ".[demo,test]"
-"$venvs/train/bin/pytest" tests "$@"
+# The parity tests also load the trained models in plain onnxruntime, from the infer environment.
+ORTLSTM_INFERENCE_PYTHON="$venvs/infer/bin/python" "$venvs/train/bin/pytest" tests "$@"
 
 section "kernel tests under AddressSanitizer + UBSan"
 make_venv sanitize ".[infer,test]" -C cmake.build-type=Debug -C cmake.define.ORTLSTM_SANITIZE=ON
