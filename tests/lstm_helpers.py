@@ -40,6 +40,15 @@ MEDIUM_CONFIG = LstmConfig(
     clip=1.3,
     layout=1,
 )
+# One direction with enough recurrent work per step (batch_size*4*hidden_size*hidden_size >= 2**18
+# multiply-adds) that the kernels cut each step into blocks of hidden units run as parallel tasks,
+# with block-major reordered weights; hidden_size 47 splits unevenly. (Small configs run in one
+# block, and a bidirectional LSTM runs its directions as the parallel tasks instead.)
+BLOCKED_CONFIGS = (
+    LstmConfig(4, 32, 7, 47, "forward", peephole=True, initial_h=True, initial_c=True, clip=3.0,
+               sequence_lens=(4, 0, 2, *([3] * 29))),
+    LstmConfig(3, 32, 5, 47, "reverse", initial_c=True, input_forget=1, layout=1),
+)
 LARGE_CONFIG = LstmConfig(
     24, 48, 96, 64, "bidirectional", peephole=True, initial_h=True, initial_c=True, clip=2.0, layout=1
 )

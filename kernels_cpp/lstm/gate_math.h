@@ -7,15 +7,21 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 #include "lstm/activation.h"
 #include "lstm/lstm_config.h"
+#include "lstm/vector_loops.h"
 
 namespace ortlstm {
 
 // x <- act(x) for x[0, n).
 template <typename T>
 inline void ApplyInPlace(const Activation& act, T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (act.kind == ActivationKind::kSigmoid) return SigmoidInPlace(x, n);
+    if (act.kind == ActivationKind::kTanh) return TanhInPlace(x, n);
+  }
   switch (act.kind) {
     case ActivationKind::kSigmoid:
       for (int64_t i = 0; i < n; ++i) x[i] = FastSigmoid(x[i]);
@@ -32,6 +38,9 @@ inline void ApplyInPlace(const Activation& act, T* x, int64_t n) {
 // out <- d act / d x at x, for x[0, n).
 template <typename T>
 inline void DerivativeFromInputs(const Activation& act, const T* x, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (act.kind == ActivationKind::kTanh) return TanhDerivatives(x, out, n);
+  }
   if (act.kind == ActivationKind::kTanh) {
     for (int64_t i = 0; i < n; ++i) {
       const T y = FastTanh(x[i]);

@@ -27,45 +27,67 @@ struct ForwardScratch {
   std::unique_ptr<T[]> gates;    // [T*N, 4H] X row order: pre-activations, activated in place
   std::unique_ptr<T[]> hidden;   // [2, N, H] H_{t-1} and H_t, swapped every step
   std::unique_ptr<T[]> cell;     // [N, H] C, updated in place (each hidden unit by one task)
-  std::unique_ptr<T[]> bias;     // [4H] Wb + Rb, iofc
-  explicit ForwardScratch(const LstmDims& dims)
+  std::unique_ptr<T[]> bias;     // [4H] Wb + Rb, block-major gate order (below)
+  // W and R with their rows in block-major gate order, when a step is cut into several blocks.
+  std::unique_ptr<T[]> W;        // [4H, I]
+  std::unique_ptr<T[]> R;        // [4H, H]
+  ForwardScratch(const LstmDims& dims, int64_t blocks)
       : gates(new T[dims.Rows() * dims.GateWidth()]),
         hidden(new T[2 * dims.batch_size * dims.hidden_size]),
         cell(new T[dims.batch_size * dims.hidden_size]),
-        bias(new T[dims.GateWidth()]) {}
+        bias(new T[dims.GateWidth()]),
+        W(blocks > 1 ? new T[dims.GateWidth() * dims.input_size] : nullptr),
+        R(blocks > 1 ? new T[dims.GateWidth() * dims.hidden_size] : nullptr) {}
 };
 
+// The gate columns of the scratch are block-major: a step is cut into blocks of hidden units
+// [u0, u1), and block k's columns are [4*u0, 4*u1), holding i, o, f, c of its units in turn.
+// With one block this is the iofc order of W, R and IOFC; with several, W and R are copied with
+// their rows in this order, so each block's recurrent GEMM is one call over contiguous columns.
 template <typename T>
 class ForwardDirection {
  public:
   ForwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& io, int64_t d,
-                   ForwardScratch<T>& scratch)
+                   int64_t blocks)
       : dims_(dims),
         config_(config),
         io_(io),
         d_(d),
         hidden_size_(dims.hidden_size),
         width_(dims.GateWidth()),
-        R_(io.R + d * width_ * hidden_size_),
+        blocks_(blocks),
         P_(io.P ? io.P + d * 3 * hidden_size_ : nullptr),
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
-        scratch_(scratch) {}
+        scratch_(dims, blocks) {
+    const T* W = io.W + d * width_ * dims.input_size;
+    const T* R = io.R + d * width_ * hidden_size_;
+    W_ = W;
+    R_ = R;
+    T* bias = scratch_.bias.get();
+    for (int64_t row = 0; row < width_; ++row) {
+      const int64_t to = BlockMajorRow(row);
+      bias[to] = io.B ? io.B[d * 2 * width_ + row] + io.B[d * 2 * width_ + width_ + row] : T(0);
+      if (blocks_ > 1) {
+        std::copy_n(W + row * dims.input_size, dims.input_size, scratch_.W.get() + to * dims.input_size);
+        std::copy_n(R + row * hidden_size_, hidden_size_, scratch_.R.get() + to * hidden_size_);
+      }
+    }
+    if (blocks_ > 1) {
+      W_ = scratch_.W.get();
+      R_ = scratch_.R.get();
+    }
+  }
 
   // gates [T*N, 4H] = X [T*N, I] * W^T: M = T*N, N = 4H, K = I, B transposed.
   void ProjectInputs(const Executor& executor) {
-    const T* W = io_.W + d_ * width_ * dims_.input_size;
-    ParallelGemm(executor, false, true, dims_.Rows(), width_, dims_.input_size, T(1), io_.X, dims_.input_size, W,
+    ParallelGemm(executor, false, true, dims_.Rows(), width_, dims_.input_size, T(1), io_.X, dims_.input_size, W_,
                  dims_.input_size, T(0), scratch_.gates.get(), width_);
   }
 
   void Run(const Executor& executor) {
     const int64_t batch_size = dims_.batch_size;
-    T* bias = scratch_.bias.get();
-    for (int64_t j = 0; j < width_; ++j) {
-      bias[j] = io_.B ? io_.B[d_ * 2 * width_ + j] + io_.B[d_ * 2 * width_ + width_ + j] : T(0);
-    }
     T* h = scratch_.hidden.get();
     T* c = scratch_.cell.get();
     for (int64_t b = 0; b < batch_size; ++b) {
@@ -81,34 +103,41 @@ class ForwardDirection {
         std::fill_n(c + b * hidden_size_, hidden_size_, T(0));
       }
     }
-    const int64_t blocks = StepBlocks(dims_, executor);
     const bool reverse = config_.IsReverse(d_);
     for (int64_t s = 0; s < dims_.seq_length; ++s) {
       const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
       const T* h_prev = h + (s % 2) * batch_size * hidden_size_;
       T* h_next = h + ((s + 1) % 2) * batch_size * hidden_size_;
-      executor.For(static_cast<size_t>(blocks), [&](size_t k) {
-        const Range units = SplitRange(hidden_size_, blocks, static_cast<int64_t>(k));
-        Step(t, units, h_prev, h_next);
+      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
+        Step(t, SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k)), h_prev, h_next);
       });
     }
     WriteFinalState(h + (dims_.seq_length % 2) * batch_size * hidden_size_);
   }
 
  private:
+  // Row of W/R (iofc order) -> its row in the block-major order.
+  int64_t BlockMajorRow(int64_t row) const {
+    const int64_t gate = row / hidden_size_;
+    const int64_t unit = row % hidden_size_;
+    // The block holding `unit`: SplitRange gives the first `extra` blocks one more unit.
+    const int64_t base = hidden_size_ / blocks_;
+    const int64_t extra = hidden_size_ % blocks_;
+    const int64_t k = unit < extra * (base + 1) ? unit / (base + 1) : extra + (unit - extra * (base + 1)) / base;
+    const Range units = SplitRange(hidden_size_, blocks_, k);
+    return 4 * units.begin + gate * (units.end - units.begin) + (unit - units.begin);
+  }
+
   // One step for hidden units [units.begin, units.end) of every batch entry.
   void Step(int64_t t, Range units, const T* h_prev, T* h_next) {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
     if (count <= 0) return;
-    T* step_gates = scratch_.gates.get() + dims_.XRow(t, 0) * width_;
+    T* step_gates = scratch_.gates.get() + dims_.XRow(t, 0) * width_ + 4 * units.begin;
     const int64_t step_ld = dims_.BatchStride() * width_;
-    // For each gate g: gates[:, gH+j0 : gH+j1] += H_{t-1} [N, H] * R[gH+j0 : gH+j1, :]^T:
-    // M = N, N = j1-j0, K = H, B transposed.
-    for (int64_t g = 0; g < 4; ++g) {
-      Gemm(false, true, dims_.batch_size, count, hidden, T(1), h_prev, hidden, R_ + (g * hidden + units.begin) * hidden,
-           hidden, T(1), step_gates + g * hidden + units.begin, step_ld);
-    }
+    // gates[:, block] += H_{t-1} [N, H] * R[block rows, :]^T: M = N, N = 4*(u1-u0), K = H, B transposed.
+    Gemm(false, true, dims_.batch_size, 4 * count, hidden, T(1), h_prev, hidden, R_ + 4 * units.begin * hidden, hidden,
+         T(1), step_gates, step_ld);
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t seq_row = dims_.SeqRow(t, d_, b);
       const bool active = io_.sequence_lens == nullptr || t < io_.sequence_lens[b];
@@ -123,7 +152,7 @@ class ForwardDirection {
         }
         continue;
       }
-      T* gates = scratch_.gates.get() + dims_.XRow(t, b) * width_;
+      T* gates = scratch_.gates.get() + dims_.XRow(t, b) * width_ + 4 * units.begin;
       Cell(gates, scratch_.cell.get() + b * hidden, h_out, units);
       if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
       if (io_.CAll) {
@@ -131,33 +160,25 @@ class ForwardDirection {
       }
       if (io_.IOFC) {
         for (int64_t g = 0; g < 4; ++g) {
-          std::copy_n(gates + g * hidden + units.begin, count, io_.IOFC + seq_row * width_ + g * hidden + units.begin);
+          std::copy_n(gates + g * count, count, io_.IOFC + seq_row * width_ + g * hidden + units.begin);
         }
       }
     }
   }
 
-  // The pointwise part of one step for one batch entry: `gates` [4H] holds X W^T + H R^T and is
-  // activated in place; `cell` [H] holds C_{t-1} and becomes C_t; h_out[0, count) gets H_t.
+  // The pointwise part of one step for one batch entry and one block of units: `gates` [4*count]
+  // (block-major: i, o, f, c of the block) holds X W^T + H R^T and is activated in place; `cell` [H]
+  // holds C_{t-1} and becomes C_t; h_out[0, count) gets H_t.
   void Cell(T* gates, T* cell, T* h_out, Range units) const {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
-    const T* bias = scratch_.bias.get();
-    T* gi = gates + units.begin;
-    T* go = gates + hidden + units.begin;
-    T* gf = gates + 2 * hidden + units.begin;
-    T* gc = gates + 3 * hidden + units.begin;
+    const T* bias = scratch_.bias.get() + 4 * units.begin;
+    T* gi = gates;
+    T* go = gates + count;
+    T* gf = gates + 2 * count;
+    T* gc = gates + 3 * count;
     T* c = cell + units.begin;
-    const T* bi = bias + units.begin;
-    const T* bo = bias + hidden + units.begin;
-    const T* bf = bias + 2 * hidden + units.begin;
-    const T* bc = bias + 3 * hidden + units.begin;
-    for (int64_t j = 0; j < count; ++j) {
-      gi[j] += bi[j];
-      go[j] += bo[j];
-      gf[j] += bf[j];
-      gc[j] += bc[j];
-    }
+    for (int64_t j = 0; j < 4 * count; ++j) gates[j] += bias[j];
     if (P_) {
       const T* pi = P_ + units.begin;
       const T* pf = P_ + 2 * hidden + units.begin;
@@ -223,12 +244,14 @@ class ForwardDirection {
   const int64_t d_;
   const int64_t hidden_size_;
   const int64_t width_;
-  const T* R_;  // [4H, H] of this direction
+  const int64_t blocks_;
   const T* P_;  // [3H] of this direction, or null
   const Activation f_act_;
   const Activation g_act_;
   const Activation h_act_;
-  ForwardScratch<T>& scratch_;
+  ForwardScratch<T> scratch_;
+  const T* W_ = nullptr;  // [4H, I] of this direction, block-major rows
+  const T* R_ = nullptr;  // [4H, H] of this direction, block-major rows
 };
 
 }  // namespace
@@ -236,19 +259,18 @@ class ForwardDirection {
 template <typename T>
 void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
                  const Executor& executor) {
-  const int64_t num_directions = dims.num_directions;
-  ForwardScratch<T> scratch0(dims);
-  std::unique_ptr<ForwardScratch<T>> scratch1;
-  if (num_directions == 2) scratch1 = std::make_unique<ForwardScratch<T>>(dims);
-  ForwardDirection<T> forward(dims, config, tensors, 0, scratch0);
+  // The recurrences of two directions are independent: one task each, serial inside.
+  const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
+  const SerialExecutor serial;
+  const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
+  const int64_t blocks = StepBlocks(dims, step_executor);
+  ForwardDirection<T> forward(dims, config, tensors, 0, blocks);
   std::unique_ptr<ForwardDirection<T>> backward;
-  if (num_directions == 2) backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, *scratch1);
+  if (dims.num_directions == 2) backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, blocks);
 
   forward.ProjectInputs(executor);
   if (backward) backward->ProjectInputs(executor);
-  if (backward && executor.Width() >= 2) {
-    // The recurrences of the two directions are independent: one task each, serial inside.
-    const SerialExecutor serial;
+  if (directions_in_parallel) {
     executor.For(2, [&](size_t d) { (d == 0 ? forward : *backward).Run(serial); });
   } else {
     forward.Run(executor);
