@@ -20,7 +20,7 @@ ortlstm_ops = opset()
 
 
 @script(opset=ortlstm_ops, default_opset=ortlstm_ops)
-def lstm_with_gradients(
+def lstm_with_gradients(  # noqa: ANN201 - onnxscript derives the outputs from the return statement
     X: FLOAT,
     W: FLOAT,
     R: FLOAT,

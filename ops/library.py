@@ -7,6 +7,7 @@ of the package (schemas, graph builders) works without it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 from types import ModuleType
@@ -55,12 +56,10 @@ def _load_blas() -> None:
     # Importing scipy_openblas32 loads libscipy_openblas.so with RTLD_GLOBAL, so the kernel
     # library resolves its BLAS even where its RUNPATH does not lead to it (the two packages
     # installed in different site directories, or an in-place build).
-    try:
+    # A build against a system BLAS does not need it; a library that does will fail to load in
+    # ORT with the name of the missing libscipy_openblas.so.
+    with contextlib.suppress(ImportError):
         importlib.import_module("scipy_openblas32")
-    except ImportError:
-        # A build against a system BLAS does not need it; a library that does will fail to
-        # load in ORT with the name of the missing libscipy_openblas.so.
-        pass
 
 
 def session_options(**options: object) -> onnxruntime.SessionOptions:

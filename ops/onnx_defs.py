@@ -92,7 +92,7 @@ def opset() -> onnxscript.values.Opset:
     register_onnx_schemas()
     # Imported on use: onnxscript takes most of a second to import, and registering the schemas
     # at package import (for onnx.checker and shape inference) must not pay for it.
-    import onnxscript.values  # noqa: PLC0415
+    import onnxscript.values
 
     return onnxscript.values.Opset(schema.DOMAIN, schema.OPSET_VERSION)
 

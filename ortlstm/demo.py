@@ -15,8 +15,9 @@ import io
 import logging
 import sys
 import tempfile
-import warnings
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def export_classifier(model: Any, path: Path, batch_size: int) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_logger(name: str) -> Any:
+def _quiet_logger(name: str) -> Iterator[None]:
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
