@@ -1,0 +1,1374 @@
+"""Times ortlstm's LSTMTraining / LSTMGrad, com.microsoft's ops, torch's nn.LSTM and the GEMM limit.
+
+Every competitor runs forward and backward at the same shapes; repetitions are interleaved
+(round-robin over competitors, the starting competitor rotating each round) so that drift in clock
+speed or background load hits all of them alike. Medians and ratios are printed; ``--markdown``
+writes them as the tables of docs/benchmarks.md. The peak extra memory of each backward is measured
+in a fresh subprocess per (competitor, config). Competitors that are not installed, or that do not
+support a config, are reported as ``n/a``. See benchmarks/README.md for the method and the columns.
+
+This script only measures; it never builds or changes the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import datetime
+import gc
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import math
+import mmap
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+import onnx.helper
+import ortlstm.ops
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+# ---------------------------------------------------------------------------------------------
+# Configurations and FLOP counts
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark shape: ONNX LSTM dims, direction and float type."""
+
+    name: str
+    seq_length: int
+    batch_size: int
+    input_size: int
+    hidden_size: int
+    direction: str = "forward"
+    dtype: str = "float32"
+
+    @property
+    def num_directions(self) -> int:
+        """2 for bidirectional, else 1."""
+        return 2 if self.direction == "bidirectional" else 1
+
+    @property
+    def forward_flops(self) -> float:
+        """GEMM FLOPs of the forward: X·Wᵀ and H_{t-1}·Rᵀ over all steps, per direction."""
+        gate_rows = self.seq_length * self.batch_size * 4 * self.hidden_size
+        return 2.0 * gate_rows * (self.input_size + self.hidden_size) * self.num_directions
+
+    @property
+    def backward_flops(self) -> float:
+        """GEMM FLOPs of the backward: dX and dW (K or N = input_size), dH_{t-1} and dR (hidden_size)."""
+        gate_rows = self.seq_length * self.batch_size * 4 * self.hidden_size
+        return 2.0 * gate_rows * (2 * self.input_size + 2 * self.hidden_size) * self.num_directions
+
+    def describe(self) -> str:
+        """``(T, N, I, H)`` plus direction and dtype when they are not the defaults."""
+        text = f"({self.seq_length}, {self.batch_size}, {self.input_size}, {self.hidden_size})"
+        if self.direction != "forward":
+            text += f" {self.direction}"
+        if self.dtype != "float32":
+            text += f" {self.dtype}"
+        return text
+
+
+CONFIGS: dict[str, BenchConfig] = {
+    config.name: config
+    for config in (
+        BenchConfig("S", 16, 8, 64, 64),
+        BenchConfig("M", 64, 32, 256, 256),
+        BenchConfig("L", 128, 64, 512, 512),
+        BenchConfig("B1", 256, 1, 128, 128),
+        BenchConfig("M-bidir", 64, 32, 256, 256, direction="bidirectional"),
+        BenchConfig("M-f64", 64, 32, 256, 256, dtype="float64"),
+    )
+}
+"""The issue's configs (T, N, I, H) plus a bidirectional and a float64 one."""
+
+QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
+COMPETITORS = ("ortlstm", "com.microsoft", "torch")
+LIMIT = "GEMM limit"
+
+# Targets from the issue; all compare fwd+bwd medians.
+TARGET_TORCH_RATIO = 0.9  # ortlstm fwd+bwd / torch fwd(grad)+bwd, every config
+TARGET_LIMIT_RATIO = 1.25  # ortlstm fwd+bwd / GEMM limit, at M and L
+TARGET_LIMIT_CONFIGS = ("M", "L")
+TARGET_MICROSOFT_SPEEDUP = 20.0  # com.microsoft fwd+bwd / ortlstm fwd+bwd, at M and L
+TARGET_MICROSOFT_CONFIGS = ("M", "L")
+
+MIB = 1024.0 * 1024.0
+MEMORY_RESOLUTION_MIB = 1.0  # below this, peak-memory differences are noise (page-granular, allocator)
+BUSY_CORES = 0.1  # other processes' average load (cores) above which a report warns
+
+# ---------------------------------------------------------------------------------------------
+# Threads: one count for BLAS, OpenMP and onnxruntime, fixed before any of them loads
+
+_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_REEXEC_MARK = "ORTLSTM_BENCH_THREADS_SET"
+
+
+def _fix_thread_env(threads: int) -> None:
+    """Sets the thread variables and re-executes the script once if they were not already set.
+
+    OpenBLAS and OpenMP read them when their library loads, and numpy (with its own OpenBLAS) is
+    already loaded when the arguments are parsed; re-executing is the only way to be sure every
+    library, in this process and in the memory subprocesses, starts with the same count.
+    """
+    wanted = str(threads)
+    if all(os.environ.get(name) == wanted for name in _THREAD_ENV):
+        return
+    if os.environ.get(_REEXEC_MARK) == wanted:
+        raise RuntimeError("thread environment variables did not survive re-execution")
+    for name in _THREAD_ENV:
+        os.environ[name] = wanted
+    os.environ[_REEXEC_MARK] = wanted
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional imports
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM rate through the BLAS that libortlstm_ops.so links
+
+_CBLAS_ROW_MAJOR = 101
+_CBLAS_NO_TRANS = 111
+
+
+class Blas:
+    """``scipy_cblas_{s,d}gemm`` of scipy-openblas32, the BLAS libortlstm_ops.so calls.
+
+    The GEMM rate is measured with ``threads`` OpenBLAS threads; the thread count the process had
+    before (libortlstm_ops.so sets its own when it loads) is restored after each measurement.
+    Falls back to numpy's matmul (numpy's own OpenBLAS) when scipy-openblas32 is not installed,
+    e.g. for a build against a system BLAS; ``source`` says which one was measured.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._lib: ctypes.CDLL | None = None
+        module = _optional_module("scipy_openblas32")
+        if module is not None:
+            # The same shared object the kernel library resolves (scipy_openblas32 loads it globally).
+            self._lib = ctypes.CDLL(
+                str(Path(module.get_lib_dir()) / f"lib{module.get_library()}.so"), mode=ctypes.RTLD_GLOBAL
+            )
+            self._lib.scipy_openblas_get_num_threads.restype = ctypes.c_int
+            self._lib.scipy_openblas_get_config.restype = ctypes.c_char_p
+            self._lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+            config = self._lib.scipy_openblas_get_config().decode()
+            core = self._lib.scipy_openblas_get_corename().decode()
+            self.source = (
+                f"scipy-openblas32 via scipy_cblas_*gemm (the BLAS libortlstm_ops.so calls), {threads} threads: "
+                f"{config}, core {core}"
+            )
+        else:
+            self.source = f"numpy.matmul (numpy's own BLAS, OPENBLAS_NUM_THREADS={threads}; scipy-openblas32 missing)"
+
+    def current_threads(self) -> int | None:
+        """OpenBLAS's thread count in this process now (None for the numpy fallback)."""
+        return None if self._lib is None else int(self._lib.scipy_openblas_get_num_threads())
+
+    def gemm_seconds(self, m: int, n: int, k: int, dtype: str, repeats: int) -> float:
+        """Median seconds of C[m, n] = A[m, k] · B[k, n], row-major, no transposes."""
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        c = np.zeros((m, n), dtype=dtype)
+        if self._lib is not None:
+            is_float = dtype == "float32"
+            gemm = self._lib.scipy_cblas_sgemm if is_float else self._lib.scipy_cblas_dgemm
+            scalar = ctypes.c_float if is_float else ctypes.c_double
+            args = (
+                _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_NO_TRANS, m, n, k, scalar(1.0),
+                a.ctypes.data_as(ctypes.c_void_p), k, b.ctypes.data_as(ctypes.c_void_p), n,
+                scalar(0.0), c.ctypes.data_as(ctypes.c_void_p), n,
+            )  # fmt: skip
+
+            def run() -> None:
+                gemm(*args)
+        else:
+
+            def run() -> None:
+                np.matmul(a, b, out=c)
+
+        previous = self.current_threads()
+        if self._lib is not None:
+            self._lib.scipy_openblas_set_num_threads(ctypes.c_int(self.threads))
+        try:
+            run()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+        finally:
+            if self._lib is not None and previous is not None:
+                self._lib.scipy_openblas_set_num_threads(ctypes.c_int(previous))
+        return statistics.median(times)
+
+
+def measure_gemm_rates(
+    blas: Blas, configs: Sequence[BenchConfig], quick: bool
+) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
+    """Best GEMM rate per dtype (FLOP/s) and every measurement (dtype, shape, GFLOP/s).
+
+    Shapes: square products (the best case) and each config's input projection
+    (seq_length·batch_size) x 4·hidden_size x input_size.
+    """
+    rows: list[tuple[str, str, float]] = []
+    best: dict[str, float] = {}
+    for dtype in sorted({config.dtype for config in configs}):
+        squares = (1024, 2048) if quick else (1024, 2048, 3072)
+        shapes = [(size, size, size) for size in squares]
+        shapes += [(c.seq_length * c.batch_size, 4 * c.hidden_size, c.input_size) for c in configs if c.dtype == dtype]
+        for m, n, k in dict.fromkeys(shapes):
+            seconds = blas.gemm_seconds(m, n, k, dtype, repeats=3 if quick else 5)
+            rate = 2.0 * m * n * k / seconds
+            rows.append((dtype, f"{m} x {n} x {k}", rate / 1e9))
+            best[dtype] = max(best.get(dtype, 0.0), rate)
+    return best, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _lstm_inputs(config: BenchConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Forward inputs in the ONNX layout (layout=0), weights scaled like nn.LSTM's init."""
+    rng = np.random.default_rng(seed)
+    t, n, i, h, d = config.seq_length, config.batch_size, config.input_size, config.hidden_size, config.num_directions
+    scale = 1.0 / math.sqrt(h)
+
+    def uniform(*shape: int) -> np.ndarray:
+        return rng.uniform(-scale, scale, shape).astype(config.dtype)
+
+    return {
+        "X": rng.standard_normal((t, n, i)).astype(config.dtype),
+        "W": uniform(d, 4 * h, i),
+        "R": uniform(d, 4 * h, h),
+        "B": uniform(d, 8 * h),
+        "initial_h": rng.standard_normal((d, n, h)).astype(config.dtype),
+        "initial_c": rng.standard_normal((d, n, h)).astype(config.dtype),
+    }
+
+
+def _upstream_gradients(config: BenchConfig, seed: int = 1) -> dict[str, np.ndarray]:
+    """grad_HAll [seq_length, num_directions, batch_size, hidden_size] and grad_Ht."""
+    rng = np.random.default_rng(seed)
+    t, n, h, d = config.seq_length, config.batch_size, config.hidden_size, config.num_directions
+    return {
+        "grad_HAll": rng.standard_normal((t, d, n, h)).astype(config.dtype),
+        "grad_Ht": rng.standard_normal((d, n, h)).astype(config.dtype),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Competitors: each times its forward and backward calls one by one
+
+
+class Unavailable(Exception):
+    """A competitor that is not installed or does not support a config; the message says why."""
+
+
+Phases = dict[str, list[float]]
+"""Phase name ("fwd", "bwd", "fwd_nograd") -> seconds of each call."""
+
+
+class Runner:
+    """One competitor at one config: ``iteration()`` runs one forward and one backward."""
+
+    name: str
+
+    def iteration(self, phases: Phases) -> None:
+        """Runs forward then backward once, appending each call's seconds to ``phases``."""
+        raise NotImplementedError
+
+    def run_backward_once(self) -> int:
+        """Runs the backward once (untimed) and returns the bytes of gradients it allocated."""
+        raise NotImplementedError
+
+
+FORWARD_OUTPUTS = ("HAll", "Ht", "Ct", "CAll", "IOFC")
+GRADIENT_OUTPUTS = ("dX", "dW", "dR", "dB", "dH0", "dC0")
+# LSTMGrad of com.microsoft crashes the process unless dW and dR are requested: always request all.
+
+_IR_VERSION = 10  # onnxruntime-training 1.19 loads IR <= 10
+_ONNX_OPSET = 17
+
+
+def _single_node_model(
+    op_type: str, domain: str, inputs: Sequence[str], outputs: Sequence[str], config: BenchConfig
+) -> onnx.ModelProto:
+    """One LSTMTraining or LSTMGrad node in ``domain``; graph inputs and outputs named after the ports.
+
+    The node comes from ``ortlstm.ops.make_node`` (ports ordered by the spec) in both domains: the
+    ortlstm ops keep com.microsoft's port order, which is what makes them drop-in.
+    """
+    elem = onnx.TensorProto.FLOAT if config.dtype == "float32" else onnx.TensorProto.DOUBLE
+    node = ortlstm.ops.make_node(
+        op_type,
+        {name: name for name in inputs},
+        {name: name for name in outputs},
+        name=op_type,
+        hidden_size=config.hidden_size,
+        direction=config.direction,
+    )
+    node.domain = domain
+    graph = onnx.helper.make_graph(
+        [node],
+        f"{domain}_{op_type}",
+        [onnx.helper.make_tensor_value_info(name, elem, None) for name in inputs],
+        [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs],
+    )
+    return onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid("", _ONNX_OPSET), onnx.helper.make_opsetid(domain, 1)],
+        ir_version=_IR_VERSION,
+    )
+
+
+class OrtRunner(Runner):
+    """LSTMTraining + LSTMGrad of one domain, one InferenceSession per op.
+
+    Each session owns an intra-op thread pool. ``spinning`` is onnxruntime's
+    ``session.intra_op.allow_spinning`` (on by default in onnxruntime): idle pool threads spin for
+    a while before they sleep. With two sessions, the pool of the op that just ran may spin while
+    the other op runs, which a training graph (one session, one pool) does not see; turning
+    spinning off removes that, but also changes each op's own hand-offs between threads.
+
+    With ``feed="iobinding"`` inputs are bound as OrtValues over the numpy arrays and outputs are
+    preallocated OrtValues, so a call times the kernel plus ORT's dispatch; the stash outputs of
+    LSTMTraining are bound as LSTMGrad's inputs without a copy, as inside a training graph. With
+    ``feed="numpy"`` every call goes through ``InferenceSession.run`` with numpy arrays.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        config: BenchConfig,
+        threads: int,
+        feed: str = "iobinding",
+        spinning: bool = True,
+        memory_arena: bool = True,
+    ) -> None:
+        ort = _optional_module("onnxruntime")
+        if ort is None:
+            raise Unavailable("onnxruntime not installed")
+        self.name = domain
+        self._feed = feed
+        if domain == "ortlstm":
+            options = ortlstm.ops.session_options(intra_op_num_threads=threads)
+        else:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = memory_arena
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        options.log_severity_level = 4  # an unsupported config is reported as n/a, not logged
+
+        forward_inputs = _lstm_inputs(config)
+        gradient_inputs = _upstream_gradients(config)
+        grad_input_names = ("X", "W", "R", "initial_h", "initial_c", "HAll", "CAll", "IOFC", "grad_HAll", "grad_Ht")
+        try:
+            self._forward = ort.InferenceSession(
+                _single_node_model(
+                    "LSTMTraining", domain, list(forward_inputs), FORWARD_OUTPUTS, config
+                ).SerializeToString(),
+                options,
+                providers=["CPUExecutionProvider"],
+            )
+            self._backward = ort.InferenceSession(
+                _single_node_model("LSTMGrad", domain, grad_input_names, GRADIENT_OUTPUTS, config).SerializeToString(),
+                options,
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as error:  # onnxruntime raises its own exception types
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise Unavailable(_short_ort_error(first_line)) from error
+
+        stash = dict(zip(FORWARD_OUTPUTS, self._forward.run(list(FORWARD_OUTPUTS), forward_inputs), strict=True))
+        self._forward_feeds = forward_inputs
+        self._backward_feeds = {
+            **{name: forward_inputs[name] for name in ("X", "W", "R", "initial_h", "initial_c")},
+            **{name: stash[name] for name in ("HAll", "CAll", "IOFC")},
+            **gradient_inputs,
+        }
+        gradient_shapes = _gradient_shapes(config)
+        self.gradient_bytes = sum(int(np.prod(shape)) for shape in gradient_shapes) * np.dtype(config.dtype).itemsize
+
+        if feed == "iobinding":
+            # A binding keeps the native value but not the Python OrtValue, which is what keeps a
+            # wrapped numpy array alive: every bound value is kept here for the runner's lifetime.
+            self._bound: list[onnxruntime.OrtValue] = []
+
+            def value(array: np.ndarray) -> onnxruntime.OrtValue:
+                self._bound.append(ort.OrtValue.ortvalue_from_numpy(array))
+                return self._bound[-1]
+
+            def empty(shape: tuple[int, ...]) -> onnxruntime.OrtValue:
+                self._bound.append(ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.dtype(config.dtype).type))
+                return self._bound[-1]
+
+            # Over the arrays of the first forward, so LSTMGrad sees a valid stash even before a
+            # timed forward has written into them.
+            stash_values = {name: value(stash[name]) for name in FORWARD_OUTPUTS}
+            self._forward_binding = self._forward.io_binding()
+            for name, array in forward_inputs.items():
+                self._forward_binding.bind_ortvalue_input(name, value(array))
+            for name in FORWARD_OUTPUTS:
+                self._forward_binding.bind_ortvalue_output(name, stash_values[name])
+            self._backward_binding = self._backward.io_binding()
+            for name in grad_input_names:
+                bound = stash_values[name] if name in stash_values else value(self._backward_feeds[name])
+                self._backward_binding.bind_ortvalue_input(name, bound)
+            for name, shape in zip(GRADIENT_OUTPUTS, gradient_shapes, strict=True):
+                self._backward_binding.bind_ortvalue_output(name, empty(shape))
+
+    def _run_forward(self) -> None:
+        if self._feed == "iobinding":
+            self._forward.run_with_iobinding(self._forward_binding)
+        else:
+            self._forward.run(list(FORWARD_OUTPUTS), self._forward_feeds)
+
+    def _run_backward(self) -> None:
+        if self._feed == "iobinding":
+            self._backward.run_with_iobinding(self._backward_binding)
+        else:
+            self._backward.run(list(GRADIENT_OUTPUTS), self._backward_feeds)
+
+    def iteration(self, phases: Phases) -> None:  # noqa: D102
+        start = time.perf_counter()
+        self._run_forward()
+        middle = time.perf_counter()
+        self._run_backward()
+        end = time.perf_counter()
+        phases.setdefault("fwd", []).append(middle - start)
+        phases.setdefault("bwd", []).append(end - middle)
+
+    def run_backward_once(self) -> int:  # noqa: D102
+        self._run_backward()
+        # Bound outputs exist before the call; numpy-fed outputs are allocated by it.
+        return 0 if self._feed == "iobinding" else self.gradient_bytes
+
+
+def _gradient_shapes(config: BenchConfig) -> list[tuple[int, ...]]:
+    """Shapes of LSTMGrad's outputs dX, dW, dR, dB, dH0, dC0 (layout 0), as in docs/ops.md."""
+    t, n, i, h, d = config.seq_length, config.batch_size, config.input_size, config.hidden_size, config.num_directions
+    return [(t, n, i), (d, 4 * h, i), (d, 4 * h, h), (d, 8 * h), (d, n, h), (d, n, h)]
+
+
+def _short_ort_error(message: str) -> str:
+    """The reason in an onnxruntime error message, without its source-path prefix."""
+    if "is not a registered function/op" in message:
+        return "op not in this onnxruntime build (com.microsoft training ops need onnxruntime-training)"
+    if "Type 'tensor(double)'" in message:
+        return "float64 not supported"
+    for marker in (" was false. ", "INVALID_GRAPH : ", "NOT_IMPLEMENTED : "):
+        if marker in message:
+            return message.split(marker, 1)[1][:120]
+    return message[:120]
+
+
+class TorchRunner(Runner):
+    """``torch.nn.LSTM`` with its default CPU backend (oneDNN for float32 when available).
+
+    Forward with grad, then ``torch.autograd.backward`` from the same upstream gradients the ORT
+    ops get (output sequence and last hidden state). Gradients are reset to None between
+    iterations (outside the timing), as ``zero_grad()`` does, so every backward allocates them.
+    A forward under ``no_grad`` is timed too (phase ``fwd_nograd``).
+    """
+
+    name = "torch"
+
+    def __init__(self, config: BenchConfig, threads: int) -> None:
+        torch = _optional_module("torch")
+        if torch is None:
+            raise Unavailable("torch not installed")
+        self._torch = torch
+        torch.set_num_threads(threads)
+        dtype = getattr(torch, config.dtype)
+        torch.manual_seed(0)
+        self._lstm = torch.nn.LSTM(
+            config.input_size, config.hidden_size, bidirectional=config.direction == "bidirectional", dtype=dtype
+        )
+        inputs = _lstm_inputs(config)
+        gradients = _upstream_gradients(config)
+        t, n, h, d = config.seq_length, config.batch_size, config.hidden_size, config.num_directions
+        self._x = torch.from_numpy(inputs["X"]).requires_grad_()
+        self._h0 = torch.from_numpy(inputs["initial_h"]).requires_grad_()
+        self._c0 = torch.from_numpy(inputs["initial_c"]).requires_grad_()
+        # torch's output is [seq_length, batch_size, num_directions*hidden_size]
+        self._grad_y = torch.from_numpy(gradients["grad_HAll"].transpose(0, 2, 1, 3).reshape(t, n, d * h).copy())
+        self._grad_hn = torch.from_numpy(gradients["grad_Ht"])
+        self._leaves = [self._x, self._h0, self._c0, *self._lstm.parameters()]
+        self.gradient_bytes = sum(leaf.numel() * leaf.element_size() for leaf in self._leaves)
+        self._pending: tuple[Any, Any] | None = None
+        for _ in range(2):
+            self._forward_with_grad()
+            self.run_backward_once()
+
+    def _clear_gradients(self) -> None:
+        for leaf in self._leaves:
+            leaf.grad = None
+
+    def _forward_with_grad(self) -> None:
+        y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
+        self._pending = (y, h_n)
+
+    def _backward(self) -> None:
+        assert self._pending is not None
+        y, h_n = self._pending
+        self._torch.autograd.backward((y, h_n), (self._grad_y, self._grad_hn))
+        self._pending = None
+
+    def iteration(self, phases: Phases) -> None:  # noqa: D102
+        torch = self._torch
+        self._clear_gradients()
+        start = time.perf_counter()
+        with torch.no_grad():
+            self._lstm(self._x, (self._h0, self._c0))
+        end = time.perf_counter()
+        phases.setdefault("fwd_nograd", []).append(end - start)
+        start = time.perf_counter()
+        self._forward_with_grad()
+        middle = time.perf_counter()
+        self._backward()
+        end = time.perf_counter()
+        phases.setdefault("fwd", []).append(middle - start)
+        phases.setdefault("bwd", []).append(end - middle)
+
+    def prepare_backward(self) -> None:
+        """Clears gradients and runs a forward with grad, so ``run_backward_once`` can follow."""
+        self._clear_gradients()
+        self._forward_with_grad()
+
+    def run_backward_once(self) -> int:  # noqa: D102
+        if self._pending is None:
+            self.prepare_backward()
+        self._backward()
+        return self.gradient_bytes
+
+
+def make_runner(
+    competitor: str,
+    config: BenchConfig,
+    threads: int,
+    feed: str = "iobinding",
+    spinning: bool = True,
+    memory_arena: bool = True,
+) -> Runner:
+    """The runner of ``competitor`` at ``config``; raises :class:`Unavailable` with the reason.
+
+    ``feed``, ``spinning`` and ``memory_arena`` apply to the ORT ops only (see :class:`OrtRunner`).
+    """
+    if competitor in ("ortlstm", "com.microsoft"):
+        return OrtRunner(competitor, config, threads, feed=feed, spinning=spinning, memory_arena=memory_arena)
+    if competitor == "torch":
+        return TorchRunner(config, threads)
+    raise ValueError(f"unknown competitor {competitor!r}; expected one of {COMPETITORS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Interleaved timing
+
+
+@dataclasses.dataclass
+class Timing:
+    """All call times of one competitor at one config."""
+
+    phases: Phases = dataclasses.field(default_factory=dict)
+    rounds: int = 0
+    iterations_per_round: int = 0
+
+    def median_ms(self, phase: str) -> float | None:
+        """Median of one phase in milliseconds; ``fwd+bwd`` sums the medians of fwd and bwd."""
+        if phase == "fwd+bwd":
+            forward, backward = self.median_ms("fwd"), self.median_ms("bwd")
+            return None if forward is None or backward is None else forward + backward
+        values = self.phases.get(phase)
+        return 1e3 * statistics.median(values) if values else None
+
+    def best_ms(self, phase: str) -> float | None:
+        """Fastest call of one phase in milliseconds; ``fwd+bwd`` sums the fastest fwd and bwd."""
+        if phase == "fwd+bwd":
+            forward, backward = self.best_ms("fwd"), self.best_ms("bwd")
+            return None if forward is None or backward is None else forward + backward
+        values = self.phases.get(phase)
+        return 1e3 * min(values) if values else None
+
+    def spread(self, phase: str) -> float | None:
+        """Interquartile range over median of one phase (0.05 = 5 %)."""
+        values = self.phases.get(phase)
+        if not values or len(values) < 4:
+            return None
+        quartiles = statistics.quantiles(values, n=4)
+        return (quartiles[2] - quartiles[0]) / statistics.median(values)
+
+
+MIN_ROUND_SECONDS = 0.2
+"""A competitor's round repeats its iteration until it lasts at least this long."""
+SETTLE_SECONDS = 0.1
+"""Pause before each competitor's round: longer than onnxruntime's and libgomp's spin-waits, so
+the threads of the competitor that ran before are asleep and do not compete for the cores."""
+ROUND_WARMUP_BELOW_SECONDS = 1.0
+"""Iterations shorter than this get an untimed iteration at the start of every round: the first
+call after an idle pause runs measurably slower (tens of ms at M on a 2-vCPU VM: idle cores,
+cold caches), which would otherwise land on whichever phase comes first."""
+
+
+def time_config(
+    runners: dict[str, Runner],
+    repeats: int,
+    min_round_seconds: float,
+    max_seconds: float,
+    log: Callable[[str], None],
+) -> dict[str, Timing]:
+    """Interleaved rounds: each round runs every competitor once, the first one rotating.
+
+    A competitor's round is ``iterations_per_round`` forward+backward iterations, chosen so a round
+    lasts at least ``min_round_seconds``. A competitor whose rounds would take longer than
+    ``max_seconds`` in total gets fewer rounds (at least 3, or ``repeats`` if lower) and drops out
+    of the later ones. Each round starts after a pause of ``SETTLE_SECONDS`` and, for iterations
+    shorter than ``ROUND_WARMUP_BELOW_SECONDS``, with one untimed iteration.
+    """
+    timings: dict[str, Timing] = {}
+    rounds_of: dict[str, int] = {}
+    round_warmup: dict[str, bool] = {}
+    for name, runner in runners.items():
+        probe: Phases = {}
+        # Warm-up: first-run allocations and planning, oneDNN primitive creation. A second,
+        # representative iteration sets the round length, unless the first alone took long.
+        start = time.perf_counter()
+        runner.iteration(probe)
+        seconds = time.perf_counter() - start
+        if seconds < 1.0:
+            start = time.perf_counter()
+            runner.iteration(probe)
+            seconds = time.perf_counter() - start
+        iterations = max(1, math.ceil(min_round_seconds / max(seconds, 1e-9)))
+        rounds_of[name] = min(repeats, max(3, int(max_seconds / (iterations * seconds))))
+        timings[name] = Timing(iterations_per_round=iterations)
+        round_warmup[name] = seconds < ROUND_WARMUP_BELOW_SECONDS
+        if rounds_of[name] < repeats:
+            log(f"    {name}: {seconds:.2f} s per iteration, limited to {rounds_of[name]} rounds")
+    names = list(runners)
+    for round_index in range(max(rounds_of.values(), default=0)):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            if round_index >= rounds_of[name]:
+                continue
+            timing = timings[name]
+            time.sleep(SETTLE_SECONDS)
+            if round_warmup[name]:
+                runners[name].iteration({})
+            for _ in range(timing.iterations_per_round):
+                runners[name].iteration(timing.phases)
+            timing.rounds += 1
+    return timings
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak memory of the backward, one fresh subprocess per (competitor, config)
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+# A fixed mmap threshold turns off glibc's adaptive one, so that every large block is mmapped and
+# returned to the system when freed: memory freed by an earlier call does not stay resident and
+# hide the next call's peak. Applied to every competitor alike.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}
+
+
+def _status_kib(field: str) -> int:
+    with open(_STATUS) as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in {_STATUS}")
+
+
+def _reset_peak_rss() -> None:
+    """Resets VmHWM to the current VmRSS (Linux >= 4.0: writing 5 to clear_refs)."""
+    with open(_CLEAR_REFS, "w") as clear_refs:
+        clear_refs.write("5")
+
+
+def peak_memory_supported() -> str | None:
+    """None if VmHWM can be reset here, else the reason it cannot."""
+    try:
+        _reset_peak_rss()
+        before = _status_kib("VmHWM")
+        # Fresh pages from the kernel (an mmap, not the heap, which may hold freed memory).
+        with mmap.mmap(-1, 64 * 1024 * 1024) as block:
+            for offset in range(0, len(block), mmap.PAGESIZE):
+                block[offset] = 1
+            grown = _status_kib("VmHWM")
+        _reset_peak_rss()
+        after = _status_kib("VmHWM")
+    except OSError as error:
+        return f"cannot reset VmHWM: {error}"
+    if not (grown - before >= 60 * 1024 and after < grown - 60 * 1024):
+        return f"VmHWM reset has no effect (before {before}, grown {grown}, after reset {after} KiB)"
+    return None
+
+
+def memory_probe(competitor: str, config: BenchConfig, threads: int) -> dict[str, float]:
+    """Peak extra memory of one backward call, in MiB (run in a fresh process).
+
+    extra = VmHWM during the call - VmRSS just before it - bytes of the gradients the call
+    allocates (0 for the ORT ops: their outputs are preallocated through IOBinding). The
+    backward runs once before the measurement (warm), so one-time costs (code pages,
+    oneDNN primitives, ORT's first-run planning) are not counted; ORT's arena is off, so the
+    ORT ops' scratch goes through malloc like the others'. ``cold`` is the first call's value.
+    """
+    runner = make_runner(competitor, config, threads, memory_arena=False)
+    result: dict[str, float] = {}
+    for label in ("cold", "warm"):
+        if isinstance(runner, TorchRunner):
+            runner.prepare_backward()
+        gc.collect()
+        _reset_peak_rss()
+        before = _status_kib("VmRSS")
+        allocated = runner.run_backward_once()
+        peak = _status_kib("VmHWM")
+        result[label] = (peak - before) / 1024.0 - allocated / MIB
+    result["outputs"] = getattr(runner, "gradient_bytes", 0) / MIB
+    return result
+
+
+def run_memory_probes(
+    competitors: Sequence[str], configs: Sequence[BenchConfig], threads: int, log: Callable[[str], None]
+) -> dict[tuple[str, str], dict[str, float] | str]:
+    """Peak backward memory per (competitor, config): a result dict, or the reason it is n/a."""
+    results: dict[tuple[str, str], dict[str, float] | str] = {}
+    environment = {**os.environ, **_MALLOC_ENV}
+    for config in configs:
+        for competitor in competitors:
+            command = [
+                sys.executable, str(Path(__file__).resolve()), "--threads", str(threads),
+                "--memory-probe", f"{competitor}:{config.name}",
+            ]  # fmt: skip
+            process = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+            lines = process.stdout.strip().splitlines()
+            if process.returncode != 0 or not lines:
+                tail = (process.stderr.strip().splitlines() or [f"exit status {process.returncode}"])[-1]
+                results[(competitor, config.name)] = f"probe failed: {tail[:160]}"
+                continue
+            payload = json.loads(lines[-1])
+            results[(competitor, config.name)] = payload.get("unavailable") or payload
+            if isinstance(results[(competitor, config.name)], dict):
+                log(f"  memory {config.name:8} {competitor:14} {payload['warm']:8.1f} MiB (cold {payload['cold']:.1f})")
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Other processes: medians hide short disturbances, not a machine that is busy all along
+
+
+class CpuMonitor:
+    """CPU time that other processes use while the benchmark runs.
+
+    /proc/stat's busy time of the whole machine minus this process's own CPU time (and that of its
+    finished subprocesses), divided by wall time: the average number of cores taken by others.
+    """
+
+    def __init__(self) -> None:
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(value) for value in stat.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+        own = sum(
+            usage.ru_utime + usage.ru_stime
+            for usage in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
+        busy = (user + nice + system + irq + softirq + steal) / self._ticks
+        return time.monotonic(), busy, own
+
+    def mark(self) -> tuple[float, float, float] | None:
+        """A point in time to measure from."""
+        return self._sample()
+
+    def others_since(self, mark: tuple[float, float, float] | None) -> float | None:
+        """Average cores used by other processes since ``mark`` (None if /proc/stat is unreadable)."""
+        now = self._sample()
+        if mark is None or now is None or now[0] - mark[0] <= 0:
+            return None
+        return max(0.0, ((now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0]))
+
+
+def wait_until_idle(monitor: CpuMonitor, max_seconds: float, log: Callable[[str], None]) -> None:
+    """Waits (up to ``max_seconds``) until other processes use less than 0.1 core over 5 s."""
+    deadline = time.monotonic() + max_seconds
+    while True:
+        mark = monitor.mark()
+        time.sleep(5.0)
+        others = monitor.others_since(mark)
+        if others is None or others < 0.1:
+            return
+        if time.monotonic() >= deadline:
+            log(f"machine still busy ({others:.2f} cores used by other processes); starting anyway")
+            return
+        log(f"waiting for an idle machine: other processes use {others:.2f} cores")
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine and versions
+
+
+def _cpu_description() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor() or "unknown"}
+    first = text.split("\n\n")[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    info["model"] = fields.get("model name", "unknown")
+    info["logical cpus"] = str(text.count("processor\t:"))
+    info["MHz (reported)"] = fields.get("cpu MHz", "?")
+    info["cache"] = fields.get("cache size", "?")
+    simd = [flag for flag in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if flag in flags]
+    info["SIMD"] = " ".join(simd) or "none listed"
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()[0].split()
+        info["memory"] = f"{int(meminfo[1]) / 1024 / 1024:.1f} GiB"
+    except (OSError, IndexError, ValueError):
+        pass
+    info["kernel"] = platform.release()
+    return info
+
+
+def _git_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
+def environment_description(threads: int, blas: Blas) -> dict[str, str]:
+    """Versions, thread settings and backends, for the report header."""
+    info = {"python": platform.python_version(), "numpy": np.__version__}
+    ort = _optional_module("onnxruntime")
+    info["onnxruntime"] = ort.__version__ if ort is not None else "not installed"
+    try:
+        library = Path(ortlstm.ops.library_path())
+        built = datetime.datetime.fromtimestamp(library.stat().st_mtime, datetime.timezone.utc)
+        info["ortlstm"] = (
+            f"{importlib.metadata.version('ortlstm')}, git {_git_revision()}; {library.name} sha256 "
+            f"{hashlib.sha256(library.read_bytes()).hexdigest()[:12]}, built {built:%Y-%m-%d %H:%M} UTC"
+        )
+    except (ImportError, FileNotFoundError) as error:
+        info["ortlstm"] = f"unavailable: {error}"
+    torch = _optional_module("torch")
+    if torch is not None:
+        mkldnn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+        info["torch"] = f"{torch.__version__} (nn.LSTM CPU backend: {'oneDNN' if mkldnn else 'native'} for float32)"
+    else:
+        info["torch"] = "not installed"
+    info["threads"] = (
+        f"{threads}: onnxruntime intra_op_num_threads={threads} (inter_op 1); "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; "
+        + (f"torch.get_num_threads()={torch.get_num_threads()}; " if torch is not None else "")
+        + f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
+    info["GEMM rate"] = blas.source
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align_left: int = 1) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---" if i < align_left else "---:" for i in range(len(header))) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+@dataclasses.dataclass
+class Results:
+    """Everything one run measured."""
+
+    configs: list[BenchConfig]
+    timings: dict[tuple[str, str], Timing | str]
+    limit_ms: dict[str, dict[str, float]]
+    gemm_rows: list[tuple[str, str, float]]
+    best_rate: dict[str, float]
+    memory: dict[tuple[str, str], dict[str, float] | str]
+    environment: dict[str, str]
+    machine: dict[str, str]
+    command: str
+    date: str
+    seconds: float
+    other_load: dict[str, float | None]
+    """Average cores used by other processes: per config name, and "run" for the whole run."""
+
+    def median(self, competitor: str, config: str, phase: str) -> float | None:
+        """Median ms of a phase (or of the GEMM limit), None when the competitor did not run."""
+        if competitor == LIMIT:
+            limit = self.limit_ms[config]
+            return limit["fwd"] + limit["bwd"] if phase == "fwd+bwd" else limit[phase]
+        timing = self.timings.get((competitor, config))
+        return timing.median_ms(phase) if isinstance(timing, Timing) else None
+
+    def reason(self, competitor: str, config: str) -> str | None:
+        """Why a competitor did not run at a config, or None if it did."""
+        timing = self.timings.get((competitor, config))
+        return timing if isinstance(timing, str) else None
+
+    def memory_mib(self, competitor: str, config: str) -> float | None:
+        """Peak extra memory of the warm backward call, None if not measured.
+
+        Negative values (the call freed more than it allocated: torch releasing saved tensors)
+        count as 0.
+        """
+        entry = self.memory.get((competitor, config))
+        return max(0.0, entry["warm"]) if isinstance(entry, dict) else None
+
+    def memory_ratio(self, config: str) -> float | None:
+        """The ratio of ortlstm's to torch's backward extra memory; None below the resolution."""
+        ours, theirs = self.memory_mib("ortlstm", config), self.memory_mib("torch", config)
+        if ours is None or theirs is None or max(ours, theirs) < MEMORY_RESOLUTION_MIB:
+            return None
+        return ours / max(theirs, MEMORY_RESOLUTION_MIB)
+
+    def ratio(self, numerator: str, denominator: str, config: str, phase: str = "fwd+bwd") -> float | None:
+        """Median of ``numerator`` over median of ``denominator`` (competitor names or LIMIT)."""
+        top, bottom = self.median(numerator, config, phase), self.median(denominator, config, phase)
+        return None if top is None or bottom is None or bottom == 0 else top / bottom
+
+
+def render_markdown(results: Results) -> str:
+    """The report: setup, times, ratios, memory, targets, GEMM rates."""
+    gemm_rows = [[dtype, shape, f"{rate:.3g}"] for dtype, shape, rate in results.gemm_rows]
+    sections = [
+        _setup_lines(results),
+        ["### Time per call (median, ms)", "", *_time_lines(results)],
+        ["### Ratios (below 1: ortlstm is faster)", "", *_ratio_lines(results)],
+    ]
+    if results.memory:
+        sections.append(["### Peak extra memory of one backward call (MiB)", "", *_memory_lines(results)])
+    sections += [
+        ["### Targets", "", *_target_lines(results)],
+        ["### GEMM rates measured in this run", "", *_table(["dtype", "M x N x K", "GFLOP/s"], gemm_rows, 2)],
+    ]
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def _setup_lines(results: Results) -> list[str]:
+    lines = [f"Run: {results.date}, `{results.command}`, {results.seconds / 60:.1f} min.", ""]
+    lines.append("Machine: " + "; ".join(f"{key} {value}" for key, value in results.machine.items()) + ".")
+    lines.append("")
+    lines += [f"- {key}: {value}" for key, value in results.environment.items()]
+    best = ", ".join(f"{dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in sorted(results.best_rate.items()))
+    lines.append(f"- best GEMM rate this run (the limit's rate): {best}")
+    overall = results.other_load.get("run")
+    if overall is not None:
+        lines.append(f"- other processes used {overall:.2f} cores on average during the run (per config: ratios table)")
+    busy = [name for name, load in results.other_load.items() if load is not None and load >= BUSY_CORES]
+    if busy:
+        lines.append(
+            f"- **warning**: other processes used >= {BUSY_CORES} cores during {', '.join(busy)}: times disturbed"
+        )
+    return lines
+
+
+def _time_lines(results: Results) -> list[str]:
+    rows = []
+    for config in results.configs:
+        for competitor in COMPETITORS:
+            reason = results.reason(competitor, config.name)
+            timing = results.timings.get((competitor, config.name))
+            if reason is not None:
+                rows.append([config.name, competitor, "n/a", "n/a", "n/a", "n/a", "n/a", "", reason])
+            elif isinstance(timing, Timing):
+                spread = timing.spread("bwd")
+                rows.append([
+                    config.name, competitor, _ms(timing.median_ms("fwd")), _ms(timing.median_ms("bwd")),
+                    _ms(timing.median_ms("fwd+bwd")), _ms(timing.best_ms("fwd+bwd")),
+                    _ms(timing.median_ms("fwd_nograd")), f"{timing.rounds}x{timing.iterations_per_round}",
+                    "" if spread is None else f"bwd IQR {100 * spread:.0f}%",
+                ])  # fmt: skip
+        rows.append([
+            config.name, LIMIT, _ms(results.median(LIMIT, config.name, "fwd")),
+            _ms(results.median(LIMIT, config.name, "bwd")), _ms(results.median(LIMIT, config.name, "fwd+bwd")),
+            "", "", "", f"{(config.forward_flops + config.backward_flops) / 1e9:.2f} GFLOP",
+        ])  # fmt: skip
+    header = ["config", "competitor", "fwd", "bwd", "fwd+bwd", "fwd+bwd best", "torch fwd no-grad", "rounds x iters",
+              "note"]  # fmt: skip
+    intro = (
+        "fwd: LSTMTraining with its stash / torch forward with grad; bwd: LSTMGrad / torch backward; "
+        "fwd+bwd: sum of the two medians; best: sum of the fastest fwd and bwd calls. "
+        "torch's forward under no_grad in its own column."
+    )
+    return [intro, "", *_table(header, rows, align_left=2)]
+
+
+def _ratio_lines(results: Results) -> list[str]:
+    rows = []
+    for config in results.configs:
+        name = config.name
+        cells = [
+            results.ratio("ortlstm", "torch", name),
+            results.ratio("ortlstm", "torch", name, "fwd"),
+            results.ratio("ortlstm", "torch", name, "bwd"),
+            results.ratio("ortlstm", LIMIT, name),
+            results.ratio("ortlstm", LIMIT, name, "fwd"),
+            results.ratio("ortlstm", LIMIT, name, "bwd"),
+            results.ratio("ortlstm", "com.microsoft", name),
+            results.ratio("com.microsoft", "ortlstm", name),
+        ]
+        rows.append([f"{name} {config.describe()}", *map(_number, cells), _number(results.other_load.get(name))])
+    header = [
+        "config (T, N, I, H)", "ortlstm/torch", "fwd", "bwd", "ortlstm/limit", "fwd", "bwd",
+        "ortlstm/com.microsoft", "com.microsoft/ortlstm", "others' load (cores)",
+    ]  # fmt: skip
+    intro = "fwd+bwd unless the column says fwd or bwd; torch's fwd is its forward with grad."
+    return [intro, "", *_table(header, rows)]
+
+
+def _memory_lines(results: Results) -> list[str]:
+    rows = []
+    for config in results.configs:
+        row = [config.name]
+        for competitor in COMPETITORS:
+            value = results.memory_mib(competitor, config.name)
+            row.append("n/a" if value is None else f"{value:.1f}")
+        row.append(_number(results.memory_ratio(config.name)))
+        gradients = [
+            entry["outputs"]
+            for (_, name), entry in results.memory.items()
+            if name == config.name and isinstance(entry, dict)
+        ]
+        row.append(f"{gradients[0]:.1f}" if gradients else "n/a")
+        rows.append(row)
+    intro = (
+        "VmHWM during the call minus VmRSS just before it, minus the gradients the call allocates; "
+        "second (warm) call, fresh process per cell; negative values shown as 0. The ratio is n/a "
+        f"when both are below {MEMORY_RESOLUTION_MIB:g} MiB. The gradient outputs' size is shown for scale."
+    )
+    return [intro, "", *_table(["config", *COMPETITORS, "ortlstm/torch", "gradients"], rows)]
+
+
+def _target_lines(results: Results) -> list[str]:
+    rows: list[list[str]] = []
+
+    def add(target: str, config: str, value: float | None, bound: float, larger_is_better: bool) -> None:
+        met = None if value is None else value >= bound if larger_is_better else value <= bound
+        rows.append([target, config, _number(value), "n/a" if met is None else "yes" if met else "**no**"])
+
+    names = [config.name for config in results.configs]
+    for name in names:
+        add(f"ortlstm/torch <= {TARGET_TORCH_RATIO}", name, results.ratio("ortlstm", "torch", name),
+            TARGET_TORCH_RATIO, larger_is_better=False)  # fmt: skip
+    for name in (name for name in TARGET_LIMIT_CONFIGS if name in names):
+        add(f"ortlstm/limit <= {TARGET_LIMIT_RATIO}", name, results.ratio("ortlstm", LIMIT, name),
+            TARGET_LIMIT_RATIO, larger_is_better=False)  # fmt: skip
+    for name in (name for name in TARGET_MICROSOFT_CONFIGS if name in names):
+        speedup = results.ratio("com.microsoft", "ortlstm", name)
+        add(f"com.microsoft/ortlstm >= {TARGET_MICROSOFT_SPEEDUP:g}", name, speedup, TARGET_MICROSOFT_SPEEDUP,
+            larger_is_better=True)  # fmt: skip
+    for name in names if results.memory else ():
+        ours, theirs = results.memory_mib("ortlstm", name), results.memory_mib("torch", name)
+        if ours is not None and theirs is not None and max(ours, theirs) < MEMORY_RESOLUTION_MIB:
+            rows.append(["bwd extra memory ortlstm/torch <= 1", name, f"both < {MEMORY_RESOLUTION_MIB:g} MiB", "yes"])
+        else:
+            add("bwd extra memory ortlstm/torch <= 1", name, results.memory_ratio(name), 1.0, larger_is_better=False)
+    intro = "Times are fwd+bwd medians; com.microsoft/ortlstm is ortlstm's speedup."
+    return [intro, "", *_table(["target", "config", "measured", "met"], rows, align_left=2)]
+
+
+_DEFAULT_HEADER = """# Benchmarks
+
+LSTMTraining + LSTMGrad (ortlstm) against onnxruntime's com.microsoft ops, PyTorch's nn.LSTM and
+the GEMM limit, written by `benchmarks/bench_lstm.py --markdown docs/benchmarks.md`. The method and
+the meaning of each column are in [benchmarks/README.md](../benchmarks/README.md). A run rewrites
+only its own section, between its markers; text outside the markers is kept.
+"""
+
+
+def _markers(section: str) -> tuple[str, str]:
+    return (
+        f"<!-- BEGIN bench_lstm.py output [{section}]: rewritten by each run, edit outside the markers -->",
+        f"<!-- END bench_lstm.py output [{section}] -->",
+    )
+
+
+def write_markdown(path: Path, body: str, section: str) -> None:
+    """Writes ``body`` between the markers of ``section`` in ``path`` (appended if they are missing)."""
+    begin, end = _markers(section)
+    title = "## Results" if section == "main" else f"## Results: {section}"
+    block = f"{begin}\n\n{title}\n\n{body.strip()}\n\n{end}"
+    text = path.read_text() if path.exists() else _DEFAULT_HEADER
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--threads", type=int, default=2, help="threads for ORT, BLAS and torch (default 2)")
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help=f"comma-separated names from {', '.join(CONFIGS)} (default: all; --quick: {','.join(QUICK_CONFIGS)})",
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per config (default 15, quick 3)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: small configs, few rounds (< 2 minutes)")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the report into this markdown file")
+    parser.add_argument(
+        "--markdown-section",
+        default="main",
+        metavar="NAME",
+        help="the marked section of --markdown that this run rewrites (default main)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every call time and memory result as JSON")
+    parser.add_argument(
+        "--competitors", default=",".join(COMPETITORS), help=f"comma-separated subset of {', '.join(COMPETITORS)}"
+    )
+    parser.add_argument(
+        "--feed",
+        choices=("iobinding", "numpy"),
+        default="iobinding",
+        help="how the ORT ops get their tensors: preallocated OrtValues (default) or numpy arrays per run",
+    )
+    parser.add_argument(
+        "--ort-spinning",
+        choices=("on", "off"),
+        default="on",
+        help="onnxruntime intra-op spinning for the ORT ops (default on, as in onnxruntime; see benchmarks/README.md)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="timed seconds per competitor and config before it gets fewer rounds",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before starting, wait up to this long for other processes to go quiet (default 0)",
+    )
+    parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    names = args.configs.split(",") if args.configs else list(QUICK_CONFIGS if args.quick else CONFIGS)
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}")
+    args.config_list = [CONFIGS[name] for name in names]
+    args.competitor_list = [name for name in args.competitors.split(",") if name]
+    unknown = [name for name in args.competitor_list if name not in COMPETITORS]
+    if unknown:
+        parser.error(f"unknown competitor(s) {unknown}; known: {', '.join(COMPETITORS)}")
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 15
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.max_seconds is None:
+        args.max_seconds = 4.0 if args.quick else 30.0
+    return args
+
+
+def _run_probe(spec: str, threads: int) -> None:
+    competitor, config_name = spec.split(":", 1)
+    try:
+        result: dict[str, Any] = memory_probe(competitor, CONFIGS[config_name], threads)
+    except Unavailable as reason:
+        result = {"unavailable": str(reason)}
+    print(json.dumps(result))
+
+
+def main() -> None:
+    """Runs the benchmark and prints (and optionally writes) the report.
+
+    Reads ``sys.argv``: the script re-executes itself with the same arguments (``_fix_thread_env``).
+    """
+    args = _parse_args(sys.argv[1:])
+    _fix_thread_env(args.threads)
+    if args.memory_probe:
+        _run_probe(args.memory_probe, args.threads)
+        return
+
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
+
+    monitor = CpuMonitor()
+    if args.wait_idle > 0:
+        wait_until_idle(monitor, args.wait_idle, log)
+    run_mark = monitor.mark()
+    other_load: dict[str, float | None] = {}
+    blas = Blas(args.threads)
+    if "torch" in args.competitor_list and _optional_module("torch") is not None:
+        importlib.import_module("torch").set_num_threads(args.threads)
+    environment = environment_description(args.threads, blas)
+    environment["ORT sessions"] = (
+        f"feed {args.feed}, intra-op spinning {args.ort_spinning} (session.intra_op.allow_spinning)"
+    )
+    machine = _cpu_description()
+    for key, value in {**machine, **environment}.items():
+        log(f"{key}: {value}")
+
+    log("GEMM rates")
+    best_rate, gemm_rows = measure_gemm_rates(blas, args.config_list, args.quick)
+    for dtype, shape, rate in gemm_rows:
+        log(f"  {dtype} {shape:>20}: {rate:6.0f} GFLOP/s")
+
+    timings: dict[tuple[str, str], Timing | str] = {}
+    limit_ms: dict[str, dict[str, float]] = {}
+    for config in args.config_list:
+        rate = best_rate[config.dtype]
+        limit_ms[config.name] = {"fwd": 1e3 * config.forward_flops / rate, "bwd": 1e3 * config.backward_flops / rate}
+        log(f"config {config.name} {config.describe()}")
+        config_mark = monitor.mark()
+        runners: dict[str, Runner] = {}
+        for competitor in args.competitor_list:
+            try:
+                runners[competitor] = make_runner(
+                    competitor, config, args.threads, feed=args.feed, spinning=args.ort_spinning == "on"
+                )
+                if competitor == "ortlstm" and "OpenBLAS threads in ortlstm" not in environment:
+                    # libortlstm_ops.so may set its own count when it loads (1: it parallelizes over
+                    # ORT's intra-op pool and keeps BLAS single-threaded inside each task).
+                    environment["OpenBLAS threads in ortlstm"] = f"{blas.current_threads()} once the library is loaded"
+            except Unavailable as reason:
+                timings[(competitor, config.name)] = str(reason)
+                log(f"    {competitor}: n/a ({reason})")
+        for name, timing in time_config(runners, args.repeats, MIN_ROUND_SECONDS, args.max_seconds, log).items():
+            timings[(name, config.name)] = timing
+            log(
+                f"    {name:14} fwd {_ms(timing.median_ms('fwd')):>8} ms  bwd {_ms(timing.median_ms('bwd')):>8} ms"
+                f"  fwd+bwd {_ms(timing.median_ms('fwd+bwd')):>8} ms  ({timing.rounds}x{timing.iterations_per_round})"
+            )
+        limit = limit_ms[config.name]
+        log(f"    {LIMIT:14} fwd {_ms(limit['fwd']):>8} ms  bwd {_ms(limit['bwd']):>8} ms")
+        other_load[config.name] = monitor.others_since(config_mark)
+        log(f"    other processes' load: {_number(other_load[config.name])} cores")
+        del runners
+        gc.collect()
+
+    memory: dict[tuple[str, str], dict[str, float] | str] = {}
+    if not args.no_memory:
+        unsupported = peak_memory_supported()
+        if unsupported is None:
+            log("peak memory of the backward (fresh process per cell)")
+            memory = run_memory_probes(args.competitor_list, args.config_list, args.threads, log)
+        else:
+            log(f"peak memory not measured: {unsupported}")
+            memory = {(c, config.name): unsupported for c in args.competitor_list for config in args.config_list}
+
+    other_load["run"] = monitor.others_since(run_mark)
+    # --json only says where raw data went; its (often temporary) path does not belong in the docs.
+    shown = [arg for i, arg in enumerate(sys.argv[1:]) if arg != "--json" and (i == 0 or sys.argv[i] != "--json")]
+    command = "python benchmarks/bench_lstm.py " + " ".join(shown)
+    results = Results(
+        configs=args.config_list,
+        timings=timings,
+        limit_ms=limit_ms,
+        gemm_rows=gemm_rows,
+        best_rate=best_rate,
+        memory=memory,
+        environment=environment,
+        machine=machine,
+        command=command.strip(),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        seconds=time.perf_counter() - started,
+        other_load=other_load,
+    )
+    report = render_markdown(results)
+    print()
+    print(report)
+    if args.markdown is not None:
+        write_markdown(args.markdown, report, args.markdown_section)
+        log(f"wrote {args.markdown}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(_json_payload(results), indent=1))
+        log(f"wrote {args.json}")
+
+
+def _json_payload(results: Results) -> dict[str, Any]:
+    return {
+        "date": results.date,
+        "command": results.command,
+        "machine": results.machine,
+        "environment": results.environment,
+        "best_gemm_rate_gflops": {dtype: rate / 1e9 for dtype, rate in results.best_rate.items()},
+        "gemm": [{"dtype": d, "shape": s, "gflops": r} for d, s, r in results.gemm_rows],
+        "configs": [dataclasses.asdict(config) for config in results.configs],
+        "limit_ms": results.limit_ms,
+        "timings_s": {
+            f"{competitor}/{config}": timing.phases if isinstance(timing, Timing) else timing
+            for (competitor, config), timing in results.timings.items()
+        },
+        "other_load_cores": results.other_load,
+        "memory_mib": {f"{competitor}/{config}": value for (competitor, config), value in results.memory.items()},
+    }
+
+
+if __name__ == "__main__":
+    main()
