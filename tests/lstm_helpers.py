@@ -9,6 +9,7 @@ imports the kernels.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -194,3 +195,20 @@ def linear_variant(config: LstmConfig) -> LstmConfig:
         activation_beta=tuple(linear["activation_beta"]),
         tag="linear",
     )
+
+
+FINITE_DIFFERENCE_STEP = 1e-5
+
+
+def central_difference(loss: Callable[[], float], value: np.ndarray, step: float = FINITE_DIFFERENCE_STEP) -> np.ndarray:
+    """Numerical gradient of ``loss`` w.r.t. ``value``, perturbed in place one element at a time."""
+    gradient = np.zeros_like(value)
+    for index in np.ndindex(value.shape):
+        original = value[index]
+        value[index] = original + step
+        loss_plus = loss()
+        value[index] = original - step
+        loss_minus = loss()
+        value[index] = original
+        gradient[index] = (loss_plus - loss_minus) / (2 * step)
+    return gradient

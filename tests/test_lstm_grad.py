@@ -26,11 +26,12 @@ import ortlstm.ops
 import pytest
 from configs import CONFIGS, LstmConfig, config_by_id, config_id, context, draw_inputs, sample_inputs
 from lstm_helpers import (
-    GRADIENT_OF,
     BLOCKED_CONFIGS,
+    GRADIENT_OF,
     LARGE_CONFIG,
     MEDIUM_CONFIG,
     assert_close,
+    central_difference,
     linear_variant,
     materialised,
     oracle_attributes,
@@ -47,7 +48,6 @@ LOSS_OUTPUTS = ("HAll", "Ht", "Ct")
 STASH = ("HAll", "CAll", "IOFC")
 
 FLOAT64_RTOL = 1e-12  # float64 LSTMGrad vs the float64 oracle, elementwise (atol scaled)
-FINITE_DIFFERENCE_STEP = 1e-5
 FINITE_DIFFERENCE_RTOL = 1e-6  # ||analytic - numeric|| / max(||numeric||, FINITE_DIFFERENCE_FLOOR)
 FINITE_DIFFERENCE_FLOOR = 1e-2  # below this gradient norm the bound is absolute
 FLOAT32_RTOL = 1e-4  # ||float32 - float64|| / max(||float64||, FLOAT32_FLOOR), end-to-end float32 path
@@ -130,17 +130,7 @@ def _numeric_gradients(config: LstmConfig, inputs: dict, upstream: dict) -> dict
 
     numeric = {}
     for grad_name, input_name in GRADIENT_OF.items():
-        value = feeds[input_name]
-        gradient = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            original = value[index]
-            value[index] = original + FINITE_DIFFERENCE_STEP
-            loss_plus = loss()
-            value[index] = original - FINITE_DIFFERENCE_STEP
-            loss_minus = loss()
-            value[index] = original
-            gradient[index] = (loss_plus - loss_minus) / (2 * FINITE_DIFFERENCE_STEP)
-        numeric[grad_name] = gradient
+        numeric[grad_name] = central_difference(loss, feeds[input_name])
     return numeric
 
 

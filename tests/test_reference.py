@@ -22,6 +22,7 @@ from lstm_helpers import (
     LSTM_INPUT_NAMES,
     OrtLstm,
     assert_close,
+    central_difference,
     lstm_model,
     materialised,
     ort_session,
@@ -36,7 +37,6 @@ from reference.lstm_ref import (
 
 FLOAT32_RTOL = 1e-5  # ORT float32 vs oracle float64 on the same float32 inputs
 FLOAT64_RTOL = 1e-10  # oracle vs onnx.reference, both float64
-FINITE_DIFFERENCE_STEP = 1e-5
 FINITE_DIFFERENCE_RTOL = 1e-6  # ||analytic - numeric|| / max(||numeric||, floor)
 FINITE_DIFFERENCE_FLOOR = 1e-2  # below this gradient norm the bound is absolute
 
@@ -147,20 +147,6 @@ def test_forward_matches_onnx_reference_in_float64(config: LstmConfig, rng: np.r
 # (b) Backward
 
 
-def _central_difference(loss: Callable[[], float], value: np.ndarray) -> np.ndarray:
-    """Numerical gradient of ``loss`` w.r.t. ``value``, perturbed in place one element at a time."""
-    gradient = np.zeros_like(value)
-    for index in np.ndindex(value.shape):
-        original = value[index]
-        value[index] = original + FINITE_DIFFERENCE_STEP
-        loss_plus = loss()
-        value[index] = original - FINITE_DIFFERENCE_STEP
-        loss_minus = loss()
-        value[index] = original
-        gradient[index] = (loss_plus - loss_minus) / (2 * FINITE_DIFFERENCE_STEP)
-    return gradient
-
-
 def _relative_error(analytic: np.ndarray, numeric: np.ndarray) -> float:
     return float(np.linalg.norm(analytic - numeric) / max(np.linalg.norm(numeric), FINITE_DIFFERENCE_FLOOR))
 
@@ -179,7 +165,7 @@ def test_backward_matches_finite_differences(config: LstmConfig, rng: np.random.
     analytic = lstm_backward(**inputs, **attributes, **upstream)
     errors = {}
     for grad_name, input_name in GRADIENT_OF.items():
-        numeric = _central_difference(loss, inputs[input_name])
+        numeric = central_difference(loss, inputs[input_name])
         assert analytic[grad_name].shape == numeric.shape, f"{context(config, rng)}: {grad_name} shape"
         errors[grad_name] = _relative_error(analytic[grad_name], numeric)
     failed = {name: error for name, error in errors.items() if not error <= FINITE_DIFFERENCE_RTOL}
