@@ -459,11 +459,13 @@ def test_trained_inference_model_runs_in_plain_onnxruntime(scenario, exporter, t
     path = tmp_path / "inference.onnx"
     export_inference_model(run, path)
     np.savez(tmp_path / "feeds.npz", **model_inputs(run.last_batch))
+    # cwd outside the checkout: from its root, `import ortlstm` would find the source folder, not the install.
     result = subprocess.run(
         [python, "-c", _PLAIN_RUNTIME_SCRIPT, str(path), str(tmp_path / "feeds.npz"), str(tmp_path / "logits.npy")],
         capture_output=True,
         text=True,
         check=False,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, f"{python} failed:\n{result.stderr}"
     print(f"{run.case}: ran in onnxruntime {result.stdout.strip()}")
