@@ -514,6 +514,42 @@ the state at each sequence's last valid step.""",
     type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
 )
 
+
+def _forward_port(name: str) -> PortSpec:
+    return next(port for port in LSTM_TRAINING.inputs + LSTM_TRAINING.outputs if port.name == name)
+
+
+# LSTMGrad's ports mirror LSTMTraining's: the same shapes and types, taken from the forward spec.
+def _from_forward(name: str, *, optional: bool | None = None, doc: str | None = None) -> PortSpec:
+    """A forward input or output passed to the gradient op."""
+    port = _forward_port(name)
+    return dataclasses.replace(
+        port,
+        doc=doc or f"{name} of the forward node.",
+        optional=port.optional if optional is None else optional,
+        differentiable=False,
+    )
+
+
+def _upstream_gradient(name: str, doc: str) -> PortSpec:
+    """The gradient of the loss with respect to forward output ``name``: optional, zeros if absent."""
+    return dataclasses.replace(
+        _forward_port(name), name=f"grad_{name}", doc=doc, optional=True, differentiable=False, gradient_of=name
+    )
+
+
+def _input_gradient(name: str, of: str, doc: str | None = None) -> PortSpec:
+    """The gradient with respect to forward input ``of``: optional, skipped when not requested."""
+    return dataclasses.replace(
+        _forward_port(of),
+        name=name,
+        doc=doc or f"Gradient with respect to {of}.",
+        optional=True,
+        differentiable=False,
+        gradient_of=of,
+    )
+
+
 LSTM_GRAD = OpSpec(
     name="LSTMGrad",
     domain=DOMAIN,
@@ -533,178 +569,23 @@ Drop-in: the first twelve inputs and the outputs keep the order and meaning of `
 peephole terms need P to propagate through the cell state, so without it the gradients of a
 peephole LSTM would be wrong.""",
     inputs=(
-        PortSpec(
-            name="X",
-            doc="X of the forward node.",
-            shape=("seq_length", "batch_size", "input_size"),
-            type_str="T",
-            optional=False,
-            differentiable=False,
+        *(_from_forward(name) for name in ("X", "W", "R", "sequence_lens", "initial_h", "initial_c")),
+        # The stash: outputs of the forward node, required here.
+        *(_from_forward(name, optional=False) for name in ("HAll", "CAll", "IOFC")),
+        *(
+            _upstream_gradient(name, f"Gradient of the loss with respect to {name}. Default zeros.")
+            for name in ("HAll", "Ht", "Ct")
         ),
-        PortSpec(
-            name="W",
-            doc="W of the forward node.",
-            shape=("num_directions", "4*hidden_size", "input_size"),
-            type_str="T",
-            optional=False,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="R",
-            doc="R of the forward node.",
-            shape=("num_directions", "4*hidden_size", "hidden_size"),
-            type_str="T",
-            optional=False,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="sequence_lens",
-            doc="sequence_lens of the forward node.",
-            shape=("batch_size",),
-            type_str="T1",
-            optional=True,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="initial_h",
-            doc="initial_h of the forward node.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="initial_c",
-            doc="initial_c of the forward node.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="HAll",
-            doc="HAll of the forward node.",
-            shape=_SEQ,
-            type_str="T",
-            optional=False,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="CAll",
-            doc="CAll of the forward node.",
-            shape=_SEQ,
-            type_str="T",
-            optional=False,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="IOFC",
-            doc="IOFC of the forward node.",
-            shape=("seq_length", "num_directions", "batch_size", "4*hidden_size"),
-            type_str="T",
-            optional=False,
-            differentiable=False,
-        ),
-        PortSpec(
-            name="grad_HAll",
-            doc="Gradient of the loss with respect to HAll. Default zeros.",
-            shape=_SEQ,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="HAll",
-        ),
-        PortSpec(
-            name="grad_Ht",
-            doc="Gradient of the loss with respect to Ht. Default zeros.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="Ht",
-        ),
-        PortSpec(
-            name="grad_Ct",
-            doc="Gradient of the loss with respect to Ct. Default zeros.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="Ct",
-        ),
-        PortSpec(
-            name="P",
-            doc="P of the forward node. Default zeros.",
-            shape=("num_directions", "3*hidden_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-        ),
+        _from_forward("P", doc="P of the forward node. Default zeros."),
     ),
     outputs=(
-        PortSpec(
-            name="dX",
-            doc="Gradient with respect to X.",
-            shape=("seq_length", "batch_size", "input_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="X",
-        ),
-        PortSpec(
-            name="dW",
-            doc="Gradient with respect to W.",
-            shape=("num_directions", "4*hidden_size", "input_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="W",
-        ),
-        PortSpec(
-            name="dR",
-            doc="Gradient with respect to R.",
-            shape=("num_directions", "4*hidden_size", "hidden_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="R",
-        ),
-        PortSpec(
-            name="dB",
-            doc="Gradient with respect to B; its Wb and Rb halves are equal.",
-            shape=("num_directions", "8*hidden_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="B",
-        ),
-        PortSpec(
-            name="dH0",
-            doc="Gradient with respect to initial_h.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="initial_h",
-        ),
-        PortSpec(
-            name="dC0",
-            doc="Gradient with respect to initial_c.",
-            shape=_STATE,
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="initial_c",
-        ),
-        PortSpec(
-            name="dP",
-            doc="Gradient with respect to P.",
-            shape=("num_directions", "3*hidden_size"),
-            type_str="T",
-            optional=True,
-            differentiable=False,
-            gradient_of="P",
-        ),
+        _input_gradient("dX", "X"),
+        _input_gradient("dW", "W"),
+        _input_gradient("dR", "R"),
+        _input_gradient("dB", "B", "Gradient with respect to B; its Wb and Rb halves are equal."),
+        _input_gradient("dH0", "initial_h"),
+        _input_gradient("dC0", "initial_c"),
+        _input_gradient("dP", "P"),
     ),
     attributes=_LSTM_ATTRIBUTES,
     type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
