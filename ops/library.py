@@ -53,11 +53,12 @@ def _import_onnxruntime() -> ModuleType:
 
 
 def _load_blas() -> None:
-    # Importing scipy_openblas32 loads libscipy_openblas.so with RTLD_GLOBAL, so the kernel
-    # library resolves its BLAS even where its RUNPATH does not lead to it (the two packages
-    # installed in different site directories, or an in-place build).
-    # A build against a system BLAS does not need it; a library that does will fail to load in
-    # ORT with the name of the missing libscipy_openblas.so.
+    # Only builds against scipy-openblas32 (the default off x86-64; x86-64 builds carry oneMKL
+    # inside the library) load a BLAS at run time. Importing scipy_openblas32 loads
+    # libscipy_openblas.so with RTLD_GLOBAL, so the kernel library resolves it even where its
+    # RUNPATH does not lead to it (the two packages installed in different site directories, or
+    # an in-place build). A library that needs it and lacks it fails to load in ORT with the name
+    # of the missing libscipy_openblas.so.
     with contextlib.suppress(ImportError):
         importlib.import_module("scipy_openblas32")
 

@@ -1,8 +1,10 @@
-// The only BLAS call site: one row-major GEMM for float and double. The backend (OpenBLAS from
-// scipy-openblas32, or a system CBLAS) is chosen in CMake; nothing else includes cblas.h.
+// The only BLAS call site: row-major GEMMs for float and double, plain or with a pre-packed
+// right operand. The backend (oneMKL, OpenBLAS from scipy-openblas32, or a system CBLAS) is
+// chosen in CMake (cmake/Blas.cmake); nothing else includes a BLAS header.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "common/parallel.h"
 
@@ -21,6 +23,35 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
 template <typename T>
 void ParallelGemm(const Executor& executor, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                   const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+// The right operand op(B) [K, N] of GEMMs C[M, N] = A[M, K] * op(B) + beta * C that all have the
+// same M, N, K and B, such as H_{t-1} * R^T at every step of the time loop. Where the BLAS has a
+// packed GEMM (oneMKL), B is copied once into its internal panel layout and each Multiply runs
+// on that copy; otherwise Multiply is an ordinary GEMM on B, which must then outlive this object.
+// Multiply with the same A and C gives the same values, call after call.
+template <typename T>
+class PackedGemmB {
+ public:
+  PackedGemmB() = default;
+  PackedGemmB(bool trans_b, int64_t m, int64_t n, int64_t k, const T* b, int64_t ldb);
+  PackedGemmB(PackedGemmB&&) noexcept = default;
+  PackedGemmB& operator=(PackedGemmB&&) noexcept = default;
+
+  // C[M, N] = A[M, K] * op(B) + beta * C.
+  void Multiply(const T* a, int64_t lda, T beta, T* c, int64_t ldc) const;
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  bool trans_b_ = false;
+  int64_t m_ = 0;
+  int64_t n_ = 0;
+  int64_t k_ = 0;
+  const T* b_ = nullptr;
+  int64_t ldb_ = 0;
+  std::unique_ptr<void, Free> packed_;  // null when the backend has no packed GEMM or C is empty
+};
 
 // Makes the BLAS run every call on the calling thread: threads come from the executor only.
 void UseSingleThreadedBlas();

@@ -6,6 +6,7 @@
 // so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "common/blas.h"
 #include "lstm/gate_math.h"
@@ -19,26 +20,28 @@ constexpr int kTemporaries = 5;
 
 template <typename T>
 struct BackwardScratch {
-  std::unique_ptr<T[]> grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
-  std::unique_ptr<T[]> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive
-  std::unique_ptr<T[]> grad_h;       // [N, H] dL/dH flowing into the step being processed
-  std::unique_ptr<T[]> grad_c;       // [N, H] dL/dC flowing into the step being processed
-  std::unique_ptr<T[]> temporaries;  // [blocks, kTemporaries, H]
-  std::unique_ptr<T[]> zeros;        // [H] C_{t-1} of a first step without initial_c
-  BackwardScratch(const LstmDims& dims, int64_t blocks)
-      : grad_gates(new T[dims.Rows() * dims.GateWidth()]),
-        hidden_prev(new T[dims.Rows() * dims.hidden_size]),
-        grad_h(new T[dims.batch_size * dims.hidden_size]),
-        grad_c(new T[dims.batch_size * dims.hidden_size]),
-        temporaries(new T[blocks * kTemporaries * dims.hidden_size]),
-        zeros(new T[dims.hidden_size]()) {}
+  Scratch<T> grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
+  Scratch<T> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive
+  Scratch<T> grad_h;       // [N, H] dL/dH flowing into the step being processed
+  Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
+  Scratch<T> temporaries;  // [blocks, kTemporaries, H]
+  Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
+  BackwardScratch(const LstmDims& dims, int64_t blocks, const ScratchAllocator& allocator)
+      : grad_gates(allocator, dims.Rows() * dims.GateWidth()),
+        hidden_prev(allocator, dims.Rows() * dims.hidden_size),
+        grad_h(allocator, dims.batch_size * dims.hidden_size),
+        grad_c(allocator, dims.batch_size * dims.hidden_size),
+        temporaries(allocator, blocks * kTemporaries * dims.hidden_size),
+        zeros(allocator, dims.hidden_size) {
+    std::fill_n(zeros.get(), dims.hidden_size, T(0));
+  }
 };
 
 template <typename T>
 class BackwardDirection {
  public:
   BackwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& io, int64_t d,
-                    int64_t blocks)
+                    int64_t blocks, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
@@ -51,7 +54,7 @@ class BackwardDirection {
         f_act_(config.activations[d].f, config.clip),
         g_act_(config.activations[d].g, config.clip),
         h_act_(config.activations[d].h),
-        scratch_(dims, blocks) {}
+        scratch_(dims, blocks, allocator) {}
 
   const T* GradGates() const { return scratch_.grad_gates.get(); }
 
@@ -77,6 +80,14 @@ class BackwardDirection {
     }
     const T* R = io_.R + d_ * width_ * hidden;
     const int64_t step_ld = dims_.BatchStride() * width_;
+    // Each block's columns of R, packed once for the N x (j1-j0) x 4H GEMM of every step.
+    std::vector<PackedGemmB<T>> recurrent(static_cast<size_t>(blocks_));
+    executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
+      const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
+      if (units.end > units.begin) {
+        recurrent[k] = PackedGemmB<T>(false, dims_.batch_size, units.end - units.begin, width_, R + units.begin, hidden);
+      }
+    });
     for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
       const int64_t t = reverse_ ? dims_.seq_length - 1 - s : s;
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
@@ -87,8 +98,7 @@ class BackwardDirection {
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
         const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
         if (units.end == units.begin) return;
-        Gemm(false, false, dims_.batch_size, units.end - units.begin, width_, T(1), step_grad, step_ld, R + units.begin,
-             hidden, T(1), gh + units.begin, hidden);
+        recurrent[k].Multiply(step_grad, step_ld, T(1), gh + units.begin, hidden);
       });
     }
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
@@ -283,7 +293,7 @@ class BackwardDirection {
 
 template <typename T>
 void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors,
-                  const Executor& executor) {
+                  const Executor& executor, const ScratchAllocator& allocator) {
   const bool any_output = tensors.dX || tensors.dW || tensors.dR || tensors.dB || tensors.dH0 || tensors.dC0 ||
                           tensors.dP;
   if (!any_output) return;
@@ -291,9 +301,11 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
   const SerialExecutor serial;
   const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
   const int64_t blocks = StepBlocks(dims, step_executor);
-  BackwardDirection<T> forward(dims, config, tensors, 0, blocks);
+  BackwardDirection<T> forward(dims, config, tensors, 0, blocks, allocator);
   std::unique_ptr<BackwardDirection<T>> backward;
-  if (dims.num_directions == 2) backward = std::make_unique<BackwardDirection<T>>(dims, config, tensors, 1, blocks);
+  if (dims.num_directions == 2) {
+    backward = std::make_unique<BackwardDirection<T>>(dims, config, tensors, 1, blocks, allocator);
+  }
 
   if (directions_in_parallel) {
     executor.For(2, [&](size_t d) { (d == 0 ? forward : *backward).Recurrence(serial); });
@@ -304,12 +316,12 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
   // Padded steps have zero gate gradients, but 0 * NaN is NaN: whatever X holds there must not
   // reach dW, so those rows are zeroed in a copy when there are any.
   const T* x_for_weights = tensors.X;
-  std::unique_ptr<T[]> masked_x;
+  Scratch<T> masked_x;
   if (tensors.dW && tensors.sequence_lens &&
       std::any_of(tensors.sequence_lens, tensors.sequence_lens + dims.batch_size,
                   [&](int32_t length) { return length < dims.seq_length; })) {
     const int64_t input_size = dims.input_size;
-    masked_x.reset(new T[dims.Rows() * input_size]);
+    masked_x = Scratch<T>(allocator, dims.Rows() * input_size);
     for (int64_t t = 0; t < dims.seq_length; ++t) {
       for (int64_t b = 0; b < dims.batch_size; ++b) {
         const int64_t row = dims.XRow(t, b) * input_size;
@@ -337,8 +349,8 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
 }
 
 template void LstmBackward<float>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<float>&,
-                                  const Executor&);
+                                  const Executor&, const ScratchAllocator&);
 template void LstmBackward<double>(const LstmDims&, const LstmConfig&, const LstmBackwardTensors<double>&,
-                                   const Executor&);
+                                   const Executor&, const ScratchAllocator&);
 
 }  // namespace ortlstm

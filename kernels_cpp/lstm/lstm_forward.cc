@@ -13,6 +13,7 @@
 //   Ht = o . h(Ct)
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "common/blas.h"
 #include "lstm/gate_math.h"
@@ -24,20 +25,20 @@ namespace {
 // Scratch of one direction, allocated once per call.
 template <typename T>
 struct ForwardScratch {
-  std::unique_ptr<T[]> gates;    // [T*N, 4H] X row order: pre-activations, activated in place
-  std::unique_ptr<T[]> hidden;   // [2, N, H] H_{t-1} and H_t, swapped every step
-  std::unique_ptr<T[]> cell;     // [N, H] C, updated in place (each hidden unit by one task)
-  std::unique_ptr<T[]> bias;     // [4H] Wb + Rb, block-major gate order (below)
+  Scratch<T> gates;   // [T*N, 4H] X row order: pre-activations, activated in place
+  Scratch<T> hidden;  // [2, N, H] H_{t-1} and H_t, swapped every step
+  Scratch<T> cell;    // [N, H] C, updated in place (each hidden unit by one task)
+  Scratch<T> bias;    // [4H] Wb + Rb, block-major gate order (below)
   // W and R with their rows in block-major gate order, when a step is cut into several blocks.
-  std::unique_ptr<T[]> W;        // [4H, I]
-  std::unique_ptr<T[]> R;        // [4H, H]
-  ForwardScratch(const LstmDims& dims, int64_t blocks)
-      : gates(new T[dims.Rows() * dims.GateWidth()]),
-        hidden(new T[2 * dims.batch_size * dims.hidden_size]),
-        cell(new T[dims.batch_size * dims.hidden_size]),
-        bias(new T[dims.GateWidth()]),
-        W(blocks > 1 ? new T[dims.GateWidth() * dims.input_size] : nullptr),
-        R(blocks > 1 ? new T[dims.GateWidth() * dims.hidden_size] : nullptr) {}
+  Scratch<T> W;  // [4H, I]
+  Scratch<T> R;  // [4H, H]
+  ForwardScratch(const LstmDims& dims, int64_t blocks, const ScratchAllocator& allocator)
+      : gates(allocator, dims.Rows() * dims.GateWidth()),
+        hidden(allocator, 2 * dims.batch_size * dims.hidden_size),
+        cell(allocator, dims.batch_size * dims.hidden_size),
+        bias(allocator, dims.GateWidth()),
+        W(allocator, blocks > 1 ? dims.GateWidth() * dims.input_size : 0),
+        R(allocator, blocks > 1 ? dims.GateWidth() * dims.hidden_size : 0) {}
 };
 
 // The gate columns of the scratch are block-major: a step is cut into blocks of hidden units
@@ -48,7 +49,7 @@ template <typename T>
 class ForwardDirection {
  public:
   ForwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& io, int64_t d,
-                   int64_t blocks)
+                   int64_t blocks, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
@@ -60,7 +61,7 @@ class ForwardDirection {
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
-        scratch_(dims, blocks) {
+        scratch_(dims, blocks, allocator) {
     const T* W = io.W + d * width_ * dims.input_size;
     const T* R = io.R + d * width_ * hidden_size_;
     W_ = W;
@@ -103,13 +104,23 @@ class ForwardDirection {
         std::fill_n(c + b * hidden_size_, hidden_size_, T(0));
       }
     }
+    // Each block's rows of R, packed once for the N x 4*(u1-u0) x H GEMM of every step.
+    recurrent_.resize(static_cast<size_t>(blocks_));
+    executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
+      const Range units = SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k));
+      const int64_t count = units.end - units.begin;
+      if (count > 0) {
+        recurrent_[k] = PackedGemmB<T>(true, batch_size, 4 * count, hidden_size_, R_ + 4 * units.begin * hidden_size_,
+                                       hidden_size_);
+      }
+    });
     const bool reverse = config_.IsReverse(d_);
     for (int64_t s = 0; s < dims_.seq_length; ++s) {
       const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
       const T* h_prev = h + (s % 2) * batch_size * hidden_size_;
       T* h_next = h + ((s + 1) % 2) * batch_size * hidden_size_;
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-        Step(t, SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k)), h_prev, h_next);
+        Step(t, SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k)), recurrent_[k], h_prev, h_next);
       });
     }
     WriteFinalState(h + (dims_.seq_length % 2) * batch_size * hidden_size_);
@@ -129,15 +140,14 @@ class ForwardDirection {
   }
 
   // One step for hidden units [units.begin, units.end) of every batch entry.
-  void Step(int64_t t, Range units, const T* h_prev, T* h_next) {
+  void Step(int64_t t, Range units, const PackedGemmB<T>& recurrent, const T* h_prev, T* h_next) {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
     if (count <= 0) return;
     T* step_gates = scratch_.gates.get() + dims_.XRow(t, 0) * width_ + 4 * units.begin;
     const int64_t step_ld = dims_.BatchStride() * width_;
     // gates[:, block] += H_{t-1} [N, H] * R[block rows, :]^T: M = N, N = 4*(u1-u0), K = H, B transposed.
-    Gemm(false, true, dims_.batch_size, 4 * count, hidden, T(1), h_prev, hidden, R_ + 4 * units.begin * hidden, hidden,
-         T(1), step_gates, step_ld);
+    recurrent.Multiply(h_prev, hidden, T(1), step_gates, step_ld);
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t seq_row = dims_.SeqRow(t, d_, b);
       const bool active = io_.sequence_lens == nullptr || t < io_.sequence_lens[b];
@@ -252,21 +262,24 @@ class ForwardDirection {
   ForwardScratch<T> scratch_;
   const T* W_ = nullptr;  // [4H, I] of this direction, block-major rows
   const T* R_ = nullptr;  // [4H, H] of this direction, block-major rows
+  std::vector<PackedGemmB<T>> recurrent_;  // per block: its rows of R as op(B) = R_block^T
 };
 
 }  // namespace
 
 template <typename T>
 void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
-                 const Executor& executor) {
+                 const Executor& executor, const ScratchAllocator& allocator) {
   // The recurrences of two directions are independent: one task each, serial inside.
   const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
   const SerialExecutor serial;
   const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
   const int64_t blocks = StepBlocks(dims, step_executor);
-  ForwardDirection<T> forward(dims, config, tensors, 0, blocks);
+  ForwardDirection<T> forward(dims, config, tensors, 0, blocks, allocator);
   std::unique_ptr<ForwardDirection<T>> backward;
-  if (dims.num_directions == 2) backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, blocks);
+  if (dims.num_directions == 2) {
+    backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, blocks, allocator);
+  }
 
   forward.ProjectInputs(executor);
   if (backward) backward->ProjectInputs(executor);
@@ -279,8 +292,8 @@ void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwa
 }
 
 template void LstmForward<float>(const LstmDims&, const LstmConfig&, const LstmForwardTensors<float>&,
-                                 const Executor&);
+                                 const Executor&, const ScratchAllocator&);
 template void LstmForward<double>(const LstmDims&, const LstmConfig&, const LstmForwardTensors<double>&,
-                                  const Executor&);
+                                  const Executor&, const ScratchAllocator&);
 
 }  // namespace ortlstm

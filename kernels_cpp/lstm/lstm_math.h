@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/parallel.h"
+#include "common/scratch.h"
 #include "lstm/lstm_config.h"
 #include "lstm/lstm_dims.h"
 
@@ -64,12 +65,13 @@ inline int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
 }
 
 // Work is split into tasks of `executor`; the BLAS must be single-threaded (common/blas.h).
+// Scratch memory comes from `allocator`; std::bad_alloc propagates when it runs out.
 template <typename T>
 void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
-                 const Executor& executor);
+                 const Executor& executor, const ScratchAllocator& allocator);
 
 template <typename T>
 void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& tensors,
-                  const Executor& executor);
+                  const Executor& executor, const ScratchAllocator& allocator);
 
 }  // namespace ortlstm

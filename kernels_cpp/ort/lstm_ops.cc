@@ -261,7 +261,7 @@ class LstmTrainingKernel {
       t.Ct = static_cast<T*>(out[spec::Index(Out::kCt)]);
       t.CAll = static_cast<T*>(out[spec::Index(Out::kCAll)]);
       t.IOFC = static_cast<T*>(out[spec::Index(Out::kIOFC)]);
-      LstmForward<T>(dims, config_, t, OrtExecutor(context));
+      LstmForward<T>(dims, config_, t, OrtExecutor(context), OrtScratchAllocator(context));
       return nullptr;
     } catch (const std::bad_alloc&) {
       return OutOfMemory(spec::kName, node_);
@@ -326,7 +326,7 @@ class LstmGradKernel {
       t.dH0 = static_cast<T*>(out[spec::Index(Out::kDH0)]);
       t.dC0 = static_cast<T*>(out[spec::Index(Out::kDC0)]);
       t.dP = static_cast<T*>(out[spec::Index(Out::kDP)]);
-      LstmBackward<T>(dims, config_, t, OrtExecutor(context));
+      LstmBackward<T>(dims, config_, t, OrtExecutor(context), OrtScratchAllocator(context));
       return nullptr;
     } catch (const std::bad_alloc&) {
       return OutOfMemory(spec::kName, node_);

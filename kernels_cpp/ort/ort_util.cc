@@ -6,6 +6,7 @@
 #include <cctype>
 #include <thread>
 #include <memory>
+#include <new>
 #include <sstream>
 
 #include "generated/op_schema.h"
@@ -186,6 +187,40 @@ void OrtExecutor::For(std::size_t count, const std::function<void(std::size_t)>&
     Api().ReleaseStatus(status);
     for (std::size_t i = 0; i < count; ++i) task(i);
   }
+}
+
+OrtScratchAllocator::OrtScratchAllocator(OrtKernelContext* context) {
+  OrtMemoryInfo* info = nullptr;
+  OrtStatus* status = Api().CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &info);
+  if (status == nullptr) status = Api().KernelContext_GetAllocator(context, info, &allocator_);
+  if (status != nullptr) {
+    Api().ReleaseStatus(status);
+    allocator_ = nullptr;
+  }
+  if (info != nullptr) Api().ReleaseMemoryInfo(info);
+}
+
+OrtScratchAllocator::~OrtScratchAllocator() {
+  if (allocator_ != nullptr) Api().ReleaseAllocator(allocator_);
+}
+
+void* OrtScratchAllocator::Allocate(std::size_t bytes) const {
+  if (allocator_ == nullptr) return heap_.Allocate(bytes);
+  void* p = nullptr;
+  if (OrtStatus* status = Api().AllocatorAlloc(allocator_, bytes, &p)) {
+    Api().ReleaseStatus(status);
+    throw std::bad_alloc();
+  }
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void OrtScratchAllocator::Free(void* p) const noexcept {
+  if (allocator_ == nullptr) {
+    heap_.Free(p);
+    return;
+  }
+  if (OrtStatus* status = Api().AllocatorFree(allocator_, p)) Api().ReleaseStatus(status);
 }
 
 std::string FormatShape(const std::vector<int64_t>& shape) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/scratch.h"
 #include "lstm/lstm_config.h"
 
 namespace ortlstm::ort {
@@ -63,6 +64,23 @@ class OrtExecutor final : public Executor {
  private:
   OrtKernelContext* context_;
   int width_;
+};
+
+// Scratch memory from the session's CPU allocator (KernelContext_GetAllocator): an arena unless
+// the session turned it off, so a call reuses the pages of the previous one. The C++ heap when
+// ORT has no allocator to give.
+class OrtScratchAllocator final : public ScratchAllocator {
+ public:
+  explicit OrtScratchAllocator(OrtKernelContext* context);
+  ~OrtScratchAllocator() override;
+  OrtScratchAllocator(const OrtScratchAllocator&) = delete;
+  OrtScratchAllocator& operator=(const OrtScratchAllocator&) = delete;
+  void* Allocate(std::size_t bytes) const override;
+  void Free(void* p) const noexcept override;
+
+ private:
+  OrtAllocator* allocator_ = nullptr;
+  HeapAllocator heap_;
 };
 
 // "[2, 3, 4]"
