@@ -6,6 +6,7 @@
 // so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "common/blas.h"
@@ -54,6 +55,10 @@ class BackwardDirection {
         f_act_(config.activations[d].f, config.clip),
         g_act_(config.activations[d].g, config.clip),
         h_act_(config.activations[d].h),
+        standard_cell_(std::is_same_v<T, float> && config.activations[d].f.kind == ActivationKind::kSigmoid &&
+                       config.activations[d].g.kind == ActivationKind::kTanh &&
+                       config.activations[d].h.kind == ActivationKind::kTanh && !config.clip.has_value() &&
+                       P_ == nullptr && !config.input_forget),
         scratch_(dims, blocks, allocator) {}
 
   const T* GradGates() const { return scratch_.grad_gates.get(); }
@@ -226,10 +231,17 @@ class BackwardDirection {
       T* dpre_c = dpre + 3 * hidden + units.begin;
       T* grad_h = scratch_.grad_h.get() + b * hidden + units.begin;
       T* grad_c = scratch_.grad_c.get() + b * hidden + units.begin;
+      const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * hidden + units.begin : nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        if (standard_cell_) {
+          StandardCellBackward({{gi, go, gf, gc}, cell, cp, grad_hall, grad_h, grad_c, {dpre_i, dpre_o, dpre_f, dpre_c}},
+                               count);
+          continue;
+        }
+      }
 
       // dH_t = dL/dHAll_t + (dH from step t+1, or grad_Ht)
-      if (io_.grad_HAll) {
-        const T* grad_hall = io_.grad_HAll + seq_row * hidden + units.begin;
+      if (grad_hall) {
         for (int64_t j = 0; j < count; ++j) dh[j] = grad_h[j] + grad_hall[j];
       } else {
         std::copy_n(grad_h, count, dh);
@@ -286,6 +298,8 @@ class BackwardDirection {
   const GateActivation<T> f_act_;
   const GateActivation<T> g_act_;
   const Activation h_act_;
+  // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellBackward.
+  const bool standard_cell_;
   BackwardScratch<T> scratch_;
 };
 

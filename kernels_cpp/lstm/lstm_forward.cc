@@ -13,6 +13,7 @@
 //   Ht = o . h(Ct)
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "common/blas.h"
@@ -29,6 +30,7 @@ struct ForwardScratch {
   Scratch<T> hidden;  // [2, N, H] H_{t-1} and H_t, swapped every step
   Scratch<T> cell;    // [N, H] C, updated in place (each hidden unit by one task)
   Scratch<T> bias;    // [4H] Wb + Rb, block-major gate order (below)
+  Scratch<T> activated;  // [blocks, 4 * units per block]: gates of the fused cell when IOFC is not requested
   // W and R with their rows in block-major gate order, when a step is cut into several blocks.
   Scratch<T> W;  // [4H, I]
   Scratch<T> R;  // [4H, H]
@@ -37,6 +39,7 @@ struct ForwardScratch {
         hidden(allocator, 2 * dims.batch_size * dims.hidden_size),
         cell(allocator, dims.batch_size * dims.hidden_size),
         bias(allocator, dims.GateWidth()),
+        activated(allocator, blocks * 4 * ((dims.hidden_size + blocks - 1) / blocks)),
         W(allocator, blocks > 1 ? dims.GateWidth() * dims.input_size : 0),
         R(allocator, blocks > 1 ? dims.GateWidth() * dims.hidden_size : 0) {}
 };
@@ -61,6 +64,9 @@ class ForwardDirection {
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
+        standard_cell_(std::is_same_v<T, float> && f_act_.kind == ActivationKind::kSigmoid &&
+                       g_act_.kind == ActivationKind::kTanh && h_act_.kind == ActivationKind::kTanh &&
+                       !config.clip.has_value() && P_ == nullptr && !config.input_forget),
         scratch_(dims, blocks, allocator) {
     const T* W = io.W + d * width_ * dims.input_size;
     const T* R = io.R + d * width_ * hidden_size_;
@@ -120,7 +126,7 @@ class ForwardDirection {
       const T* h_prev = h + (s % 2) * batch_size * hidden_size_;
       T* h_next = h + ((s + 1) % 2) * batch_size * hidden_size_;
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-        Step(t, SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k)), recurrent_[k], h_prev, h_next);
+        Step(t, static_cast<int64_t>(k), recurrent_[k], h_prev, h_next);
       });
     }
     WriteFinalState(h + (dims_.seq_length % 2) * batch_size * hidden_size_);
@@ -139,8 +145,9 @@ class ForwardDirection {
     return 4 * units.begin + gate * (units.end - units.begin) + (unit - units.begin);
   }
 
-  // One step for hidden units [units.begin, units.end) of every batch entry.
-  void Step(int64_t t, Range units, const PackedGemmB<T>& recurrent, const T* h_prev, T* h_next) {
+  // One step for block `block`, hidden units [units.begin, units.end), of every batch entry.
+  void Step(int64_t t, int64_t block, const PackedGemmB<T>& recurrent, const T* h_prev, T* h_next) {
+    const Range units = SplitRange(hidden_size_, blocks_, block);
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
     if (count <= 0) return;
@@ -163,6 +170,20 @@ class ForwardDirection {
         continue;
       }
       T* gates = scratch_.gates.get() + dims_.XRow(t, b) * width_ + 4 * units.begin;
+      if constexpr (std::is_same_v<T, float>) {
+        if (standard_cell_) {
+          StandardCellRow row{gates, scratch_.bias.get() + 4 * units.begin, {}, scratch_.cell.get() + b * hidden + units.begin,
+                              h_out};
+          for (int64_t g = 0; g < 4; ++g) {
+            row.gate[g] = io_.IOFC ? io_.IOFC + seq_row * width_ + g * hidden + units.begin
+                                   : scratch_.activated.get() + (4 * block + g) * ((hidden + blocks_ - 1) / blocks_);
+          }
+          StandardCellForward(row, count);
+          if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
+          if (io_.CAll) std::copy_n(row.cell, count, io_.CAll + seq_row * hidden + units.begin);
+          continue;
+        }
+      }
       Cell(gates, scratch_.cell.get() + b * hidden, h_out, units);
       if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
       if (io_.CAll) {
@@ -259,6 +280,8 @@ class ForwardDirection {
   const Activation f_act_;
   const Activation g_act_;
   const Activation h_act_;
+  // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellForward.
+  const bool standard_cell_;
   ForwardScratch<T> scratch_;
   const T* W_ = nullptr;  // [4H, I] of this direction, block-major rows
   const T* R_ = nullptr;  // [4H, H] of this direction, block-major rows
