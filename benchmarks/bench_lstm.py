@@ -151,104 +151,146 @@ def _optional_module(name: str) -> ModuleType | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# GEMM rate through the BLAS that libortlstm_ops.so links
+# GEMM rate: the best any BLAS in this process reaches
 
 _CBLAS_ROW_MAJOR = 101
 _CBLAS_NO_TRANS = 111
 
 
-class Blas:
-    """``scipy_cblas_{s,d}gemm`` of scipy-openblas32, the BLAS libortlstm_ops.so calls.
+class GemmSource:
+    """One way to run C[m, n] = A[m, k] · B[k, n] with ``threads`` threads; ``name`` says which."""
 
-    The GEMM rate is measured with ``threads`` OpenBLAS threads; the thread count the process had
-    before (libortlstm_ops.so sets its own when it loads) is restored after each measurement.
-    Falls back to numpy's matmul (numpy's own OpenBLAS) when scipy-openblas32 is not installed,
-    e.g. for a build against a system BLAS; ``source`` says which one was measured.
+    name = ""
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
+        """Returns a call that computes c = a · b."""
+        raise NotImplementedError
+
+
+class TorchGemm(GemmSource):
+    """torch.mm: PyTorch's CPU BLAS (oneMKL in the x86-64 wheels), ``torch.set_num_threads``."""
+
+    def __init__(self, torch: ModuleType, threads: int) -> None:
+        self._torch = torch
+        torch.set_num_threads(threads)
+        self.name = f"torch.mm (torch {torch.__version__}), {threads} threads"
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
+        ta, tb, tc = (self._torch.from_numpy(x) for x in (a, b, c))
+
+        def run() -> None:
+            self._torch.mm(ta, tb, out=tc)
+
+        return run
+
+
+class OpenBlasGemm(GemmSource):
+    """scipy_cblas_{s,d}gemm of scipy-openblas32 (the BLAS of builds off x86-64), via ctypes.
+
+    The thread count the process had (libortlstm_ops.so, when built against it, sets its own when
+    it loads) is restored after each call sequence.
     """
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, module: ModuleType, threads: int) -> None:
         self.threads = threads
-        self._lib: ctypes.CDLL | None = None
-        module = _optional_module("scipy_openblas32")
-        if module is not None:
-            # The same shared object the kernel library resolves (scipy_openblas32 loads it globally).
-            self._lib = ctypes.CDLL(
-                str(Path(module.get_lib_dir()) / f"lib{module.get_library()}.so"), mode=ctypes.RTLD_GLOBAL
-            )
-            self._lib.scipy_openblas_get_num_threads.restype = ctypes.c_int
-            self._lib.scipy_openblas_get_config.restype = ctypes.c_char_p
-            self._lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
-            config = self._lib.scipy_openblas_get_config().decode()
-            core = self._lib.scipy_openblas_get_corename().decode()
-            self.source = (
-                f"scipy-openblas32 via scipy_cblas_*gemm (the BLAS libortlstm_ops.so calls), {threads} threads: "
-                f"{config}, core {core}"
-            )
-        else:
-            self.source = f"numpy.matmul (numpy's own BLAS, OPENBLAS_NUM_THREADS={threads}; scipy-openblas32 missing)"
+        # The same shared object such a kernel library resolves (scipy_openblas32 loads it globally).
+        path = Path(module.get_lib_dir()) / f"lib{module.get_library()}.so"
+        self._lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        self._lib.scipy_openblas_get_num_threads.restype = ctypes.c_int
+        self._lib.scipy_openblas_get_config.restype = ctypes.c_char_p
+        self._lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+        config = self._lib.scipy_openblas_get_config().decode()
+        core = self._lib.scipy_openblas_get_corename().decode()
+        self.name = f"scipy-openblas32 scipy_cblas_*gemm, {threads} threads ({config}, core {core})"
 
-    def current_threads(self) -> int | None:
-        """OpenBLAS's thread count in this process now (None for the numpy fallback)."""
-        return None if self._lib is None else int(self._lib.scipy_openblas_get_num_threads())
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
+        is_float = a.dtype == np.float32
+        gemm = self._lib.scipy_cblas_sgemm if is_float else self._lib.scipy_cblas_dgemm
+        scalar = ctypes.c_float if is_float else ctypes.c_double
+        (m, k), n = a.shape, b.shape[1]
+        args = (
+            _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_NO_TRANS, m, n, k, scalar(1.0),
+            a.ctypes.data_as(ctypes.c_void_p), k, b.ctypes.data_as(ctypes.c_void_p), n,
+            scalar(0.0), c.ctypes.data_as(ctypes.c_void_p), n,
+        )  # fmt: skip
 
-    def gemm_seconds(self, m: int, n: int, k: int, dtype: str, repeats: int) -> float:
-        """Median seconds of C[m, n] = A[m, k] · B[k, n], row-major, no transposes."""
-        rng = np.random.default_rng(0)
-        a = rng.standard_normal((m, k)).astype(dtype)
-        b = rng.standard_normal((k, n)).astype(dtype)
-        c = np.zeros((m, n), dtype=dtype)
-        if self._lib is not None:
-            is_float = dtype == "float32"
-            gemm = self._lib.scipy_cblas_sgemm if is_float else self._lib.scipy_cblas_dgemm
-            scalar = ctypes.c_float if is_float else ctypes.c_double
-            args = (
-                _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_NO_TRANS, m, n, k, scalar(1.0),
-                a.ctypes.data_as(ctypes.c_void_p), k, b.ctypes.data_as(ctypes.c_void_p), n,
-                scalar(0.0), c.ctypes.data_as(ctypes.c_void_p), n,
-            )  # fmt: skip
-
-            def run() -> None:
-                gemm(*args)
-        else:
-
-            def run() -> None:
-                np.matmul(a, b, out=c)
-
-        previous = self.current_threads()
-        if self._lib is not None:
+        def run() -> None:
+            previous = self._lib.scipy_openblas_get_num_threads()
             self._lib.scipy_openblas_set_num_threads(ctypes.c_int(self.threads))
-        try:
-            run()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - start)
-        finally:
-            if self._lib is not None and previous is not None:
+            try:
+                gemm(*args)
+            finally:
                 self._lib.scipy_openblas_set_num_threads(ctypes.c_int(previous))
-        return statistics.median(times)
+
+        return run
+
+
+class NumpyGemm(GemmSource):
+    """numpy.matmul: numpy's own BLAS (OpenBLAS in its wheels), threads from the environment."""
+
+    def __init__(self, threads: int) -> None:
+        self.name = f"numpy.matmul (numpy {np.__version__}), OPENBLAS_NUM_THREADS={threads}"
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
+        def run() -> None:
+            np.matmul(a, b, out=c)
+
+        return run
+
+
+def gemm_sources(threads: int) -> list[GemmSource]:
+    """Every BLAS this process can call from Python.
+
+    libortlstm_ops.so's own BLAS (oneMKL on x86-64) is linked in with hidden symbols and cannot be
+    called from here; PyTorch's wheels carry oneMKL too.
+    """
+    sources: list[GemmSource] = []
+    torch = _optional_module("torch")
+    if torch is not None:
+        sources.append(TorchGemm(torch, threads))
+    openblas = _optional_module("scipy_openblas32")
+    if openblas is not None:
+        sources.append(OpenBlasGemm(openblas, threads))
+    sources.append(NumpyGemm(threads))
+    return sources
+
+
+def gemm_seconds(source: GemmSource, m: int, n: int, k: int, dtype: str, repeats: int) -> float:
+    """Median seconds of C[m, n] = A[m, k] · B[k, n], row-major, no transposes."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c = np.zeros((m, n), dtype=dtype)
+    run = source.prepare(a, b, c)
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def measure_gemm_rates(
-    blas: Blas, configs: Sequence[BenchConfig], quick: bool
-) -> tuple[dict[str, float], list[tuple[str, str, float]]]:
-    """Best GEMM rate per dtype (FLOP/s) and every measurement (dtype, shape, GFLOP/s).
+    sources: Sequence[GemmSource], configs: Sequence[BenchConfig], quick: bool
+) -> tuple[dict[str, float], list[tuple[str, str, str, float]]]:
+    """Best GEMM rate per dtype (FLOP/s) over all sources, and every measurement.
 
-    Shapes: square products (the best case) and each config's input projection
-    (seq_length·batch_size) x 4·hidden_size x input_size.
+    Measurements are (dtype, shape, source name, GFLOP/s). Shapes: square products (the best
+    case) and each config's input projection (seq_length·batch_size) x 4·hidden_size x input_size.
     """
-    rows: list[tuple[str, str, float]] = []
+    rows: list[tuple[str, str, str, float]] = []
     best: dict[str, float] = {}
     for dtype in sorted({config.dtype for config in configs}):
         squares = (1024, 2048) if quick else (1024, 2048, 3072)
         shapes = [(size, size, size) for size in squares]
         shapes += [(c.seq_length * c.batch_size, 4 * c.hidden_size, c.input_size) for c in configs if c.dtype == dtype]
-        for m, n, k in dict.fromkeys(shapes):
-            seconds = blas.gemm_seconds(m, n, k, dtype, repeats=3 if quick else 5)
-            rate = 2.0 * m * n * k / seconds
-            rows.append((dtype, f"{m} x {n} x {k}", rate / 1e9))
-            best[dtype] = max(best.get(dtype, 0.0), rate)
+        for source in sources:
+            for m, n, k in dict.fromkeys(shapes):
+                seconds = gemm_seconds(source, m, n, k, dtype, repeats=3 if quick else 5)
+                rate = 2.0 * m * n * k / seconds
+                rows.append((dtype, f"{m} x {n} x {k}", source.name, rate / 1e9))
+                best[dtype] = max(best.get(dtype, 0.0), rate)
     return best, rows
 
 
@@ -319,29 +361,47 @@ _IR_VERSION = 10  # onnxruntime-training 1.19 loads IR <= 10
 _ONNX_OPSET = 17
 
 
-def _single_node_model(
-    op_type: str, domain: str, inputs: Sequence[str], outputs: Sequence[str], config: BenchConfig
-) -> onnx.ModelProto:
-    """One LSTMTraining or LSTMGrad node in ``domain``; graph inputs and outputs named after the ports.
+_STASH = ("HAll", "CAll", "IOFC")
+_GRAD_INPUTS = ("X", "W", "R", "initial_h", "initial_c", "HAll", "CAll", "IOFC", "grad_HAll", "grad_Ht")
 
-    The node comes from ``ortlstm.ops.make_node`` (ports ordered by the spec) in both domains: the
-    ortlstm ops keep com.microsoft's port order, which is what makes them drop-in.
+
+def _stash_input(name: str) -> str:
+    """Graph input name of LSTMGrad's stash port ``name`` (LSTMTraining's output has the port name)."""
+    return f"stash_{name}" if name in _STASH else name
+
+
+def _training_pair_model(domain: str, forward_inputs: Sequence[str], config: BenchConfig) -> onnx.ModelProto:
+    """LSTMTraining and LSTMGrad of ``domain`` side by side in one graph, as in a training graph.
+
+    The two nodes are not connected: LSTMGrad reads the stash from graph inputs, so one run can
+    fetch the forward's outputs only and another the gradients only (with
+    ``only_execute_path_to_fetches``), both on the session's one thread pool. Nodes come from
+    ``ortlstm.ops.make_node`` (ports ordered by the spec) in both domains: the ortlstm ops keep
+    com.microsoft's port order, which is what makes them drop-in.
     """
     elem = onnx.TensorProto.FLOAT if config.dtype == "float32" else onnx.TensorProto.DOUBLE
-    node = ortlstm.ops.make_node(
-        op_type,
-        {name: name for name in inputs},
-        {name: name for name in outputs},
-        name=op_type,
-        hidden_size=config.hidden_size,
-        direction=config.direction,
+    attributes = {"hidden_size": config.hidden_size, "direction": config.direction}
+    forward = ortlstm.ops.make_node(
+        "LSTMTraining",
+        {name: name for name in forward_inputs},
+        {name: name for name in FORWARD_OUTPUTS},
+        name="LSTMTraining",
+        **attributes,
     )
-    node.domain = domain
+    backward = ortlstm.ops.make_node(
+        "LSTMGrad",
+        {name: _stash_input(name) for name in _GRAD_INPUTS},
+        {name: name for name in GRADIENT_OUTPUTS},
+        name="LSTMGrad",
+        **attributes,
+    )
+    forward.domain = backward.domain = domain
+    inputs = list(dict.fromkeys([*forward_inputs, *(_stash_input(name) for name in _GRAD_INPUTS)]))
     graph = onnx.helper.make_graph(
-        [node],
-        f"{domain}_{op_type}",
+        [forward, backward],
+        f"{domain}_training_pair",
         [onnx.helper.make_tensor_value_info(name, elem, None) for name in inputs],
-        [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs],
+        [onnx.helper.make_tensor_value_info(name, elem, None) for name in (*FORWARD_OUTPUTS, *GRADIENT_OUTPUTS)],
     )
     return onnx.helper.make_model(
         graph,
@@ -351,13 +411,11 @@ def _single_node_model(
 
 
 class OrtRunner(Runner):
-    """LSTMTraining + LSTMGrad of one domain, one InferenceSession per op.
+    """LSTMTraining + LSTMGrad of one domain in one InferenceSession (``_training_pair_model``).
 
-    Each session owns an intra-op thread pool. ``spinning`` is onnxruntime's
-    ``session.intra_op.allow_spinning`` (on by default in onnxruntime): idle pool threads spin for
-    a while before they sleep. With two sessions, the pool of the op that just ran may spin while
-    the other op runs, which a training graph (one session, one pool) does not see; turning
-    spinning off removes that, but also changes each op's own hand-offs between threads.
+    One session, hence one intra-op thread pool for both ops, as in a training graph. ``spinning``
+    is onnxruntime's ``session.intra_op.allow_spinning`` (on by default in onnxruntime): idle pool
+    threads spin for a while before they sleep.
 
     With ``feed="iobinding"`` inputs are bound as OrtValues over the numpy arrays and outputs are
     preallocated OrtValues, so a call times the kernel plus ORT's dispatch; the stash outputs of
@@ -391,29 +449,30 @@ class OrtRunner(Runner):
 
         forward_inputs = _lstm_inputs(config)
         gradient_inputs = _upstream_gradients(config)
-        grad_input_names = ("X", "W", "R", "initial_h", "initial_c", "HAll", "CAll", "IOFC", "grad_HAll", "grad_Ht")
+        self._run_options = ort.RunOptions()
+        self._run_options.only_execute_path_to_fetches = True
         try:
-            self._forward = ort.InferenceSession(
-                _single_node_model(
-                    "LSTMTraining", domain, list(forward_inputs), FORWARD_OUTPUTS, config
-                ).SerializeToString(),
+            self._session = ort.InferenceSession(
+                _training_pair_model(domain, list(forward_inputs), config).SerializeToString(),
                 options,
                 providers=["CPUExecutionProvider"],
             )
-            self._backward = ort.InferenceSession(
-                _single_node_model("LSTMGrad", domain, grad_input_names, GRADIENT_OUTPUTS, config).SerializeToString(),
-                options,
-                providers=["CPUExecutionProvider"],
+            # A placeholder stash for the first run; only LSTMTraining runs, so its values do not matter.
+            placeholder = {
+                _stash_input(name): np.zeros(shape, config.dtype)
+                for name, shape in zip(_STASH, _stash_shapes(config), strict=True)
+            }
+            first = self._session.run(
+                list(FORWARD_OUTPUTS), {**forward_inputs, **placeholder, **gradient_inputs}, self._run_options
             )
         except Exception as error:  # onnxruntime raises its own exception types
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise Unavailable(_short_ort_error(first_line)) from error
 
-        stash = dict(zip(FORWARD_OUTPUTS, self._forward.run(list(FORWARD_OUTPUTS), forward_inputs), strict=True))
-        self._forward_feeds = forward_inputs
-        self._backward_feeds = {
-            **{name: forward_inputs[name] for name in ("X", "W", "R", "initial_h", "initial_c")},
-            **{name: stash[name] for name in ("HAll", "CAll", "IOFC")},
+        stash = dict(zip(FORWARD_OUTPUTS, first, strict=True))
+        self._feeds = {
+            **forward_inputs,
+            **{_stash_input(name): stash[name] for name in _STASH},
             **gradient_inputs,
         }
         gradient_shapes = _gradient_shapes(config)
@@ -433,31 +492,32 @@ class OrtRunner(Runner):
                 return self._bound[-1]
 
             # Over the arrays of the first forward, so LSTMGrad sees a valid stash even before a
-            # timed forward has written into them.
-            stash_values = {name: value(stash[name]) for name in FORWARD_OUTPUTS}
-            self._forward_binding = self._forward.io_binding()
-            for name, array in forward_inputs.items():
-                self._forward_binding.bind_ortvalue_input(name, value(array))
+            # timed forward has written into them; the forward's outputs are the gradient's stash
+            # inputs, without a copy, as inside a training graph.
+            outputs = {name: value(stash[name]) for name in FORWARD_OUTPUTS}
+            inputs = {name: value(array) for name, array in self._feeds.items() if _stash_input(name) == name}
+            inputs.update({_stash_input(name): outputs[name] for name in _STASH})
+            self._forward_binding = self._session.io_binding()
+            self._backward_binding = self._session.io_binding()
+            for binding in (self._forward_binding, self._backward_binding):
+                for name, bound in inputs.items():
+                    binding.bind_ortvalue_input(name, bound)
             for name in FORWARD_OUTPUTS:
-                self._forward_binding.bind_ortvalue_output(name, stash_values[name])
-            self._backward_binding = self._backward.io_binding()
-            for name in grad_input_names:
-                bound = stash_values[name] if name in stash_values else value(self._backward_feeds[name])
-                self._backward_binding.bind_ortvalue_input(name, bound)
+                self._forward_binding.bind_ortvalue_output(name, outputs[name])
             for name, shape in zip(GRADIENT_OUTPUTS, gradient_shapes, strict=True):
                 self._backward_binding.bind_ortvalue_output(name, empty(shape))
 
     def _run_forward(self) -> None:
         if self._feed == "iobinding":
-            self._forward.run_with_iobinding(self._forward_binding)
+            self._session.run_with_iobinding(self._forward_binding, self._run_options)
         else:
-            self._forward.run(list(FORWARD_OUTPUTS), self._forward_feeds)
+            self._session.run(list(FORWARD_OUTPUTS), self._feeds, self._run_options)
 
     def _run_backward(self) -> None:
         if self._feed == "iobinding":
-            self._backward.run_with_iobinding(self._backward_binding)
+            self._session.run_with_iobinding(self._backward_binding, self._run_options)
         else:
-            self._backward.run(list(GRADIENT_OUTPUTS), self._backward_feeds)
+            self._session.run(list(GRADIENT_OUTPUTS), self._feeds, self._run_options)
 
     def iteration(self, phases: Phases) -> None:  # noqa: D102
         start = time.perf_counter()
@@ -472,6 +532,12 @@ class OrtRunner(Runner):
         self._run_backward()
         # Bound outputs exist before the call; numpy-fed outputs are allocated by it.
         return 0 if self._feed == "iobinding" else self.gradient_bytes
+
+
+def _stash_shapes(config: BenchConfig) -> list[tuple[int, ...]]:
+    """Shapes of HAll, CAll, IOFC (layout 0), as in docs/ops.md."""
+    t, n, h, d = config.seq_length, config.batch_size, config.hidden_size, config.num_directions
+    return [(t, d, n, h), (t, d, n, h), (t, d, n, 4 * h)]
 
 
 def _gradient_shapes(config: BenchConfig) -> list[tuple[int, ...]]:
@@ -885,7 +951,17 @@ def _git_revision() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-def environment_description(threads: int, blas: Blas) -> dict[str, str]:
+def _library_build(library: Path) -> str:
+    """The build line libortlstm_ops.so carries (kernels_cpp/register.cc), e.g. its BLAS."""
+    marker = b"ortlstm-build: "
+    data = library.read_bytes()
+    at = data.find(marker)
+    if at < 0:
+        return "unknown (no build line in the library)"
+    return data[at + len(marker) : data.index(b"\0", at)].decode(errors="replace")
+
+
+def environment_description(threads: int, sources: Sequence[GemmSource]) -> dict[str, str]:
     """Versions, thread settings and backends, for the report header."""
     info = {"python": platform.python_version(), "numpy": np.__version__}
     ort = _optional_module("onnxruntime")
@@ -895,7 +971,8 @@ def environment_description(threads: int, blas: Blas) -> dict[str, str]:
         built = datetime.datetime.fromtimestamp(library.stat().st_mtime, datetime.timezone.utc)
         info["ortlstm"] = (
             f"{importlib.metadata.version('ortlstm')}, git {_git_revision()}; {library.name} sha256 "
-            f"{hashlib.sha256(library.read_bytes()).hexdigest()[:12]}, built {built:%Y-%m-%d %H:%M} UTC"
+            f"{hashlib.sha256(library.read_bytes()).hexdigest()[:12]}, built {built:%Y-%m-%d %H:%M} UTC; "
+            f"{_library_build(library)}"
         )
     except (ImportError, FileNotFoundError) as error:
         info["ortlstm"] = f"unavailable: {error}"
@@ -911,7 +988,7 @@ def environment_description(threads: int, blas: Blas) -> dict[str, str]:
         + (f"torch.get_num_threads()={torch.get_num_threads()}; " if torch is not None else "")
         + f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
     )
-    info["GEMM rate"] = blas.source
+    info["GEMM rate"] = "best of " + "; ".join(source.name for source in sources)
     return info
 
 
@@ -943,7 +1020,7 @@ class Results:
     configs: list[BenchConfig]
     timings: dict[tuple[str, str], Timing | str]
     limit_ms: dict[str, dict[str, float]]
-    gemm_rows: list[tuple[str, str, float]]
+    gemm_rows: list[tuple[str, str, str, float]]
     best_rate: dict[str, float]
     memory: dict[tuple[str, str], dict[str, float] | str]
     environment: dict[str, str]
@@ -991,7 +1068,9 @@ class Results:
 
 def render_markdown(results: Results) -> str:
     """The report: setup, times, ratios, memory, targets, GEMM rates."""
-    gemm_rows = [[dtype, shape, f"{rate:.3g}"] for dtype, shape, rate in results.gemm_rows]
+    gemm_rows = [
+        [dtype, shape, source.split(",")[0], f"{rate:.3g}"] for dtype, shape, source, rate in results.gemm_rows
+    ]
     sections = [
         _setup_lines(results),
         ["### Time per call (median, ms)", "", *_time_lines(results)],
@@ -1001,7 +1080,11 @@ def render_markdown(results: Results) -> str:
         sections.append(["### Peak extra memory of one backward call (MiB)", "", *_memory_lines(results)])
     sections += [
         ["### Targets", "", *_target_lines(results)],
-        ["### GEMM rates measured in this run", "", *_table(["dtype", "M x N x K", "GFLOP/s"], gemm_rows, 2)],
+        [
+            "### GEMM rates measured in this run",
+            "",
+            *_table(["dtype", "M x N x K", "BLAS", "GFLOP/s"], gemm_rows, 3),
+        ],
     ]
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
 
@@ -1263,10 +1346,8 @@ def main() -> None:
         wait_until_idle(monitor, args.wait_idle, log)
     run_mark = monitor.mark()
     other_load: dict[str, float | None] = {}
-    blas = Blas(args.threads)
-    if "torch" in args.competitor_list and _optional_module("torch") is not None:
-        importlib.import_module("torch").set_num_threads(args.threads)
-    environment = environment_description(args.threads, blas)
+    sources = gemm_sources(args.threads)  # sets torch's thread count too
+    environment = environment_description(args.threads, sources)
     environment["ORT sessions"] = (
         f"feed {args.feed}, intra-op spinning {args.ort_spinning} (session.intra_op.allow_spinning)"
     )
@@ -1275,9 +1356,9 @@ def main() -> None:
         log(f"{key}: {value}")
 
     log("GEMM rates")
-    best_rate, gemm_rows = measure_gemm_rates(blas, args.config_list, args.quick)
-    for dtype, shape, rate in gemm_rows:
-        log(f"  {dtype} {shape:>20}: {rate:6.0f} GFLOP/s")
+    best_rate, gemm_rows = measure_gemm_rates(sources, args.config_list, args.quick)
+    for dtype, shape, source, rate in gemm_rows:
+        log(f"  {dtype} {shape:>20}: {rate:6.0f} GFLOP/s  {source.split(',')[0]}")
 
     timings: dict[tuple[str, str], Timing | str] = {}
     limit_ms: dict[str, dict[str, float]] = {}
@@ -1292,10 +1373,6 @@ def main() -> None:
                 runners[competitor] = make_runner(
                     competitor, config, args.threads, feed=args.feed, spinning=args.ort_spinning == "on"
                 )
-                if competitor == "ortlstm" and "OpenBLAS threads in ortlstm" not in environment:
-                    # libortlstm_ops.so may set its own count when it loads (1: it parallelizes over
-                    # ORT's intra-op pool and keeps BLAS single-threaded inside each task).
-                    environment["OpenBLAS threads in ortlstm"] = f"{blas.current_threads()} once the library is loaded"
             except Unavailable as reason:
                 timings[(competitor, config.name)] = str(reason)
                 log(f"    {competitor}: n/a ({reason})")
@@ -1358,7 +1435,7 @@ def _json_payload(results: Results) -> dict[str, Any]:
         "machine": results.machine,
         "environment": results.environment,
         "best_gemm_rate_gflops": {dtype: rate / 1e9 for dtype, rate in results.best_rate.items()},
-        "gemm": [{"dtype": d, "shape": s, "gflops": r} for d, s, r in results.gemm_rows],
+        "gemm": [{"dtype": d, "shape": s, "source": b, "gflops": r} for d, s, b, r in results.gemm_rows],
         "configs": [dataclasses.asdict(config) for config in results.configs],
         "limit_ms": results.limit_ms,
         "timings_s": {

@@ -14,7 +14,8 @@
 #
 # Without a packed GEMM (OpenBLAS, system) the kernels run the ordinary GEMM at every step.
 #
-# Sets ORTLSTM_BLAS_SITE_RELATIVE_LIBDIR: the BLAS library's directory relative to
+# Sets ORTLSTM_BLAS_DESCRIPTION (which BLAS, for the library's build line) and
+# ORTLSTM_BLAS_SITE_RELATIVE_LIBDIR: the BLAS library's directory relative to
 # site-packages when it comes from a wheel (used for the installed RUNPATH), else empty.
 
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
@@ -58,7 +59,8 @@ print(directory_of("mkl-static", "libmkl_core.a") + ";" + directory_of("mkl-incl
   list(GET _ortlstm_mkl 0 _ortlstm_mkl_libdir)
   list(GET _ortlstm_mkl 1 _ortlstm_mkl_includedir)
   list(GET _ortlstm_mkl 2 _ortlstm_mkl_version)
-  message(STATUS "BLAS: oneMKL ${_ortlstm_mkl_version}, static, sequential (${_ortlstm_mkl_libdir})")
+  set(ORTLSTM_BLAS_DESCRIPTION "oneMKL ${_ortlstm_mkl_version} (static, sequential)")
+  message(STATUS "BLAS: ${ORTLSTM_BLAS_DESCRIPTION} from ${_ortlstm_mkl_libdir}")
   find_package(Threads REQUIRED)
   # The three libraries refer to each other: one link group. Sequential threading layer: threads
   # come from ORT's pool only. The version script keeps MKL's symbols out of the exports, so this
@@ -94,7 +96,8 @@ elseif(ORTLSTM_BLAS STREQUAL "scipy-openblas32")
   set(OpenBLAS_DIR "${_ortlstm_openblas_libdir}/cmake/openblas" CACHE PATH
       "OpenBLAS CMake config of the scipy-openblas32 wheel" FORCE)
   find_package(OpenBLAS CONFIG REQUIRED)
-  message(STATUS "BLAS: scipy-openblas32 ${OpenBLAS_VERSION} (${_ortlstm_openblas_libdir})")
+  set(ORTLSTM_BLAS_DESCRIPTION "scipy-openblas32 ${OpenBLAS_VERSION} (shared)")
+  message(STATUS "BLAS: ${ORTLSTM_BLAS_DESCRIPTION} from ${_ortlstm_openblas_libdir}")
   target_link_libraries(ortlstm_blas INTERFACE OpenBLAS::OpenBLAS)
   target_compile_definitions(ortlstm_blas INTERFACE ORTLSTM_BLAS_PREFIX_SCIPY=1)
 
@@ -118,6 +121,7 @@ elseif(ORTLSTM_BLAS STREQUAL "system")
     message(FATAL_ERROR "ORTLSTM_BLAS=system: ${BLAS_LIBRARIES} does not provide cblas_sgemm "
                         "(try another BLA_VENDOR, e.g. -DBLA_VENDOR=OpenBLAS)")
   endif()
+  set(ORTLSTM_BLAS_DESCRIPTION "system (${BLAS_LIBRARIES})")
   message(STATUS "BLAS: system (${BLAS_LIBRARIES}; cblas.h in ${ORTLSTM_CBLAS_INCLUDE_DIR})")
   target_link_libraries(ortlstm_blas INTERFACE BLAS::BLAS)
   target_include_directories(ortlstm_blas SYSTEM INTERFACE "${ORTLSTM_CBLAS_INCLUDE_DIR}")

@@ -7,6 +7,15 @@
 #include "ort/lstm_ops.h"
 #include "ort/ort_util.h"
 
+#ifndef ORTLSTM_BUILD_BLAS
+#define ORTLSTM_BUILD_BLAS "unknown"
+#endif
+
+// How the library was built, as a string in its data that tools can find without loading it
+// (benchmarks/bench_lstm.py; `strings libortlstm_ops.so | grep ortlstm-build`).
+extern "C" __attribute__((used, visibility("hidden"))) const char ortlstm_build_line[] =
+    "ortlstm-build: BLAS " ORTLSTM_BUILD_BLAS;
+
 namespace {
 
 // "1.19.2" -> 19 (ORT's C API version equals its minor release number); -1 if unparsable.
