@@ -1,9 +1,10 @@
 // LSTM backward for LSTMGrad, from the stashed HAll, CAll and activated gates (no forward re-run).
 // The reverse time loop holds only the recurrence, two rounds of executor tasks per step: a
 // pointwise pass over blocks of hidden units turns dH_t, dC_t into the pre-activation gradients
-// of step t, then one GEMM per block of hidden units carries dH back through R. dX, dW and dR are
-// whole-sequence GEMMs after the loop, dB a column sum and dP a reduction, each over fixed blocks
-// so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
+// of step t (and adds them to dB: a block owns its columns at every step), then one GEMM per block
+// of hidden units carries dH back through R. dX, dW and dR are whole-sequence GEMMs after the
+// loop and dP a reduction, each over fixed blocks so the result does not depend on scheduling.
+// Layouts: lstm/lstm_dims.h.
 #include <algorithm>
 #include <memory>
 #include <type_traits>
@@ -27,14 +28,17 @@ struct BackwardScratch {
   Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
   Scratch<T> temporaries;  // [blocks, kTemporaries, H]
   Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
+  Scratch<T> grad_bias;    // [4H] column sums of dpre, accumulated by the block owning each column
   BackwardScratch(const LstmDims& dims, int64_t blocks, const ScratchAllocator& allocator)
       : grad_gates(allocator, dims.Rows() * dims.GateWidth()),
         hidden_prev(allocator, dims.Rows() * dims.hidden_size),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
         temporaries(allocator, blocks * kTemporaries * dims.hidden_size),
-        zeros(allocator, dims.hidden_size) {
+        zeros(allocator, dims.hidden_size),
+        grad_bias(allocator, dims.GateWidth()) {
     std::fill_n(zeros.get(), dims.hidden_size, T(0));
+    std::fill_n(grad_bias.get(), dims.GateWidth(), T(0));
   }
 };
 
@@ -63,7 +67,8 @@ class BackwardDirection {
 
   const T* GradGates() const { return scratch_.grad_gates.get(); }
 
-  // The reverse time loop; leaves dL/d(pre-activations) of every step in grad_gates.
+  // The reverse time loop; leaves dL/d(pre-activations) of every step in grad_gates and their
+  // column sums in grad_bias.
   void Recurrence(const Executor& executor) {
     const int64_t hidden = hidden_size_;
     T* gh = scratch_.grad_h.get();
@@ -102,8 +107,7 @@ class BackwardDirection {
       const T* step_grad = scratch_.grad_gates.get() + dims_.XRow(t, 0) * width_;
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
         const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
-        if (units.end == units.begin) return;
-        recurrent[k].Multiply(step_grad, step_ld, T(1), gh + units.begin, hidden);
+        if (units.end > units.begin) recurrent[k].Multiply(step_grad, step_ld, T(1), gh + units.begin, hidden);
       });
     }
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
@@ -129,19 +133,11 @@ class BackwardDirection {
       ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad_gates, width_, scratch_.hidden_prev.get(),
                    hidden, T(0), io_.dR + d_ * width_ * hidden, hidden);
     }
-    // dB [8H] = column sums of dpre, written to both the Wb and the Rb half.
+    // dB [8H]: the column sums of dpre, to both the Wb and the Rb half.
     if (io_.dB) {
       T* dB = io_.dB + d_ * 2 * width_;
-      const int64_t parts = std::min<int64_t>(executor.Width(), width_);
-      executor.For(static_cast<size_t>(parts), [&](size_t k) {
-        const Range columns = SplitRange(width_, parts, static_cast<int64_t>(k));
-        std::fill(dB + columns.begin, dB + columns.end, T(0));
-        for (int64_t r = 0; r < rows; ++r) {
-          const T* row = grad_gates + r * width_;
-          for (int64_t j = columns.begin; j < columns.end; ++j) dB[j] += row[j];
-        }
-        std::copy(dB + columns.begin, dB + columns.end, dB + width_ + columns.begin);
-      });
+      std::copy_n(scratch_.grad_bias.get(), width_, dB);
+      std::copy_n(scratch_.grad_bias.get(), width_, dB + width_);
     }
     // dPi = sum dpre_i . Ct-1,  dPo = sum dpre_o . Ct,  dPf = sum dpre_f . Ct-1  (over t, b).
     if (io_.dP) {
@@ -282,6 +278,16 @@ class BackwardDirection {
         const T* pi = P_ + units.begin;
         const T* pf = P_ + 2 * hidden + units.begin;
         for (int64_t j = 0; j < count; ++j) grad_c[j] += dpre_i[j] * pi[j] + dpre_f[j] * pf[j];
+      }
+    }
+    // dB: this block owns these columns at every step, so it sums them without a second pass.
+    T* grad_bias = scratch_.grad_bias.get();
+    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+      if (t >= Length(b)) continue;
+      const T* dpre = scratch_.grad_gates.get() + dims_.XRow(t, b) * width_;
+      for (int64_t g = 0; g < 4; ++g) {
+        const int64_t first = g * hidden + units.begin;
+        for (int64_t j = first; j < first + count; ++j) grad_bias[j] += dpre[j];
       }
     }
   }
