@@ -1,10 +1,10 @@
 // LSTM backward for LSTMGrad, from the stashed HAll, CAll and activated gates (no forward re-run).
-// The reverse time loop holds only the recurrence, two rounds of executor tasks per step: a
-// pointwise pass over blocks of hidden units turns dH_t, dC_t into the pre-activation gradients
-// of step t (and adds them to dB: a block owns its columns at every step), then one GEMM per block
-// of hidden units carries dH back through R. dX, dW and dR are whole-sequence GEMMs after the
-// loop and dP a reduction, each over fixed blocks so the result does not depend on scheduling.
-// Layouts: lstm/lstm_dims.h.
+// The reverse time loop holds only the recurrence, one round of executor tasks per step, one task
+// per block of hidden units: a GEMM carries the later step's dH back through the block's columns
+// of R, then a pointwise pass turns dH_t, dC_t into the block's pre-activation gradients of step t
+// (and adds them to dB: a block owns its columns at every step). dX, dW and dR are
+// whole-sequence GEMMs after the loop and dP a reduction, each over fixed blocks so the result
+// does not depend on scheduling. Layouts: lstm/lstm_dims.h.
 #include <algorithm>
 #include <memory>
 #include <type_traits>
@@ -90,25 +90,29 @@ class BackwardDirection {
     }
     const T* R = io_.R + d_ * width_ * hidden;
     const int64_t step_ld = dims_.BatchStride() * width_;
-    // Each block's columns of R, packed once for the N x (j1-j0) x 4H GEMM of every step.
+    // One round of tasks per step, one task per block of hidden units [j0, j1): first
+    //   dH_t[:, j0:j1] += dpre_{t+1} [N, 4H] * R[:, j0:j1] [4H, j1-j0]  (M = N, N = j1-j0, K = 4H),
+    // which needs every block's dpre_{t+1} (the previous round), then the block's pointwise pass
+    // of step t, which needs only these columns of dH_t. The first round packs the block's columns
+    // of R instead (once per call); a last round carries the first step's dpre into dH0.
     std::vector<PackedGemmB<T>> recurrent(static_cast<size_t>(blocks_));
-    executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-      const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
-      if (units.end > units.begin) {
-        recurrent[k] = PackedGemmB<T>(false, dims_.batch_size, units.end - units.begin, width_, R + units.begin, hidden);
-      }
-    });
-    for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
+    const T* later_grad = nullptr;  // dpre of the step the previous round processed
+    const int64_t last_round = io_.dH0 ? -1 : 0;
+    for (int64_t s = dims_.seq_length - 1; s >= last_round; --s) {
       const int64_t t = reverse_ ? dims_.seq_length - 1 - s : s;
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-        Pointwise(t, SplitRange(hidden, blocks_, static_cast<int64_t>(k)), static_cast<int64_t>(k));
-      });
-      // dH_{t-1}[:, j0:j1] += dpre_t [N, 4H] * R[:, j0:j1] [4H, j1-j0]: M = N, N = j1-j0, K = 4H.
-      const T* step_grad = scratch_.grad_gates.get() + dims_.XRow(t, 0) * width_;
-      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
         const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
-        if (units.end > units.begin) recurrent[k].Multiply(step_grad, step_ld, T(1), gh + units.begin, hidden);
+        if (units.end > units.begin) {
+          if (later_grad == nullptr) {
+            recurrent[k] =
+                PackedGemmB<T>(false, dims_.batch_size, units.end - units.begin, width_, R + units.begin, hidden);
+          } else {
+            recurrent[k].Multiply(later_grad, step_ld, T(1), gh + units.begin, hidden);
+          }
+        }
+        if (s >= 0) Pointwise(t, units, static_cast<int64_t>(k));
       });
+      if (s >= 0) later_grad = scratch_.grad_gates.get() + dims_.XRow(t, 0) * width_;
     }
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t state = dims_.StateRow(d_, b) * hidden;
