@@ -23,15 +23,16 @@ constexpr int kTemporaries = 5;
 template <typename T>
 struct BackwardScratch {
   Scratch<T> grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
-  Scratch<T> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive
+  Scratch<T> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive;
+                           // not needed when HAll can stand in for it (BackwardDirection)
   Scratch<T> grad_h;       // [N, H] dL/dH flowing into the step being processed
   Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
   Scratch<T> temporaries;  // [blocks, kTemporaries, H]
   Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
   Scratch<T> grad_bias;    // [4H] column sums of dpre, accumulated by the block owning each column
-  BackwardScratch(const LstmDims& dims, int64_t blocks, const ScratchAllocator& allocator)
+  BackwardScratch(const LstmDims& dims, int64_t blocks, bool with_hidden_prev, const ScratchAllocator& allocator)
       : grad_gates(allocator, dims.Rows() * dims.GateWidth()),
-        hidden_prev(allocator, dims.Rows() * dims.hidden_size),
+        hidden_prev(allocator, with_hidden_prev ? dims.Rows() * dims.hidden_size : 0),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
         temporaries(allocator, blocks * kTemporaries * dims.hidden_size),
@@ -63,7 +64,8 @@ class BackwardDirection {
                        config.activations[d].g.kind == ActivationKind::kTanh &&
                        config.activations[d].h.kind == ActivationKind::kTanh && !config.clip.has_value() &&
                        P_ == nullptr && !config.input_forget),
-        scratch_(dims, blocks, allocator) {}
+        hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
+        scratch_(dims, blocks, !hidden_from_hall_, allocator) {}
 
   const T* GradGates() const { return scratch_.grad_gates.get(); }
 
@@ -133,9 +135,25 @@ class BackwardDirection {
                    dims_.input_size, T(0), io_.dW + d_ * width_ * dims_.input_size, dims_.input_size);
     }
     // dR [4H, H] = dpre^T [4H, T*N] * H_prev [T*N, H]: M = 4H, N = H, K = T*N, A transposed.
-    if (io_.dR) {
+    if (io_.dR && !hidden_from_hall_) {
       ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad_gates, width_, scratch_.hidden_prev.get(),
                    hidden, T(0), io_.dR + d_ * width_ * hidden, hidden);
+    } else if (io_.dR) {
+      // H_prev of every step but the first processed is HAll of the step processed before it, one
+      // step of rows away (HAll [T, 1, N, H] has X's row order here): one GEMM over those rows,
+      // plus initial_h's share for the first step.
+      const int64_t batch = dims_.batch_size;
+      const int64_t later = rows - batch;  // rows of the steps that have a previous step
+      const T* grad_later = grad_gates + (reverse_ ? 0 : batch * width_);
+      const T* hidden_before = io_.HAll + (reverse_ ? batch * hidden : 0);
+      T* dR = io_.dR + d_ * width_ * hidden;
+      ParallelGemm(executor, true, false, width_, hidden, later, T(1), grad_later, width_, hidden_before, hidden, T(0),
+                   dR, hidden);
+      if (io_.initial_h && rows > 0) {
+        const T* grad_first = grad_gates + (reverse_ ? later * width_ : 0);
+        ParallelGemm(executor, true, false, width_, hidden, batch, T(1), grad_first, width_, io_.initial_h, hidden,
+                     T(1), dR, hidden);
+      }
     }
     // dB [8H]: the column sums of dpre, to both the Wb and the Rb half.
     if (io_.dB) {
@@ -202,21 +220,23 @@ class BackwardDirection {
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t x_row = dims_.XRow(t, b);
       T* dpre = scratch_.grad_gates.get() + x_row * width_;
-      T* h_prev = scratch_.hidden_prev.get() + x_row * hidden + units.begin;
+      T* h_prev = hidden_from_hall_ ? nullptr : scratch_.hidden_prev.get() + x_row * hidden + units.begin;
       if (t >= Length(b)) {
         for (int64_t g = 0; g < 4; ++g) std::fill_n(dpre + g * hidden + units.begin, count, T(0));
-        std::fill_n(h_prev, count, T(0));
+        if (h_prev) std::fill_n(h_prev, count, T(0));
         continue;
       }
       const int64_t seq_row = dims_.SeqRow(t, d_, b);
       const int64_t prev = PreviousStep(t, b);
       const int64_t state = dims_.StateRow(d_, b) * hidden;
-      if (prev >= 0) {
-        std::copy_n(io_.HAll + dims_.SeqRow(prev, d_, b) * hidden + units.begin, count, h_prev);
-      } else if (io_.initial_h) {
-        std::copy_n(io_.initial_h + state + units.begin, count, h_prev);
-      } else {
-        std::fill_n(h_prev, count, T(0));
+      if (h_prev) {  // else dR reads HAll directly (WeightGradients)
+        if (prev >= 0) {
+          std::copy_n(io_.HAll + dims_.SeqRow(prev, d_, b) * hidden + units.begin, count, h_prev);
+        } else if (io_.initial_h) {
+          std::copy_n(io_.initial_h + state + units.begin, count, h_prev);
+        } else {
+          std::fill_n(h_prev, count, T(0));
+        }
       }
       const T* cp = PreviousCell(t, b) + units.begin;
       const T* cell = io_.CAll + seq_row * hidden + units.begin;
@@ -310,6 +330,9 @@ class BackwardDirection {
   const Activation h_act_;
   // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellBackward.
   const bool standard_cell_;
+  // One direction, layout 0, every sequence full: the rows of H_{t-1} are HAll's rows one step
+  // away, so dR reads HAll and initial_h instead of a copy (hidden_prev).
+  const bool hidden_from_hall_;
   BackwardScratch<T> scratch_;
 };
 
