@@ -41,14 +41,19 @@ MEDIUM_CONFIG = LstmConfig(
     clip=1.3,
     layout=1,
 )
-# One direction with enough recurrent work per step (batch_size*4*hidden_size*hidden_size >= 2**18
-# multiply-adds) that the kernels cut each step into blocks of hidden units run as parallel tasks,
-# with block-major reordered weights; hidden_size 47 splits unevenly. (Small configs run in one
-# block, and a bidirectional LSTM runs its directions as the parallel tasks instead.)
+# Enough recurrent work per step (batch_size*4*hidden_size*hidden_size >= 2**17 multiply-adds)
+# that the kernels cut each step into blocks of hidden units run as parallel tasks, with
+# block-major reordered weights; hidden_size 47 splits unevenly. (Small configs run in one block,
+# and there a bidirectional LSTM runs its two directions as the parallel tasks instead.) The last
+# two take the fused default-cell path (float32) with several blocks: bidirectional, where LSTMGrad
+# runs the directions one after the other, and reverse with layout 0 and full sequences, where dR
+# reads H_{t-1} from HAll.
 BLOCKED_CONFIGS = (
     LstmConfig(4, 32, 7, 47, "forward", peephole=True, initial_h=True, initial_c=True, clip=3.0,
                sequence_lens=(4, 0, 2, *([3] * 29))),
     LstmConfig(3, 32, 5, 47, "reverse", initial_c=True, input_forget=1, layout=1),
+    LstmConfig(3, 32, 6, 47, "bidirectional", initial_h=True, initial_c=True),
+    LstmConfig(4, 32, 5, 47, "reverse", initial_h=True),
 )
 LARGE_CONFIG = LstmConfig(
     24, 48, 96, 64, "bidirectional", peephole=True, initial_h=True, initial_c=True, clip=2.0, layout=1
