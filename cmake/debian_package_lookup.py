@@ -45,14 +45,16 @@ def find_in_suite(mirror: str, suite: str, component: str, arch: str, package: s
     """
     url = f"{mirror}/dists/{suite}/{component}/binary-{arch}/Packages.xz"
     # Stream-decompress: the index is ~10 MB compressed, ~60 MB of text.
-    with urllib.request.urlopen(url, timeout=120) as response:
-        with io.TextIOWrapper(lzma.open(response), encoding="utf-8", errors="replace") as text:
-            for fields in _stanzas(text):
-                if fields.get("Package") == package:
-                    missing = [name for name in _WANTED_FIELDS if name not in fields]
-                    if missing:
-                        raise OSError(f"{url}: entry for {package} lacks {', '.join(missing)}")
-                    return fields
+    with (
+        urllib.request.urlopen(url, timeout=120) as response,
+        io.TextIOWrapper(lzma.open(response), encoding="utf-8", errors="replace") as text,
+    ):
+        for fields in _stanzas(text):
+            if fields.get("Package") == package:
+                missing = [name for name in _WANTED_FIELDS if name not in fields]
+                if missing:
+                    raise OSError(f"{url}: entry for {package} lacks {', '.join(missing)}")
+                return fields
     return None
 
 

@@ -280,5 +280,3 @@ def sample_inputs(config: LstmConfig, rng: np.random.Generator) -> dict[str, np.
         if distance_to_kinks(config, inputs) > KINK_MARGIN:
             return inputs
     raise AssertionError(f"{context(config, rng)}: no inputs clear of kinks in {MAX_SAMPLING_ATTEMPTS} draws")
-
-

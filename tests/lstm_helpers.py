@@ -49,8 +49,18 @@ MEDIUM_CONFIG = LstmConfig(
 # runs the directions one after the other, and reverse with layout 0 and full sequences, where dR
 # reads H_{t-1} from HAll.
 BLOCKED_CONFIGS = (
-    LstmConfig(4, 32, 7, 47, "forward", peephole=True, initial_h=True, initial_c=True, clip=3.0,
-               sequence_lens=(4, 0, 2, *([3] * 29))),
+    LstmConfig(
+        4,
+        32,
+        7,
+        47,
+        "forward",
+        peephole=True,
+        initial_h=True,
+        initial_c=True,
+        clip=3.0,
+        sequence_lens=(4, 0, 2, *([3] * 29)),
+    ),
     LstmConfig(3, 32, 5, 47, "reverse", initial_c=True, input_forget=1, layout=1),
     LstmConfig(3, 32, 6, 47, "bidirectional", initial_h=True, initial_c=True),
     LstmConfig(4, 32, 5, 47, "reverse", initial_h=True),
@@ -205,7 +215,9 @@ def linear_variant(config: LstmConfig) -> LstmConfig:
 FINITE_DIFFERENCE_STEP = 1e-5
 
 
-def central_difference(loss: Callable[[], float], value: np.ndarray, step: float = FINITE_DIFFERENCE_STEP) -> np.ndarray:
+def central_difference(
+    loss: Callable[[], float], value: np.ndarray, step: float = FINITE_DIFFERENCE_STEP
+) -> np.ndarray:
     """Numerical gradient of ``loss`` w.r.t. ``value``, perturbed in place one element at a time."""
     gradient = np.zeros_like(value)
     for index in np.ndindex(value.shape):

@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
-
 import ortlstm.ops
+from onnx import TensorProto, helper
 from ortlstm.ops import schema
 
 IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
@@ -60,9 +59,13 @@ def make_model(
 
 
 @functools.lru_cache(maxsize=512)
-def _cached_session(op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...], dtype: str, attrs: str) -> ort.InferenceSession:
+def _cached_session(
+    op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...], dtype: str, attrs: str
+) -> ort.InferenceSession:
     model = make_model(op_type, inputs, outputs, np.dtype(dtype), json.loads(attrs))
-    return ort.InferenceSession(model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
 
 
 def session(

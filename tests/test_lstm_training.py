@@ -12,7 +12,16 @@ import numpy as np
 import op_runner
 import pytest
 from configs import CONFIGS, LstmConfig, config_by_id, config_id, context, draw_inputs, sample_inputs
-from lstm_helpers import BLOCKED_CONFIGS, LARGE_CONFIG, MEDIUM_CONFIG, OrtLstm, assert_close, linear_variant, oracle_attributes, slow
+from lstm_helpers import (
+    BLOCKED_CONFIGS,
+    LARGE_CONFIG,
+    MEDIUM_CONFIG,
+    OrtLstm,
+    assert_close,
+    linear_variant,
+    oracle_attributes,
+    slow,
+)
 from reference.lstm_ref import lstm_forward
 
 OP = "LSTMTraining"

@@ -208,7 +208,8 @@ def test_reference_empty_inputs(seq_length: int, batch_size: int, layout: int, r
     assert outputs["HAll"].shape == outputs["CAll"].shape == y_shape
     assert outputs["IOFC"].shape == (*y_shape[:-1], 8)
     assert outputs["Ht"].shape == outputs["Ct"].shape == state_shape
-    assert not np.any(outputs["Ht"]) and not np.any(outputs["Ct"])
+    assert not np.any(outputs["Ht"])
+    assert not np.any(outputs["Ct"])
     gradients = lstm_backward(**inputs, **config.attributes(), grad_Ht=np.ones(state_shape))
     assert gradients["dX"].shape == inputs["X"].shape
     assert all(not np.any(value) for value in gradients.values())
@@ -291,10 +292,14 @@ def test_onnxruntime_lstm_accepts_batch_size_zero(tmp_path: pathlib.Path) -> Non
 def test_onnxruntime_lstm_sequence_length_zero_gives_zero_state(rng: np.random.Generator) -> None:
     inputs = _small_inputs(rng) | {"sequence_lens": np.array([0, 3])}
     Y, Y_h, Y_c = _run_onnxruntime(inputs, {"hidden_size": 2})
-    assert np.all(inputs["initial_h"][:, 0] != 0) and np.all(inputs["initial_c"][:, 0] != 0)
-    assert not np.any(Y[:, :, 0]) and not np.any(Y_h[:, 0]) and not np.any(Y_c[:, 0])
+    assert np.all(inputs["initial_h"][:, 0] != 0)
+    assert np.all(inputs["initial_c"][:, 0] != 0)
+    assert not np.any(Y[:, :, 0])
+    assert not np.any(Y_h[:, 0])
+    assert not np.any(Y_c[:, 0])
     expected = lstm_forward(**inputs, hidden_size=2)
-    assert not np.any(expected["Ht"][:, 0]) and not np.any(expected["Ct"][:, 0])
+    assert not np.any(expected["Ht"][:, 0])
+    assert not np.any(expected["Ct"][:, 0])
 
 
 def test_onnxruntime_lstm_does_not_clip_the_cell_state(rng: np.random.Generator) -> None:
@@ -321,7 +326,8 @@ def test_onnxruntime_lstm_input_forget_ignores_forget_gate_parameters(rng: np.ra
     for before, after in zip(_run_onnxruntime(inputs, attributes), _run_onnxruntime(changed, attributes), strict=True):
         np.testing.assert_array_equal(before, after)
     gradients = lstm_backward(**inputs, **attributes, grad_HAll=np.ones((3, 1, 2, 2)))
-    assert not np.any(gradients["dW"][:, f_rows]) and not np.any(gradients["dP"][:, 4:6])
+    assert not np.any(gradients["dW"][:, f_rows])
+    assert not np.any(gradients["dP"][:, 4:6])
 
 
 @pytest.mark.parametrize(

@@ -191,7 +191,7 @@ def test_onnxscript_script_builds_node_in_domain() -> None:
     ortlstm = onnx_defs.opset()
 
     @onnxscript.script(default_opset=onnxscript.opset17)
-    def forward(x: FLOAT[5, 3, 7], w: FLOAT[1, 16, 7], r: FLOAT[1, 16, 4]):  # noqa: ANN202
+    def forward(x: FLOAT[5, 3, 7], w: FLOAT[1, 16, 7], r: FLOAT[1, 16, 4]):
         all_hidden, _last_hidden, _last_cell, _all_cells, _gates = ortlstm.LSTMTraining(x, w, r, hidden_size=4)
         return all_hidden
 
