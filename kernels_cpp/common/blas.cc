@@ -23,6 +23,7 @@ namespace {
 
 template <typename T>
 bool ScaleOnly(int64_t m, int64_t n, int64_t k, T beta, T* c, int64_t ldc) {
+  assert(m >= 0 && n >= 0 && k >= 0);
   if (m == 0 || n == 0) return true;
   if (k != 0) return false;
   for (int64_t i = 0; i < m; ++i) {
@@ -35,7 +36,7 @@ CBLAS_TRANSPOSE Trans(bool t) { return t ? CblasTrans : CblasNoTrans; }
 
 // CBLAS takes int dimensions; the adapter's shape checks keep every dimension within range.
 int Int(int64_t value) {
-  assert(value <= INT_MAX);
+  assert(value >= 0 && value <= INT_MAX);
   return static_cast<int>(value);
 }
 

@@ -137,7 +137,7 @@ class BackwardDirection {
       // step of rows away (HAll [T, 1, N, H] has X's row order here): one GEMM over those rows,
       // plus initial_h's share for the first step.
       const int64_t batch = dims_.batch_size;
-      const int64_t later = rows - batch;  // rows of the steps that have a previous step
+      const int64_t later = std::max<int64_t>(rows - batch, 0);  // rows of steps with a previous step
       const T* grad_later = grad_gates + (reverse_ ? 0 : batch * width_);
       const T* hidden_before = io_.HAll + (reverse_ ? batch * hidden : 0);
       T* dR = io_.dR + d_ * width_ * hidden;
