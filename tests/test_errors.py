@@ -821,8 +821,8 @@ _OOM_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import op_runner
 
-    for case, (op, outputs, shapes, warm_up_shapes, hidden_size) in json.loads({cases!r}).items():
-        session = op_runner.session(op, list(shapes), outputs, np.float32, {{"hidden_size": hidden_size}})
+    for case, (op, outputs, shapes, warm_up_shapes, attributes) in json.loads({cases!r}).items():
+        session = op_runner.session(op, list(shapes), outputs, np.float32, attributes)
         # Warm-up at a small size: BLAS buffers and the arena are set up before the cap.
         session.run(outputs, {{name: np.ones(shape, np.float32) for name, shape in warm_up_shapes.items()}})
         feeds = {{name: np.zeros(shape, np.float32) for name, shape in shapes.items()}}
@@ -847,35 +847,40 @@ _OOM_CASES = {
         "LSTMTraining",
         ["Ht"],
         {"X": (2**20, 64, 0), "W": (1, 16, 0), "R": (1, 16, _OOM_HIDDEN_SIZE)},
+        0,
     ),
     # HAll (1 GiB) is the first allocation: onnxruntime's message, prefixed with the output's name.
     "training_output": (
         "LSTMTraining",
         ["HAll"],
         {"X": (2**20, 64, 0), "W": (1, 16, 0), "R": (1, 16, _OOM_HIDDEN_SIZE)},
+        0,
     ),
     # The stash (6 x 128 MiB) fits under the cap; the gate-gradient scratch (5 x 128 MiB) does not.
+    # layout=1 keeps the whole sequence's gate gradients (with layout 0 LSTMGrad holds them for a
+    # window of steps at a time, a few KiB here).
     "grad_scratch": (
         "LSTMGrad",
         ["dB"],
         {
-            "X": (2**17, 64, 0),
+            "X": (64, 2**17, 0),
             "W": (1, 16, 0),
             "R": (1, 16, _OOM_HIDDEN_SIZE),
-            "HAll": (2**17, 1, 64, _OOM_HIDDEN_SIZE),
-            "CAll": (2**17, 1, 64, _OOM_HIDDEN_SIZE),
-            "IOFC": (2**17, 1, 64, 4 * _OOM_HIDDEN_SIZE),
+            "HAll": (64, 2**17, 1, _OOM_HIDDEN_SIZE),
+            "CAll": (64, 2**17, 1, _OOM_HIDDEN_SIZE),
+            "IOFC": (64, 2**17, 1, 4 * _OOM_HIDDEN_SIZE),
         },
+        1,
     ),
 }
 
 
-def _warm_up_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The same shape with seq_length and batch_size 1 (layout 0)."""
+def _warm_up_shape(name: str, shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
+    """The same shape with seq_length and batch_size 1."""
     if name == "X":
         return (1, 1, *shape[2:])
     if len(shape) == 4:
-        return (1, shape[1], 1, shape[3])
+        return (1, shape[1], 1, shape[3]) if layout == 0 else (1, 1, shape[2], shape[3])
     return shape
 
 
@@ -890,10 +895,10 @@ def out_of_memory_messages() -> dict[str, str]:
             op,
             outputs,
             shapes,
-            {name: _warm_up_shape(name, shape) for name, shape in shapes.items()},
-            _OOM_HIDDEN_SIZE,
+            {name: _warm_up_shape(name, shape, layout) for name, shape in shapes.items()},
+            {"hidden_size": _OOM_HIDDEN_SIZE, "layout": layout},
         )
-        for case, (op, outputs, shapes) in _OOM_CASES.items()
+        for case, (op, outputs, shapes, layout) in _OOM_CASES.items()
     }
     script = _OOM_SCRIPT.format(tests=str(Path(__file__).parent), cases=json.dumps(cases))
     # cwd outside the checkout: from its root, `import ortlstm` would find the source folder, not the install.

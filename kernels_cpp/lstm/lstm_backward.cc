@@ -18,19 +18,23 @@ namespace {
 // Per-block temporaries of the pointwise pass, one row of hidden units each.
 constexpr int kTemporaries = 5;
 
+// Gate gradients are kept for a window of `chunk` steps at a time (BackwardDirection): two
+// windows, the one being filled and the one before it, whose last step the next GEMM still reads.
+// With a single window (chunk = seq_length) the rows are in X's row order.
 template <typename T>
 struct BackwardScratch {
-  Scratch<T> grad_gates;   // [T*N, 4H] X row order: dL/d(pre-activation) of i, o, f, c
-  Scratch<T> hidden_prev;  // [T*N, H]  X row order: H_{t-1} as step t saw it, 0 if inactive;
+  Scratch<T> grad_gates;   // [windows, chunk*N, 4H]: dL/d(pre-activation) of i, o, f, c
+  Scratch<T> hidden_prev;  // [windows, chunk*N, H]: H_{t-1} as step t saw it, 0 if inactive;
                            // not needed when HAll can stand in for it (BackwardDirection)
   Scratch<T> grad_h;       // [N, H] dL/dH flowing into the step being processed
   Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
   Scratch<T> temporaries;  // [blocks, kTemporaries, H]
   Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
   Scratch<T> grad_bias;    // [4H] column sums of dpre, accumulated by the block owning each column
-  BackwardScratch(const LstmDims& dims, int64_t blocks, bool with_hidden_prev, const ScratchAllocator& allocator)
-      : grad_gates(allocator, dims.Rows() * dims.GateWidth()),
-        hidden_prev(allocator, with_hidden_prev ? dims.Rows() * dims.hidden_size : 0),
+  BackwardScratch(const LstmDims& dims, int64_t blocks, int64_t window_rows, int64_t windows, bool with_hidden_prev,
+                  const ScratchAllocator& allocator)
+      : grad_gates(allocator, windows * window_rows * dims.GateWidth()),
+        hidden_prev(allocator, with_hidden_prev ? windows * window_rows * dims.hidden_size : 0),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
         temporaries(allocator, blocks * kTemporaries * dims.hidden_size),
@@ -44,8 +48,9 @@ struct BackwardScratch {
 template <typename T>
 class BackwardDirection {
  public:
+  // `chunk`: steps per window of gate gradients (ChunkSteps), seq_length for one window.
   BackwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& io, int64_t d,
-                    int64_t blocks, const ScratchAllocator& allocator)
+                    int64_t blocks, int64_t chunk, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
@@ -63,13 +68,29 @@ class BackwardDirection {
                        config.activations[d].h.kind == ActivationKind::kTanh && !config.clip.has_value() &&
                        P_ == nullptr && !config.input_forget),
         hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
-        scratch_(dims, blocks, !hidden_from_hall_, allocator) {}
+        chunk_(std::max<int64_t>(chunk, 1)),
+        windows_(chunk_ < dims.seq_length ? 2 : 1),
+        scratch_(dims, blocks, chunk_ * dims.batch_size, windows_, !hidden_from_hall_, allocator) {}
 
+  // Steps per window: enough rows (N per step) for the weight-gradient GEMMs of a window to run at
+  // full speed, 512, and a single window when the steps cannot be windowed: layout 1 interleaves
+  // the steps of all entries in X, and directions in parallel share dX, computed after both.
+  static int64_t ChunkSteps(const LstmDims& dims, bool directions_in_parallel) {
+    constexpr int64_t kWindowRows = 512;
+    if (dims.layout != 0 || directions_in_parallel || dims.batch_size == 0) return dims.seq_length;
+    const int64_t steps = (kWindowRows + dims.batch_size - 1) / dims.batch_size;
+    return steps < dims.seq_length ? steps : dims.seq_length;
+  }
+
+  // The gate gradients of the whole sequence, when they were kept in one window.
   const T* GradGates() const { return scratch_.grad_gates.get(); }
 
-  // The reverse time loop; leaves dL/d(pre-activations) of every step in grad_gates and their
-  // column sums in grad_bias.
-  void Recurrence(const Executor& executor) {
+  // The reverse time loop, window by window: dL/d(pre-activations) of each window's steps go into
+  // the window's scratch, their column sums into grad_bias, and when the window is complete its
+  // share of dW, dR, dP and (with `input_grad`) dX is added (AddWindowGradients). `x` is X with the
+  // steps past each sequence's length zeroed (or X itself when every sequence is full).
+  // `input_grad` is dX, accumulated into when `input_beta` is 1.
+  void Recurrence(const Executor& executor, const T* x, T* input_grad, T input_beta) {
     const int64_t hidden = hidden_size_;
     T* gh = scratch_.grad_h.get();
     T* gc = scratch_.grad_c.get();
@@ -97,19 +118,34 @@ class BackwardDirection {
     // dpre into dH0. R is not packed here (unlike the forward's R^T): oneMKL runs this
     // untransposed product as fast from R itself (32 x 128 x 1024: 54 us plain, 59 us packed).
     const T* later_grad = nullptr;  // dpre of the step the previous round processed
-    const int64_t last_round = io_.dH0 ? -1 : 0;
-    for (int64_t s = dims_.seq_length - 1; s >= last_round; --s) {
-      const int64_t t = reverse_ ? dims_.seq_length - 1 - s : s;
+    auto round = [&](int64_t t, bool pointwise) {
       executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
         const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
         if (later_grad != nullptr && units.end > units.begin) {
           Gemm(false, false, dims_.batch_size, units.end - units.begin, width_, T(1), later_grad, step_ld,
                R + units.begin, hidden, T(1), gh + units.begin, hidden);
         }
-        if (s >= 0) Pointwise(t, units, static_cast<int64_t>(k));
+        if (pointwise) Pointwise(t, units, static_cast<int64_t>(k));
       });
-      if (s >= 0) later_grad = scratch_.grad_gates.get() + dims_.XRow(t, 0) * width_;
+    };
+    const int64_t steps = dims_.seq_length;
+    for (int64_t first = 0; first < steps; first += chunk_) {
+      // Processing steps [first, last) are times [lo, hi) (the loop runs backwards in time unless
+      // the direction is reversed).
+      const int64_t last = std::min(first + chunk_, steps);
+      const int64_t lo = reverse_ ? first : steps - last;
+      const int64_t hi = reverse_ ? last : steps - first;
+      window_ = (first / chunk_) % windows_;
+      window_lo_ = windows_ > 1 ? lo : 0;
+      for (int64_t p = first; p < last; ++p) {
+        const int64_t t = reverse_ ? p : steps - 1 - p;
+        round(t, true);
+        later_grad = GradRow(t, 0);
+      }
+      AddWindowGradients(lo, hi, first == 0, x, input_grad, input_beta, executor);
     }
+    if (steps == 0) AddWindowGradients(0, 0, true, x, input_grad, input_beta, executor);  // zero sums
+    if (io_.dH0 && later_grad != nullptr) round(-1, false);
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t state = dims_.StateRow(d_, b) * hidden;
       if (io_.dH0) std::copy_n(gh + b * hidden, hidden, io_.dH0 + state);
@@ -117,45 +153,72 @@ class BackwardDirection {
     }
   }
 
-  // dW, dR, dB, dP of this direction, from the finished recurrence. `x` is X with the steps past
-  // each sequence's length zeroed (or X itself when every sequence is full).
-  void WeightGradients(const T* x, const Executor& executor) const {
-    const int64_t rows = dims_.Rows();
+  // dB of this direction, from the finished recurrence: the column sums of dpre, to both the Wb
+  // and the Rb half.
+  void WriteBiasGradient() const {
+    if (!io_.dB) return;
+    T* dB = io_.dB + d_ * 2 * width_;
+    std::copy_n(scratch_.grad_bias.get(), width_, dB);
+    std::copy_n(scratch_.grad_bias.get(), width_, dB + width_);
+  }
+
+ private:
+  // Row (t, b) of the current window of gate gradients / previous hidden states.
+  int64_t WindowRow(int64_t t, int64_t b) const {
+    return dims_.layout == 0 ? (t - window_lo_) * dims_.batch_size + b : dims_.XRow(t, b);
+  }
+  T* GradRow(int64_t t, int64_t b) const {
+    return scratch_.grad_gates.get() + (window_ * chunk_ * dims_.batch_size + WindowRow(t, b)) * width_;
+  }
+  T* HiddenPrevRow(int64_t t, int64_t b) const {
+    return scratch_.hidden_prev.get() + (window_ * chunk_ * dims_.batch_size + WindowRow(t, b)) * hidden_size_;
+  }
+
+  // The current window, times [lo, hi), adds its share of dW, dR, dP and (with `input_grad`) dX;
+  // `first` starts the sums. Row (t, b) of the window is row t*N + b of X / dX past row lo*N.
+  void AddWindowGradients(int64_t lo, int64_t hi, bool first, const T* x, T* input_grad, T input_beta,
+                          const Executor& executor) const {
+    const int64_t batch = dims_.batch_size;
     const int64_t hidden = hidden_size_;
-    const T* grad_gates = scratch_.grad_gates.get();
-    // dW [4H, I] = dpre^T [4H, T*N] * X [T*N, I]: M = 4H, N = I, K = T*N, A transposed.
+    const int64_t input_size = dims_.input_size;
+    const int64_t rows = (hi - lo) * batch;  // with one window, all T*N rows in X's order
+    const int64_t offset = dims_.layout == 0 ? lo * batch : 0;
+    const T* grad = scratch_.grad_gates.get() + window_ * chunk_ * batch * width_;
+    const T beta = first ? T(0) : T(1);
+    // dW [4H, I] += dpre^T [4H, rows] * X [rows, I]: M = 4H, N = I, K = rows, A transposed.
     if (io_.dW) {
-      ParallelGemm(executor, true, false, width_, dims_.input_size, rows, T(1), grad_gates, width_, x,
-                   dims_.input_size, T(0), io_.dW + d_ * width_ * dims_.input_size, dims_.input_size);
+      ParallelGemm(executor, true, false, width_, input_size, rows, T(1), grad, width_, x + offset * input_size,
+                   input_size, beta, io_.dW + d_ * width_ * input_size, input_size);
     }
-    // dR [4H, H] = dpre^T [4H, T*N] * H_prev [T*N, H]: M = 4H, N = H, K = T*N, A transposed.
-    if (io_.dR && !hidden_from_hall_) {
-      ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad_gates, width_, scratch_.hidden_prev.get(),
-                   hidden, T(0), io_.dR + d_ * width_ * hidden, hidden);
-    } else if (io_.dR) {
-      // H_prev of every step but the first processed is HAll of the step processed before it, one
-      // step of rows away (HAll [T, 1, N, H] has X's row order here): one GEMM over those rows,
-      // plus initial_h's share for the first step.
-      const int64_t batch = dims_.batch_size;
-      const int64_t later = std::max<int64_t>(rows - batch, 0);  // rows of steps with a previous step
-      const T* grad_later = grad_gates + (reverse_ ? 0 : batch * width_);
-      const T* hidden_before = io_.HAll + (reverse_ ? batch * hidden : 0);
-      T* dR = io_.dR + d_ * width_ * hidden;
-      ParallelGemm(executor, true, false, width_, hidden, later, T(1), grad_later, width_, hidden_before, hidden, T(0),
-                   dR, hidden);
-      if (io_.initial_h && rows > 0) {
-        const T* grad_first = grad_gates + (reverse_ ? later * width_ : 0);
-        ParallelGemm(executor, true, false, width_, hidden, batch, T(1), grad_first, width_, io_.initial_h, hidden,
-                     T(1), dR, hidden);
+    // dR [4H, H] += dpre^T [4H, rows] * H_prev [rows, H]: M = 4H, N = H, K = rows, A transposed.
+    T* dR = io_.dR ? io_.dR + d_ * width_ * hidden : nullptr;
+    if (dR && !hidden_from_hall_) {
+      const T* hidden_prev = scratch_.hidden_prev.get() + window_ * chunk_ * batch * hidden;
+      ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad, width_, hidden_prev, hidden, beta, dR,
+                   hidden);
+    } else if (dR) {
+      // H_prev of a step is HAll of the step processed before it, one step of rows away (HAll
+      // [T, 1, N, H] has X's row order here), except for the first step processed: initial_h.
+      const int64_t steps = dims_.seq_length;
+      const int64_t from = reverse_ ? lo : std::max<int64_t>(lo, 1);           // times with a
+      const int64_t to = reverse_ ? std::min<int64_t>(hi, steps - 1) : hi;     // previous step
+      const int64_t count = std::max<int64_t>(to - from, 0) * batch;
+      const T* hidden_before = io_.HAll + (reverse_ ? from + 1 : from - 1) * batch * hidden;
+      ParallelGemm(executor, true, false, width_, hidden, count, T(1), grad + (from - lo) * batch * width_, width_,
+                   count > 0 ? hidden_before : io_.HAll, hidden, beta, dR, hidden);
+      const int64_t start = reverse_ ? steps - 1 : 0;  // the first step processed
+      if (io_.initial_h && start >= lo && start < hi) {
+        ParallelGemm(executor, true, false, width_, hidden, batch, T(1), grad + (start - lo) * batch * width_, width_,
+                     io_.initial_h, hidden, T(1), dR, hidden);
       }
     }
-    // dB [8H]: the column sums of dpre, to both the Wb and the Rb half.
-    if (io_.dB) {
-      T* dB = io_.dB + d_ * 2 * width_;
-      std::copy_n(scratch_.grad_bias.get(), width_, dB);
-      std::copy_n(scratch_.grad_bias.get(), width_, dB + width_);
+    // dX [rows, I] (+)= dpre [rows, 4H] * W [4H, I]: M = rows, N = I, K = 4H.
+    if (input_grad) {
+      ParallelGemm(executor, false, false, rows, input_size, width_, T(1), grad, width_,
+                   io_.W + d_ * width_ * input_size, input_size, input_beta, input_grad + offset * input_size,
+                   input_size);
     }
-    // dPi = sum dpre_i . Ct-1,  dPo = sum dpre_o . Ct,  dPf = sum dpre_f . Ct-1  (over t, b).
+    // dPi += sum dpre_i . Ct-1,  dPo += sum dpre_o . Ct,  dPf += sum dpre_f . Ct-1  (over t, b).
     if (io_.dP) {
       T* dPi = io_.dP + d_ * 3 * hidden;
       T* dPo = dPi + hidden;
@@ -163,15 +226,17 @@ class BackwardDirection {
       const int64_t parts = std::min<int64_t>(executor.Width(), hidden);
       executor.For(static_cast<size_t>(parts), [&](size_t k) {
         const Range units = SplitRange(hidden, parts, static_cast<int64_t>(k));
-        std::fill(dPi + units.begin, dPi + units.end, T(0));
-        std::fill(dPo + units.begin, dPo + units.end, T(0));
-        std::fill(dPf + units.begin, dPf + units.end, T(0));
-        for (int64_t t = 0; t < dims_.seq_length; ++t) {
-          for (int64_t b = 0; b < dims_.batch_size; ++b) {
+        if (first) {
+          std::fill(dPi + units.begin, dPi + units.end, T(0));
+          std::fill(dPo + units.begin, dPo + units.end, T(0));
+          std::fill(dPf + units.begin, dPf + units.end, T(0));
+        }
+        for (int64_t t = lo; t < hi; ++t) {
+          for (int64_t b = 0; b < batch; ++b) {
             if (t >= Length(b)) continue;
             const T* cp = PreviousCell(t, b);
             const T* cell = io_.CAll + dims_.SeqRow(t, d_, b) * hidden;
-            const T* dpre = grad_gates + dims_.XRow(t, b) * width_;
+            const T* dpre = GradRow(t, b);
             for (int64_t j = units.begin; j < units.end; ++j) {
               dPi[j] += dpre[j] * cp[j];
               dPo[j] += dpre[hidden + j] * cell[j];
@@ -183,7 +248,6 @@ class BackwardDirection {
     }
   }
 
- private:
   int64_t Length(int64_t b) const { return io_.sequence_lens ? io_.sequence_lens[b] : dims_.seq_length; }
 
   // The step before t in processing order, or -1 when t is the first step of entry b.
@@ -212,9 +276,8 @@ class BackwardDirection {
     T* dact = temporaries + 3 * hidden;    // a gate activation's derivative
     T* dc = temporaries + 4 * hidden;      // dL/dC_t
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
-      const int64_t x_row = dims_.XRow(t, b);
-      T* dpre = scratch_.grad_gates.get() + x_row * width_;
-      T* h_prev = hidden_from_hall_ ? nullptr : scratch_.hidden_prev.get() + x_row * hidden + units.begin;
+      T* dpre = GradRow(t, b);
+      T* h_prev = hidden_from_hall_ ? nullptr : HiddenPrevRow(t, b) + units.begin;
       if (t >= Length(b)) {
         for (int64_t g = 0; g < 4; ++g) std::fill_n(dpre + g * hidden + units.begin, count, T(0));
         if (h_prev) std::fill_n(h_prev, count, T(0));
@@ -302,7 +365,7 @@ class BackwardDirection {
     T* grad_bias = scratch_.grad_bias.get();
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       if (t >= Length(b)) continue;
-      const T* dpre = scratch_.grad_gates.get() + dims_.XRow(t, b) * width_;
+      const T* dpre = GradRow(t, b);
       for (int64_t g = 0; g < 4; ++g) {
         const int64_t first = g * hidden + units.begin;
         for (int64_t j = first; j < first + count; ++j) grad_bias[j] += dpre[j];
@@ -327,6 +390,10 @@ class BackwardDirection {
   // One direction, layout 0, every sequence full: the rows of H_{t-1} are HAll's rows one step
   // away, so dR reads HAll and initial_h instead of a copy (hidden_prev).
   const bool hidden_from_hall_;
+  const int64_t chunk_;    // steps per window of gate gradients
+  const int64_t windows_;  // 2, or 1 when one window holds the whole sequence
+  int64_t window_ = 0;     // the window being filled
+  int64_t window_lo_ = 0;  // its first time (lowest t); 0 with one window (X's row order)
   BackwardScratch<T> scratch_;
 };
 
@@ -368,32 +435,33 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     }
     x_for_weights = masked_x.get();
   }
-  // dX [T*N, I] = sum over directions of dpre [T*N, 4H] * W [4H, I]: M = T*N, N = I, K = 4H.
-  const int64_t width = dims.GateWidth();
-  auto add_input_gradient = [&](const BackwardDirection<T>& direction, int64_t d) {
-    if (!tensors.dX) return;
-    ParallelGemm(executor, false, false, dims.Rows(), dims.input_size, width, T(1), direction.GradGates(), width,
-                 tensors.W + d * width * dims.input_size, dims.input_size, d == 0 ? T(0) : T(1), tensors.dX,
-                 dims.input_size);
-  };
-
   if (DirectionsInParallel(dims, executor)) {
+    // One window each; dX = sum over directions of dpre [T*N, 4H] * W [4H, I] once both are done.
     const SerialExecutor serial;
-    BackwardDirection<T> forward(dims, config, tensors, 0, 1, allocator);
-    BackwardDirection<T> backward(dims, config, tensors, 1, 1, allocator);
-    executor.For(2, [&](size_t d) { (d == 0 ? forward : backward).Recurrence(serial); });
-    forward.WeightGradients(x_for_weights, executor);
-    backward.WeightGradients(x_for_weights, executor);
-    add_input_gradient(forward, 0);
-    add_input_gradient(backward, 1);
+    const int64_t steps = BackwardDirection<T>::ChunkSteps(dims, true);
+    BackwardDirection<T> forward(dims, config, tensors, 0, 1, steps, allocator);
+    BackwardDirection<T> backward(dims, config, tensors, 1, 1, steps, allocator);
+    executor.For(2, [&](size_t d) {
+      (d == 0 ? forward : backward).Recurrence(serial, x_for_weights, nullptr, T(0));
+    });
+    forward.WriteBiasGradient();
+    backward.WriteBiasGradient();
+    if (tensors.dX) {
+      const int64_t width = dims.GateWidth();
+      for (int64_t d = 0; d < 2; ++d) {
+        ParallelGemm(executor, false, false, dims.Rows(), dims.input_size, width, T(1),
+                     (d == 0 ? forward : backward).GradGates(), width, tensors.W + d * width * dims.input_size,
+                     dims.input_size, d == 0 ? T(0) : T(1), tensors.dX, dims.input_size);
+      }
+    }
     return;
   }
   const int64_t blocks = StepBlocks(dims, executor);
+  const int64_t chunk = BackwardDirection<T>::ChunkSteps(dims, false);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
-    BackwardDirection<T> direction(dims, config, tensors, d, blocks, allocator);
-    direction.Recurrence(executor);
-    direction.WeightGradients(x_for_weights, executor);
-    add_input_gradient(direction, d);
+    BackwardDirection<T> direction(dims, config, tensors, d, blocks, chunk, allocator);
+    direction.Recurrence(executor, x_for_weights, tensors.dX, d == 0 ? T(0) : T(1));
+    direction.WriteBiasGradient();
   }
 }
 
