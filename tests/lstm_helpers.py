@@ -65,6 +65,18 @@ BLOCKED_CONFIGS = (
     LstmConfig(3, 32, 6, 47, "bidirectional", initial_h=True, initial_c=True),
     LstmConfig(4, 32, 5, 47, "reverse", initial_h=True),
 )
+# Enough rows (seq_length * batch_size > 512, layout 0) that LSTMGrad keeps its gate gradients in
+# several windows of steps and adds each window's share of dW, dR, dX and dP in turn: forward
+# with peepholes (dP across windows; dR from HAll with initial_h in the first window processed),
+# reverse (initial_h in the last window), the default cell (float32 fused path), and
+# bidirectional with padded sequences and enough work per step for blocks of hidden units, so
+# that the directions run one after the other and dR reads a copy of H_{t-1}.
+WINDOWED_CONFIGS = (
+    LstmConfig(20, 40, 3, 5, "forward", peephole=True, initial_h=True, initial_c=True),
+    LstmConfig(19, 48, 4, 6, "reverse", initial_h=True),
+    LstmConfig(21, 40, 3, 5),
+    LstmConfig(12, 64, 3, 33, "bidirectional", initial_h=True, sequence_lens=tuple(12 - i % 13 for i in range(64))),
+)
 LARGE_CONFIG = LstmConfig(
     24, 48, 96, 64, "bidirectional", peephole=True, initial_h=True, initial_c=True, clip=2.0, layout=1
 )
