@@ -2,9 +2,10 @@
 // The reverse time loop holds only the recurrence, one round of executor tasks per step, one task
 // per block of hidden units: a GEMM carries the later step's dH back through the block's columns
 // of R, then a pointwise pass turns dH_t, dC_t into the block's pre-activation gradients of step t
-// (and adds them to dB: a block owns its columns at every step). dX, dW and dR are
-// whole-sequence GEMMs after the loop and dP a reduction, each over fixed blocks so the result
-// does not depend on scheduling. Layouts: lstm/lstm_dims.h.
+// (and adds them to dB: a block owns its columns at every step). The gate gradients are kept for
+// a window of steps at a time; each finished window adds its share of dX, dW and dR (GEMMs with
+// K = the window's rows) and of dP (a reduction). Every split is fixed by the shapes and the
+// executor's width, so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
 #include <algorithm>
 #include <type_traits>
 
