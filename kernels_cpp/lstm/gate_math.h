@@ -15,6 +15,15 @@
 
 namespace ortlstm {
 
+// Whether direction d runs the fused float cell loops (StandardCellForward/Backward in
+// vector_loops.h): f = sigmoid, g = h = tanh, no clip, no peepholes, input_forget off.
+template <typename T>
+inline bool UsesStandardCell(const LstmConfig& config, int64_t d, bool peepholes) {
+  const DirectionActivations& acts = config.activations[d];
+  return std::is_same_v<T, float> && acts.f.kind == ActivationKind::kSigmoid && acts.g.kind == ActivationKind::kTanh &&
+         acts.h.kind == ActivationKind::kTanh && !config.clip.has_value() && !peepholes && !config.input_forget;
+}
+
 // x <- act(x) for x[0, n).
 template <typename T>
 inline void ApplyInPlace(const Activation& act, T* x, int64_t n) {

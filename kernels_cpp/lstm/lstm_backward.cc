@@ -64,10 +64,7 @@ class BackwardDirection {
         f_act_(config.activations[d].f, config.clip),
         g_act_(config.activations[d].g, config.clip),
         h_act_(config.activations[d].h),
-        standard_cell_(std::is_same_v<T, float> && config.activations[d].f.kind == ActivationKind::kSigmoid &&
-                       config.activations[d].g.kind == ActivationKind::kTanh &&
-                       config.activations[d].h.kind == ActivationKind::kTanh && !config.clip.has_value() &&
-                       P_ == nullptr && !config.input_forget),
+        standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
         hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
         chunk_(std::max<int64_t>(chunk, 1)),
         windows_(chunk_ < dims.seq_length ? 2 : 1),

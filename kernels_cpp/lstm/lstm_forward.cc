@@ -64,9 +64,7 @@ class ForwardDirection {
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
-        standard_cell_(std::is_same_v<T, float> && f_act_.kind == ActivationKind::kSigmoid &&
-                       g_act_.kind == ActivationKind::kTanh && h_act_.kind == ActivationKind::kTanh &&
-                       !config.clip.has_value() && P_ == nullptr && !config.input_forget),
+        standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
         scratch_(dims, blocks, allocator) {
     const T* W = io.W + d * width_ * dims.input_size;
     const T* R = io.R + d * width_ * hidden_size_;
