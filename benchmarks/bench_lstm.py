@@ -353,16 +353,22 @@ class Runner:
         raise NotImplementedError
 
 
-FORWARD_OUTPUTS = ("HAll", "Ht", "Ct", "CAll", "IOFC")
-GRADIENT_OUTPUTS = ("dX", "dW", "dR", "dB", "dH0", "dC0")
-# LSTMGrad of com.microsoft crashes the process unless dW and dR are requested: always request all.
+# Port names come from the op contract (ops/schema.py). The benchmark runs full sequences without
+# peepholes and with a loss on HAll and Ht, so LSTMGrad gets no sequence_lens, P or grad_Ct and
+# has no dP to give. LSTMGrad of com.microsoft crashes the process unless dW and dR are
+# requested: every other gradient is requested, for both.
+_TRAINING_SPEC = ortlstm.ops.schema.op_by_name("LSTMTraining")
+_GRAD_SPEC = ortlstm.ops.schema.op_by_name("LSTMGrad")
+FORWARD_OUTPUTS = ortlstm.ops.schema.output_names(_TRAINING_SPEC)
+GRADIENT_OUTPUTS = tuple(name for name in ortlstm.ops.schema.output_names(_GRAD_SPEC) if name != "dP")
+_GRAD_INPUTS = tuple(
+    name for name in ortlstm.ops.schema.input_names(_GRAD_SPEC) if name not in ("sequence_lens", "grad_Ct", "P")
+)
+# The stash: the forward outputs that LSTMGrad takes back (HAll, CAll, IOFC).
+_STASH = tuple(name for name in FORWARD_OUTPUTS if name in _GRAD_INPUTS)
 
 _IR_VERSION = 10  # onnxruntime-training 1.19 loads IR <= 10
 _ONNX_OPSET = 17
-
-
-_STASH = ("HAll", "CAll", "IOFC")
-_GRAD_INPUTS = ("X", "W", "R", "initial_h", "initial_c", "HAll", "CAll", "IOFC", "grad_HAll", "grad_Ht")
 
 
 def _stash_input(name: str) -> str:
