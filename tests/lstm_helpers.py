@@ -41,42 +41,54 @@ MEDIUM_CONFIG = LstmConfig(
     clip=1.3,
     layout=1,
 )
-# Enough recurrent work per step (batch_size*4*hidden_size*hidden_size >= 2**17 multiply-adds)
-# that the kernels cut each step into blocks of hidden units run as parallel tasks, with
-# block-major reordered weights; hidden_size 47 splits unevenly. (Small configs run in one block,
-# and there a bidirectional LSTM runs its two directions as the parallel tasks instead.) The last
-# two take the fused default-cell path (float32) with several blocks: bidirectional, where LSTMGrad
-# runs the directions one after the other, and reverse with layout 0 and full sequences, where dR
-# reads H_{t-1} from HAll.
-BLOCKED_CONFIGS = (
-    LstmConfig(
-        4,
-        32,
-        7,
-        47,
-        "forward",
-        peephole=True,
-        initial_h=True,
-        initial_c=True,
-        clip=3.0,
-        sequence_lens=(4, 0, 2, *([3] * 29)),
-    ),
-    LstmConfig(3, 32, 5, 47, "reverse", initial_c=True, input_forget=1, layout=1),
-    LstmConfig(3, 32, 6, 47, "bidirectional", initial_h=True, initial_c=True),
-    LstmConfig(4, 32, 5, 47, "reverse", initial_h=True),
-)
+# With two threads the kernels split the time loop in one of two ways (SplitTimeLoop in
+# kernels_cpp/lstm/lstm_math.h). BLOCKED_CONFIGS: fewer than 16 batch entries but enough recurrent
+# work per step (batch_size*4*hidden_size*hidden_size >= 2**18 multiply-adds) that each step is cut
+# into two blocks of hidden units, with block-major reordered weights; hidden_size 67 splits
+# unevenly. GROUPED_CONFIGS: 16 or more batch entries, so each task takes a group of entries for
+# all steps; 17 splits unevenly. (Small configs run in one task, and there a bidirectional LSTM runs
+# its two directions as the parallel tasks instead.) The last two of each take the fused
+# default-cell path (float32): bidirectional, where LSTMGrad runs the directions one after the
+# other, and reverse with layout 0 and full sequences, where dR reads H_{t-1} from HAll.
+
+
+def _split_configs(batch_size: int, hidden_size: int) -> tuple[LstmConfig, ...]:
+    return (
+        LstmConfig(
+            4,
+            batch_size,
+            7,
+            hidden_size,
+            "forward",
+            peephole=True,
+            initial_h=True,
+            initial_c=True,
+            clip=3.0,
+            sequence_lens=(4, 0, 2, *([3] * (batch_size - 3))),
+        ),
+        LstmConfig(3, batch_size, 5, hidden_size, "reverse", initial_c=True, input_forget=1, layout=1),
+        LstmConfig(3, batch_size, 6, hidden_size, "bidirectional", initial_h=True, initial_c=True),
+        LstmConfig(4, batch_size, 5, hidden_size, "reverse", initial_h=True),
+    )
+
+
+BLOCKED_CONFIGS = _split_configs(15, 67)
+GROUPED_CONFIGS = _split_configs(17, 13)
 # Enough rows (seq_length * batch_size > 512, layout 0) that LSTMGrad keeps its gate gradients in
-# several windows of steps and adds each window's share of dW, dR, dX and dP in turn: forward
-# with peepholes (dP across windows; dR from HAll with initial_h in the first window processed),
-# reverse (initial_h in the last window), the default cell (float32 fused path), and
-# bidirectional with padded sequences and enough work per step for blocks of hidden units, so
-# that the directions run one after the other and dR reads a copy of H_{t-1}.
+# several windows of steps and adds each window's share of dW, dR, dX and dP in turn, the first four
+# with groups of batch entries: forward with peepholes (dP across windows; dR from HAll with
+# initial_h in the first window processed), reverse (initial_h in the last window), the default
+# cell (float32 fused path), and bidirectional with padded sequences (the directions one after
+# the other, dR from a copy of H_{t-1}); the last with blocks of hidden units, bidirectional.
 WINDOWED_CONFIGS = (
     LstmConfig(20, 40, 3, 5, "forward", peephole=True, initial_h=True, initial_c=True),
     LstmConfig(19, 48, 4, 6, "reverse", initial_h=True),
     LstmConfig(21, 40, 3, 5),
     LstmConfig(12, 64, 3, 33, "bidirectional", initial_h=True, sequence_lens=tuple(12 - i % 13 for i in range(64))),
+    LstmConfig(37, 15, 3, 67, "bidirectional", initial_c=True, sequence_lens=tuple(37 - 2 * i for i in range(15))),
 )
+# Every config above: each way the kernels split work over threads.
+SPLIT_CONFIGS = (*BLOCKED_CONFIGS, *GROUPED_CONFIGS, *WINDOWED_CONFIGS)
 LARGE_CONFIG = LstmConfig(
     24, 48, 96, 64, "bidirectional", peephole=True, initial_h=True, initial_c=True, clip=2.0, layout=1
 )

@@ -26,11 +26,10 @@ import ortlstm.ops
 import pytest
 from configs import CONFIGS, LstmConfig, config_by_id, config_id, context, draw_inputs, sample_inputs
 from lstm_helpers import (
-    BLOCKED_CONFIGS,
     GRADIENT_OF,
     LARGE_CONFIG,
     MEDIUM_CONFIG,
-    WINDOWED_CONFIGS,
+    SPLIT_CONFIGS,
     assert_close,
     central_difference,
     linear_variant,
@@ -176,7 +175,7 @@ def _check_against_reference(config: LstmConfig, rng: np.random.Generator, what:
     )
 
 
-@pytest.mark.parametrize("config", [*CONFIGS, *BLOCKED_CONFIGS, *WINDOWED_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
+@pytest.mark.parametrize("config", [*CONFIGS, *SPLIT_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
 def test_float64_matches_reference(config: LstmConfig, rng: np.random.Generator) -> None:
     """Every output against the oracle's lstm_backward; dB's halves bitwise equal."""
     _check_against_reference(config, rng, "")
@@ -249,7 +248,7 @@ def test_chained_graph_matches_separate_runs(config: LstmConfig, rng: np.random.
         np.testing.assert_array_equal(chained[name], separate[name], err_msg=f"{context(config, rng)}: {name}")
 
 
-@pytest.mark.parametrize("config", [*CONFIGS, *BLOCKED_CONFIGS, *WINDOWED_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
+@pytest.mark.parametrize("config", [*CONFIGS, *SPLIT_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
 def test_float32_matches_float64(config: LstmConfig, rng: np.random.Generator) -> None:
     """The float32 path end to end (one graph, forward and backward) vs float64 LSTMGrad."""
     inputs = sample_inputs(config, rng)

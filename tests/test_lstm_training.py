@@ -13,10 +13,9 @@ import op_runner
 import pytest
 from configs import CONFIGS, LstmConfig, config_by_id, config_id, context, draw_inputs, sample_inputs
 from lstm_helpers import (
-    BLOCKED_CONFIGS,
     LARGE_CONFIG,
     MEDIUM_CONFIG,
-    WINDOWED_CONFIGS,
+    SPLIT_CONFIGS,
     OrtLstm,
     assert_close,
     linear_variant,
@@ -40,7 +39,7 @@ def _run(config: LstmConfig, inputs: dict, dtype: type = np.float64, outputs: tu
     return op_runner.run(OP, inputs, config.attributes(), dtype=dtype, outputs=list(outputs))
 
 
-@pytest.mark.parametrize("config", [*CONFIGS, *BLOCKED_CONFIGS, *WINDOWED_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
+@pytest.mark.parametrize("config", [*CONFIGS, *SPLIT_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
 def test_matches_onnxruntime_lstm(config: LstmConfig, rng: np.random.Generator) -> None:
     """Float32 HAll, Ht, Ct against ORT's LSTM Y, Y_h, Y_c (layout 1 through transposes)."""
     inputs = sample_inputs(config, rng)
@@ -51,7 +50,7 @@ def test_matches_onnxruntime_lstm(config: LstmConfig, rng: np.random.Generator) 
         assert_close(actual[name], expected[name].astype(np.float64), FLOAT32_RTOL, f"{context(config, rng)}: {name}")
 
 
-@pytest.mark.parametrize("config", [*CONFIGS, *BLOCKED_CONFIGS, *WINDOWED_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
+@pytest.mark.parametrize("config", [*CONFIGS, *SPLIT_CONFIGS, slow(MEDIUM_CONFIG)], ids=config_id)
 def test_float64_matches_reference(config: LstmConfig, rng: np.random.Generator) -> None:
     """All five outputs, float64, against the oracle (fed the float32-rounded attributes)."""
     inputs = sample_inputs(config, rng)

@@ -1,11 +1,13 @@
 // LSTM backward for LSTMGrad, from the stashed HAll, CAll and activated gates (no forward re-run).
-// The reverse time loop holds only the recurrence, one round of executor tasks per step, one task
-// per block of hidden units: a GEMM carries the later step's dH back through the block's columns
-// of R, then a pointwise pass turns dH_t, dC_t into the block's pre-activation gradients of step t
-// (and adds them to dB: a block owns its columns at every step). The gate gradients are kept for
-// a window of steps at a time; each finished window adds its share of dX, dW and dR (GEMMs with
-// K = the window's rows) and of dP (a reduction). Every split is fixed by the shapes and the
-// executor's width, so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h.
+// The reverse time loop holds only the recurrence, cut into executor tasks as in the forward
+// (SplitTimeLoop, lstm_math.h): groups of batch entries, each through all of a window's steps, or
+// blocks of hidden units, one round of tasks per step. Per step, a GEMM carries the later step's
+// dpre back through R to the task's part of dH, then a pointwise pass turns dH_t, dC_t into the
+// task's pre-activation gradients of step t and adds them to its dB sums. The gate gradients are
+// kept for a window of steps at a time; each finished window adds its share of dX, dW and dR
+// (GEMMs with K = the window's rows) and of dP (a reduction). Every split is fixed by the shapes
+// and the executor's width, so the result does not depend on scheduling. Layouts:
+// lstm/lstm_dims.h.
 #include <algorithm>
 #include <type_traits>
 
@@ -29,20 +31,21 @@ struct BackwardScratch {
                            // not needed when HAll can stand in for it (BackwardDirection)
   Scratch<T> grad_h;       // [N, H] dL/dH flowing into the step being processed
   Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
-  Scratch<T> temporaries;  // [blocks, kTemporaries, H]
+  Scratch<T> temporaries;  // [tasks, kTemporaries, H]
   Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
-  Scratch<T> grad_bias;    // [4H] column sums of dpre, accumulated by the block owning each column
-  BackwardScratch(const LstmDims& dims, int64_t blocks, int64_t window_rows, int64_t windows, bool with_hidden_prev,
+  Scratch<T> grad_bias;    // [groups, 4H] column sums of dpre, each group's over its rows (a block of
+                           // units owns its columns, so blocks share one row)
+  BackwardScratch(const LstmDims& dims, StepSplit split, int64_t window_rows, int64_t windows, bool with_hidden_prev,
                   const ScratchAllocator& allocator)
       : grad_gates(allocator, windows * window_rows * dims.GateWidth()),
         hidden_prev(allocator, with_hidden_prev ? windows * window_rows * dims.hidden_size : 0),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
-        temporaries(allocator, blocks * kTemporaries * dims.hidden_size),
+        temporaries(allocator, std::max(split.unit_blocks, split.row_groups) * kTemporaries * dims.hidden_size),
         zeros(allocator, dims.hidden_size),
-        grad_bias(allocator, dims.GateWidth()) {
+        grad_bias(allocator, split.row_groups * dims.GateWidth()) {
     std::fill_n(zeros.get(), dims.hidden_size, T(0));
-    std::fill_n(grad_bias.get(), dims.GateWidth(), T(0));
+    std::fill_n(grad_bias.get(), split.row_groups * dims.GateWidth(), T(0));
   }
 };
 
@@ -51,14 +54,14 @@ class BackwardDirection {
  public:
   // `chunk`: steps per window of gate gradients (ChunkSteps), seq_length for one window.
   BackwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmBackwardTensors<T>& io, int64_t d,
-                    int64_t blocks, int64_t chunk, const ScratchAllocator& allocator)
+                    StepSplit split, int64_t chunk, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
         d_(d),
         hidden_size_(dims.hidden_size),
         width_(dims.GateWidth()),
-        blocks_(blocks),
+        split_(split),
         reverse_(config.IsReverse(d)),
         P_(io.P ? io.P + d * 3 * hidden_size_ : nullptr),
         f_act_(config.activations[d].f, config.clip),
@@ -68,7 +71,7 @@ class BackwardDirection {
         hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
         chunk_(std::max<int64_t>(chunk, 1)),
         windows_(chunk_ < dims.seq_length ? 2 : 1),
-        scratch_(dims, blocks, chunk_ * dims.batch_size, windows_, !hidden_from_hall_, allocator) {}
+        scratch_(dims, split, chunk_ * dims.batch_size, windows_, !hidden_from_hall_, allocator) {}
 
   // Steps per window: enough rows (N per step) for the weight-gradient GEMMs of a window to run at
   // full speed, 512, and a single window when the steps cannot be windowed: layout 1 interleaves
@@ -107,26 +110,32 @@ class BackwardDirection {
         std::fill_n(gc + b * hidden, hidden, T(0));
       }
     }
-    const T* R = io_.R + d_ * width_ * hidden;
-    const int64_t step_ld = dims_.BatchStride() * width_;
-    // One round of tasks per step, one task per block of hidden units [j0, j1): first
-    //   dH_t[:, j0:j1] += dpre_{t+1} [N, 4H] * R[:, j0:j1] [4H, j1-j0]  (M = N, N = j1-j0, K = 4H),
-    // which needs every block's dpre_{t+1} (the previous round), then the block's pointwise pass
-    // of step t, which needs only these columns of dH_t. A last round carries the first step's
-    // dpre into dH0. R is not packed here (unlike the forward's R^T): oneMKL runs this
-    // untransposed product as fast from R itself (32 x 128 x 1024: 54 us plain, 59 us packed).
-    const T* later_grad = nullptr;  // dpre of the step the previous round processed
-    auto round = [&](int64_t t, bool pointwise) {
-      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-        const Range units = SplitRange(hidden, blocks_, static_cast<int64_t>(k));
-        if (later_grad != nullptr && units.end > units.begin) {
-          Gemm(false, false, dims_.batch_size, units.end - units.begin, width_, T(1), later_grad, step_ld,
-               R + units.begin, hidden, T(1), gh + units.begin, hidden);
-        }
-        if (pointwise) Pointwise(t, units, static_cast<int64_t>(k));
-      });
-    };
+    // Task k owns hidden units `units` of entries `rows` (StepSplit). For each step, first
+    //   dH_t[rows, units] += dpre_{t+1}[rows] [., 4H] * R[:, units]  (M = rows, N = units, K = 4H),
+    // which needs the task's rows of dpre_{t+1} at every unit (with blocks of units, the previous
+    // round), then the pointwise pass of step t, which needs only these entries of dH_t. R is not
+    // packed here (unlike the forward's R^T): oneMKL runs this untransposed product as fast from R
+    // itself (32 x 128 x 1024: 54 us plain, 59 us packed; 16 x 256 x 1024: no faster packed in
+    // the kernel). `count` steps from processing step `first` run in one round; with count 0 the
+    // round only carries the last step's dpre into dH, for dH0.
+    const T* later_grad = nullptr;  // dpre of the step processed last (its row 0)
     const int64_t steps = dims_.seq_length;
+    auto time_of = [&](int64_t p) { return reverse_ ? p : steps - 1 - p; };
+    auto round = [&](int64_t first, int64_t count) {
+      executor.For(static_cast<size_t>(split_.Tasks()), [&](size_t k) {
+        const auto task = static_cast<int64_t>(k);
+        const Range units = split_.Units(hidden, task);
+        const Range rows = split_.Rows(dims_.batch_size, task);
+        const T* later = later_grad;
+        for (int64_t p = first; p < first + count; ++p) {
+          CarryBack(later, units, rows);
+          Pointwise(time_of(p), units, rows, task);
+          later = GradRow(time_of(p), 0);
+        }
+        if (count == 0) CarryBack(later, units, rows);
+      });
+      if (count > 0) later_grad = GradRow(time_of(first + count - 1), 0);
+    };
     for (int64_t first = 0; first < steps; first += chunk_) {
       // Processing steps [first, last) are times [lo, hi) (the loop runs backwards in time unless
       // the direction is reversed).
@@ -135,15 +144,12 @@ class BackwardDirection {
       const int64_t hi = reverse_ ? last : steps - first;
       window_ = (first / chunk_) % windows_;
       window_lo_ = windows_ > 1 ? lo : 0;
-      for (int64_t p = first; p < last; ++p) {
-        const int64_t t = reverse_ ? p : steps - 1 - p;
-        round(t, true);
-        later_grad = GradRow(t, 0);
-      }
+      const int64_t per_round = std::min(split_.StepsPerRound(steps), last - first);
+      for (int64_t p = first; p < last; p += per_round) round(p, std::min(per_round, last - p));
       AddWindowGradients(lo, hi, first == 0, x, input_grad, input_beta, executor);
     }
     if (steps == 0) AddWindowGradients(0, 0, true, x, input_grad, input_beta, executor);  // zero sums
-    if (io_.dH0 && later_grad != nullptr) round(-1, false);
+    if (io_.dH0 && later_grad != nullptr) round(0, 0);
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t state = dims_.StateRow(d_, b) * hidden;
       if (io_.dH0) std::copy_n(gh + b * hidden, hidden, io_.dH0 + state);
@@ -156,8 +162,12 @@ class BackwardDirection {
   void WriteBiasGradient() const {
     if (!io_.dB) return;
     T* dB = io_.dB + d_ * 2 * width_;
-    std::copy_n(scratch_.grad_bias.get(), width_, dB);
-    std::copy_n(scratch_.grad_bias.get(), width_, dB + width_);
+    const T* sums = scratch_.grad_bias.get();
+    std::copy_n(sums, width_, dB);
+    for (int64_t g = 1; g < split_.row_groups; ++g) {  // in group order, fixed by the shapes
+      for (int64_t j = 0; j < width_; ++j) dB[j] += sums[g * width_ + j];
+    }
+    std::copy_n(dB, width_, dB + width_);
   }
 
  private:
@@ -262,18 +272,29 @@ class BackwardDirection {
     return scratch_.zeros.get();
   }
 
-  // Step t, hidden units [units.begin, units.end) of every entry: dpre_t, dC_{t-1}, H_{t-1}.
-  void Pointwise(int64_t t, Range units, int64_t block) {
+  // dH_t[rows, units] += dpre_{t+1}[rows] [., 4H] * R[:, units] [4H, .] (M = rows, N = units,
+  // K = 4H), `later` being dpre_{t+1}'s row 0; nothing before the first step processed (null).
+  void CarryBack(const T* later, Range units, Range rows) {
+    if (later == nullptr || units.end <= units.begin || rows.end <= rows.begin) return;
+    const int64_t step_ld = dims_.BatchStride() * width_;
+    Gemm(false, false, rows.end - rows.begin, units.end - units.begin, width_, T(1), later + rows.begin * step_ld,
+         step_ld, io_.R + d_ * width_ * hidden_size_ + units.begin, hidden_size_, T(1),
+         scratch_.grad_h.get() + rows.begin * hidden_size_ + units.begin, hidden_size_);
+  }
+
+  // Step t, hidden units [units.begin, units.end) of entries [rows.begin, rows.end): dpre_t,
+  // dC_{t-1}, H_{t-1}. `task` indexes the task's scratch.
+  void Pointwise(int64_t t, Range units, Range rows, int64_t task) {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
     if (count <= 0) return;
-    T* temporaries = scratch_.temporaries.get() + block * kTemporaries * hidden;
+    T* temporaries = scratch_.temporaries.get() + task * kTemporaries * hidden;
     T* dh = temporaries;                   // dL/dH_t
     T* h_of_c = temporaries + hidden;      // h(C_t), then scratch
     T* dh_of_c = temporaries + 2 * hidden;  // h'(C_t)
     T* dact = temporaries + 3 * hidden;    // a gate activation's derivative
     T* dc = temporaries + 4 * hidden;      // dL/dC_t
-    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+    for (int64_t b = rows.begin; b < rows.end; ++b) {
       T* dpre = GradRow(t, b);
       T* h_prev = hidden_from_hall_ ? nullptr : HiddenPrevRow(t, b) + units.begin;
       if (t >= Length(b)) {
@@ -359,9 +380,10 @@ class BackwardDirection {
         for (int64_t j = 0; j < count; ++j) grad_c[j] += dpre_i[j] * pi[j] + dpre_f[j] * pf[j];
       }
     }
-    // dB: this block owns these columns at every step, so it sums them without a second pass.
-    T* grad_bias = scratch_.grad_bias.get();
-    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+    // dB: this task owns these columns of its group's sums at every step, so it adds them without
+    // a second pass.
+    T* grad_bias = scratch_.grad_bias.get() + (task / split_.unit_blocks) * width_;
+    for (int64_t b = rows.begin; b < rows.end; ++b) {
       if (t >= Length(b)) continue;
       const T* dpre = GradRow(t, b);
       for (int64_t g = 0; g < 4; ++g) {
@@ -377,7 +399,7 @@ class BackwardDirection {
   const int64_t d_;
   const int64_t hidden_size_;
   const int64_t width_;
-  const int64_t blocks_;
+  const StepSplit split_;  // how the time loop is cut into tasks
   const bool reverse_;
   const T* P_;  // [3H] of this direction, or null
   const GateActivation<T> f_act_;
@@ -400,8 +422,10 @@ class BackwardDirection {
 // the other, each over the whole executor: about as fast (M-bidir: 34.3 vs 33.7 ms, 2 threads)
 // and only one direction's gate gradients [T*N, 4H] are alive at a time. (The forward keeps its
 // directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
+template <typename T>
 bool DirectionsInParallel(const LstmDims& dims, const Executor& executor) {
-  return dims.num_directions == 2 && executor.Width() >= 2 && StepBlocks(dims, executor) == 1;
+  const StepSplit split = SplitTimeLoop<T>(dims, executor);
+  return dims.num_directions == 2 && executor.Width() >= 2 && split.unit_blocks == 1 && split.row_groups == 1;
 }
 
 }  // namespace
@@ -433,12 +457,12 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     }
     x_for_weights = masked_x.get();
   }
-  if (DirectionsInParallel(dims, executor)) {
+  if (DirectionsInParallel<T>(dims, executor)) {
     // One window each; dX = sum over directions of dpre [T*N, 4H] * W [4H, I] once both are done.
     const SerialExecutor serial;
     const int64_t steps = BackwardDirection<T>::ChunkSteps(dims, true);
-    BackwardDirection<T> forward(dims, config, tensors, 0, 1, steps, allocator);
-    BackwardDirection<T> backward(dims, config, tensors, 1, 1, steps, allocator);
+    BackwardDirection<T> forward(dims, config, tensors, 0, StepSplit{}, steps, allocator);
+    BackwardDirection<T> backward(dims, config, tensors, 1, StepSplit{}, steps, allocator);
     executor.For(2, [&](size_t d) {
       (d == 0 ? forward : backward).Recurrence(serial, x_for_weights, nullptr, T(0));
     });
@@ -454,10 +478,10 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     }
     return;
   }
-  const int64_t blocks = StepBlocks(dims, executor);
+  const StepSplit split = SplitTimeLoop<T>(dims, executor);
   const int64_t chunk = BackwardDirection<T>::ChunkSteps(dims, false);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
-    BackwardDirection<T> direction(dims, config, tensors, d, blocks, chunk, allocator);
+    BackwardDirection<T> direction(dims, config, tensors, d, split, chunk, allocator);
     direction.Recurrence(executor, x_for_weights, tensors.dX, d == 0 ? T(0) : T(1));
     direction.WriteBiasGradient();
   }

@@ -1,9 +1,11 @@
 // LSTM forward for LSTMTraining: one GEMM projects X for all steps, then each step adds the
 // recurrent term and runs the fused pointwise pass (bias, peepholes, clip, activations, state
-// update, HAll/CAll/IOFC). A step is cut into blocks of hidden units run as executor tasks: each
-// task does the recurrent GEMM for the four gate columns of its block and then that block's
-// pointwise work, so a step costs one round of tasks. The two directions of a bidirectional LSTM
-// run as two tasks when the executor has the width. Layouts: lstm/lstm_dims.h.
+// update, HAll/CAll/IOFC). The time loop runs as executor tasks (SplitTimeLoop, lstm_math.h): with
+// enough batch entries each task takes a group of them through every step, its rows times all of
+// R, so the whole loop is one round of tasks; otherwise each step is cut into blocks of hidden
+// units, each task doing the recurrent GEMM for its block's four gate columns and then the block's
+// pointwise work, one round of tasks per step. The two directions of a bidirectional LSTM run as
+// two tasks when the executor has the width. Layouts: lstm/lstm_dims.h.
 //
 //   i = f(Xt Wi^T + Ht-1 Ri^T + Pi . Ct-1 + Wbi + Rbi)      (. = elementwise, clip before f/g)
 //   f = f(Xt Wf^T + Ht-1 Rf^T + Pf . Ct-1 + Wbf + Rbf)      (input_forget: f = 1 - i)
@@ -30,16 +32,16 @@ struct ForwardScratch {
   Scratch<T> hidden;  // [2, N, H] H_{t-1} and H_t, swapped every step
   Scratch<T> cell;    // [N, H] C, updated in place (each hidden unit by one task)
   Scratch<T> bias;    // [4H] Wb + Rb, block-major gate order (below)
-  Scratch<T> activated;  // [blocks, 4 * units per block]: gates of the fused cell when IOFC is not requested
+  Scratch<T> activated;  // [tasks, 4 * units per block]: gates of the fused cell when IOFC is not requested
   // W and R with their rows in block-major gate order, when a step is cut into several blocks.
   Scratch<T> W;  // [4H, I]
   Scratch<T> R;  // [4H, H]
-  ForwardScratch(const LstmDims& dims, int64_t blocks, const ScratchAllocator& allocator)
+  ForwardScratch(const LstmDims& dims, int64_t blocks, int64_t tasks, const ScratchAllocator& allocator)
       : gates(allocator, dims.Rows() * dims.GateWidth()),
         hidden(allocator, 2 * dims.batch_size * dims.hidden_size),
         cell(allocator, dims.batch_size * dims.hidden_size),
         bias(allocator, dims.GateWidth()),
-        activated(allocator, blocks * 4 * ((dims.hidden_size + blocks - 1) / blocks)),
+        activated(allocator, tasks * 4 * ((dims.hidden_size + blocks - 1) / blocks)),
         W(allocator, blocks > 1 ? dims.GateWidth() * dims.input_size : 0),
         R(allocator, blocks > 1 ? dims.GateWidth() * dims.hidden_size : 0) {}
 };
@@ -52,20 +54,21 @@ template <typename T>
 class ForwardDirection {
  public:
   ForwardDirection(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& io, int64_t d,
-                   int64_t blocks, const ScratchAllocator& allocator)
+                   StepSplit split, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
         d_(d),
         hidden_size_(dims.hidden_size),
         width_(dims.GateWidth()),
-        blocks_(blocks),
+        blocks_(split.unit_blocks),
+        split_(split),
         P_(io.P ? io.P + d * 3 * hidden_size_ : nullptr),
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
         standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
-        scratch_(dims, blocks, allocator) {
+        scratch_(dims, split.unit_blocks, std::max(split.unit_blocks, split.row_groups), allocator) {
     const T* W = io.W + d * width_ * dims.input_size;
     const T* R = io.R + d * width_ * hidden_size_;
     W_ = W;
@@ -108,23 +111,29 @@ class ForwardDirection {
         std::fill_n(c + b * hidden_size_, hidden_size_, T(0));
       }
     }
-    // Each block's rows of R, packed once for the N x 4*(u1-u0) x H GEMM of every step.
-    recurrent_.resize(static_cast<size_t>(blocks_));
-    executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-      const Range units = SplitRange(hidden_size_, blocks_, static_cast<int64_t>(k));
-      const int64_t count = units.end - units.begin;
-      if (count > 0) {
-        recurrent_[k] = PackedGemmB<T>(true, batch_size, 4 * count, hidden_size_, R_ + 4 * units.begin * hidden_size_,
-                                       hidden_size_);
+    // Each task's rows of R (its block's, or all of them for its group of entries), packed once
+    // for the rows x 4*units x H GEMM of every step.
+    std::vector<PackedGemmB<T>> recurrent(static_cast<size_t>(split_.Tasks()));
+    executor.For(recurrent.size(), [&](size_t k) {
+      const Range units = split_.Units(hidden_size_, static_cast<int64_t>(k));
+      const Range rows = split_.Rows(batch_size, static_cast<int64_t>(k));
+      if (units.end > units.begin && rows.end > rows.begin) {
+        recurrent[k] = PackedGemmB<T>(true, rows.end - rows.begin, 4 * (units.end - units.begin), hidden_size_,
+                                      R_ + 4 * units.begin * hidden_size_, hidden_size_);
       }
     });
     const bool reverse = config_.IsReverse(d_);
-    for (int64_t s = 0; s < dims_.seq_length; ++s) {
-      const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
-      const T* h_prev = h + (s % 2) * batch_size * hidden_size_;
-      T* h_next = h + ((s + 1) % 2) * batch_size * hidden_size_;
-      executor.For(static_cast<size_t>(blocks_), [&](size_t k) {
-        Step(t, static_cast<int64_t>(k), recurrent_[k], h_prev, h_next);
+    const int64_t steps = dims_.seq_length;
+    const int64_t per_round = split_.StepsPerRound(steps);
+    for (int64_t first = 0; first < steps; first += per_round) {
+      executor.For(recurrent.size(), [&](size_t k) {
+        const auto task = static_cast<int64_t>(k);
+        const Range units = split_.Units(hidden_size_, task);
+        const Range rows = split_.Rows(batch_size, task);
+        for (int64_t s = first; s < std::min(first + per_round, steps); ++s) {
+          Step(reverse ? steps - 1 - s : s, units, rows, task, recurrent[k], h + (s % 2) * batch_size * hidden_size_,
+               h + ((s + 1) % 2) * batch_size * hidden_size_);
+        }
       });
     }
     WriteFinalState(h + (dims_.seq_length % 2) * batch_size * hidden_size_);
@@ -143,17 +152,18 @@ class ForwardDirection {
     return 4 * units.begin + gate * (units.end - units.begin) + (unit - units.begin);
   }
 
-  // One step for block `block`, hidden units [units.begin, units.end), of every batch entry.
-  void Step(int64_t t, int64_t block, const PackedGemmB<T>& recurrent, const T* h_prev, T* h_next) {
-    const Range units = SplitRange(hidden_size_, blocks_, block);
+  // One step of one task: hidden units [units.begin, units.end) (a block, block-major columns) of
+  // batch entries [rows.begin, rows.end); `task` indexes the task's scratch.
+  void Step(int64_t t, Range units, Range rows, int64_t task, const PackedGemmB<T>& recurrent, const T* h_prev,
+            T* h_next) {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
-    if (count <= 0) return;
-    T* step_gates = scratch_.gates.get() + dims_.XRow(t, 0) * width_ + 4 * units.begin;
+    if (count <= 0 || rows.end <= rows.begin) return;
+    T* step_gates = scratch_.gates.get() + dims_.XRow(t, rows.begin) * width_ + 4 * units.begin;
     const int64_t step_ld = dims_.BatchStride() * width_;
-    // gates[:, block] += H_{t-1} [N, H] * R[block rows, :]^T: M = N, N = 4*(u1-u0), K = H, B transposed.
-    recurrent.Multiply(h_prev, hidden, T(1), step_gates, step_ld);
-    for (int64_t b = 0; b < dims_.batch_size; ++b) {
+    // gates[rows, block] += H_{t-1}[rows] * R[block rows, :]^T: M = rows, N = 4*(u1-u0), K = H, B transposed.
+    recurrent.Multiply(h_prev + rows.begin * hidden, hidden, T(1), step_gates, step_ld);
+    for (int64_t b = rows.begin; b < rows.end; ++b) {
       const int64_t seq_row = dims_.SeqRow(t, d_, b);
       const bool active = io_.sequence_lens == nullptr || t < io_.sequence_lens[b];
       T* h_out = h_next + b * hidden + units.begin;
@@ -174,7 +184,7 @@ class ForwardDirection {
                               h_out};
           for (int64_t g = 0; g < 4; ++g) {
             row.gate[g] = io_.IOFC ? io_.IOFC + seq_row * width_ + g * hidden + units.begin
-                                   : scratch_.activated.get() + (4 * block + g) * ((hidden + blocks_ - 1) / blocks_);
+                                   : scratch_.activated.get() + (4 * task + g) * ((hidden + blocks_ - 1) / blocks_);
           }
           StandardCellForward(row, count);
           if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
@@ -273,7 +283,8 @@ class ForwardDirection {
   const int64_t d_;
   const int64_t hidden_size_;
   const int64_t width_;
-  const int64_t blocks_;
+  const int64_t blocks_;    // blocks of hidden units per step
+  const StepSplit split_;  // how the time loop is cut into tasks
   const T* P_;  // [3H] of this direction, or null
   const Activation f_act_;
   const Activation g_act_;
@@ -283,7 +294,6 @@ class ForwardDirection {
   ForwardScratch<T> scratch_;
   const T* W_ = nullptr;  // [4H, I] of this direction, block-major rows
   const T* R_ = nullptr;  // [4H, H] of this direction, block-major rows
-  std::vector<PackedGemmB<T>> recurrent_;  // per block: its rows of R as op(B) = R_block^T
 };
 
 }  // namespace
@@ -295,11 +305,11 @@ void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwa
   const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
   const SerialExecutor serial;
   const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
-  const int64_t blocks = StepBlocks(dims, step_executor);
-  ForwardDirection<T> forward(dims, config, tensors, 0, blocks, allocator);
+  const StepSplit split = SplitTimeLoop<T>(dims, step_executor);
+  ForwardDirection<T> forward(dims, config, tensors, 0, split, allocator);
   std::unique_ptr<ForwardDirection<T>> backward;
   if (dims.num_directions == 2) {
-    backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, blocks, allocator);
+    backward = std::make_unique<ForwardDirection<T>>(dims, config, tensors, 1, split, allocator);
   }
 
   forward.ProjectInputs(executor);

@@ -64,6 +64,38 @@ inline int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
   return blocks < 1 ? 1 : blocks;
 }
 
+// How the time loop is cut into executor tasks. Batch entries are independent through the whole
+// recurrence, so with enough of them each task takes a group of entries (rows) for all steps:
+// one round of tasks per time loop, each task multiplying its rows by the whole of R. Otherwise
+// each step is cut into blocks of hidden units (StepBlocks), one round of tasks per step. At most
+// one of the two counts is above 1.
+struct StepSplit {
+  int64_t row_groups = 1;
+  int64_t unit_blocks = 1;
+
+  int64_t Tasks() const { return row_groups * unit_blocks; }
+  // The hidden units and the batch entries of task k.
+  Range Units(int64_t hidden_size, int64_t k) const { return SplitRange(hidden_size, unit_blocks, k % unit_blocks); }
+  Range Rows(int64_t batch_size, int64_t k) const { return SplitRange(batch_size, row_groups, k / unit_blocks); }
+  // Steps a round of tasks runs: one when a step is cut into blocks of units (each needs every
+  // block's previous step), else as many as there are (`steps`).
+  int64_t StepsPerRound(int64_t steps) const { return unit_blocks > 1 || steps < 1 ? 1 : steps; }
+};
+template <typename T>
+inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor) {
+  constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
+  // Each task reads all of R every step: only while it stays in a core's cache (2 MiB of L2 here;
+  // at L, 4 MiB of R streamed from L3 every step made the row groups no faster than unit blocks).
+  constexpr int64_t kMaxGroupWeightBytes = int64_t{2} << 20;
+  if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > kMaxGroupWeightBytes) {
+    return StepSplit{1, StepBlocks(dims, executor)};
+  }
+  int64_t groups = dims.batch_size / kMinGroupRows;
+  if (groups > executor.Width()) groups = executor.Width();
+  if (groups >= 2) return StepSplit{groups, 1};
+  return StepSplit{1, StepBlocks(dims, executor)};
+}
+
 // Work is split into tasks of `executor`; the BLAS must be single-threaded (common/blas.h).
 // Scratch memory comes from `allocator`; std::bad_alloc propagates when it runs out.
 template <typename T>
