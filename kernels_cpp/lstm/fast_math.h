@@ -3,9 +3,9 @@
 // pointwise passes (libm's scalar expf/tanhf would cost more than the GEMMs at common sizes);
 // double keeps libm, whose precision gradient checks in float64 rely on.
 //
-// The build uses -std=c++17 without GNU extensions, which turns off floating-point contraction,
-// so a value computed inside a vectorized loop is bit-identical to the same call made alone. The
-// backward relies on that to recognise clipped gates (lstm/gate_math.h).
+// The build turns off floating-point contraction (-ffp-contract=off; standard_cell.cc alone has
+// it on), so a value computed inside a vectorized loop is bit-identical to the same call made
+// alone. The backward relies on that to recognise clipped gates (lstm/gate_math.h).
 #pragma once
 
 #include <cmath>

@@ -11,12 +11,13 @@
 
 #include "lstm/activation.h"
 #include "lstm/lstm_config.h"
+#include "lstm/standard_cell.h"
 #include "lstm/vector_loops.h"
 
 namespace ortlstm {
 
 // Whether direction d runs the fused float cell loops (StandardCellForward/Backward in
-// vector_loops.h): f = sigmoid, g = h = tanh, no clip, no peepholes, input_forget off.
+// standard_cell.h): f = sigmoid, g = h = tanh, no clip, no peepholes, input_forget off.
 template <typename T>
 inline bool UsesStandardCell(const LstmConfig& config, int64_t d, bool peepholes) {
   const DirectionActivations& acts = config.activations[d];
