@@ -30,7 +30,7 @@ template <typename T>
 struct ForwardScratch {
   Scratch<T> gates;   // [T*N, 4H] X row order: pre-activations, activated in place
   Scratch<T> hidden;  // [2, N, H] H_{t-1} and H_t, swapped every step
-  Scratch<T> cell;    // [N, H] C, updated in place (each hidden unit by one task)
+  Scratch<T> cell;    // [N, H] C, updated in place (each entry and unit by one task)
   Scratch<T> bias;    // [4H] Wb + Rb, block-major gate order (below)
   Scratch<T> activated;  // [tasks, 4 * units per block]: gates of the fused cell when IOFC is not requested
   // W and R with their rows in block-major gate order, when a step is cut into several blocks.
