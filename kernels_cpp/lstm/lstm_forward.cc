@@ -28,20 +28,19 @@ namespace {
 // Scratch of one direction, allocated once per call.
 template <typename T>
 struct ForwardScratch {
-  Scratch<T> gates;   // [T*N, 4H] X row order: pre-activations, activated in place
+  Scratch<T> gates;   // [T*N, 4H] X row order: pre-activations, activated in place; none when
+                      // IOFC holds them (ForwardDirection::gates_in_iofc_)
   Scratch<T> hidden;  // [2, N, H] H_{t-1} and H_t, swapped every step
   Scratch<T> cell;    // [N, H] C, updated in place (each entry and unit by one task)
   Scratch<T> bias;    // [4H] Wb + Rb, block-major gate order (below)
-  Scratch<T> activated;  // [tasks, 4 * units per block]: gates of the fused cell when IOFC is not requested
   // W and R with their rows in block-major gate order, when a step is cut into several blocks.
   Scratch<T> W;  // [4H, I]
   Scratch<T> R;  // [4H, H]
-  ForwardScratch(const LstmDims& dims, int64_t blocks, int64_t tasks, const ScratchAllocator& allocator)
-      : gates(allocator, dims.Rows() * dims.GateWidth()),
+  ForwardScratch(const LstmDims& dims, int64_t blocks, bool gates_in_iofc, const ScratchAllocator& allocator)
+      : gates(allocator, gates_in_iofc ? 0 : dims.Rows() * dims.GateWidth()),
         hidden(allocator, 2 * dims.batch_size * dims.hidden_size),
         cell(allocator, dims.batch_size * dims.hidden_size),
         bias(allocator, dims.GateWidth()),
-        activated(allocator, tasks * 4 * ((dims.hidden_size + blocks - 1) / blocks)),
         W(allocator, blocks > 1 ? dims.GateWidth() * dims.input_size : 0),
         R(allocator, blocks > 1 ? dims.GateWidth() * dims.hidden_size : 0) {}
 };
@@ -68,7 +67,9 @@ class ForwardDirection {
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
         standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
-        scratch_(dims, split.unit_blocks, std::max(split.unit_blocks, split.row_groups), allocator) {
+        gates_in_iofc_(io.IOFC != nullptr && dims.num_directions == 1 && split.unit_blocks == 1),
+        scratch_(dims, split.unit_blocks, gates_in_iofc_, allocator),
+        gates_(gates_in_iofc_ ? io.IOFC : scratch_.gates.get()) {
     const T* W = io.W + d * width_ * dims.input_size;
     const T* R = io.R + d * width_ * hidden_size_;
     W_ = W;
@@ -91,7 +92,7 @@ class ForwardDirection {
   // gates [T*N, 4H] = X [T*N, I] * W^T: M = T*N, N = 4H, K = I, B transposed.
   void ProjectInputs(const Executor& executor) {
     ParallelGemm(executor, false, true, dims_.Rows(), width_, dims_.input_size, T(1), io_.X, dims_.input_size, W_,
-                 dims_.input_size, T(0), scratch_.gates.get(), width_);
+                 dims_.input_size, T(0), gates_, width_);
   }
 
   void Run(const Executor& executor) {
@@ -131,7 +132,7 @@ class ForwardDirection {
         const Range units = split_.Units(hidden_size_, task);
         const Range rows = split_.Rows(batch_size, task);
         for (int64_t s = first; s < std::min(first + per_round, steps); ++s) {
-          Step(reverse ? steps - 1 - s : s, units, rows, task, recurrent[k], h + (s % 2) * batch_size * hidden_size_,
+          Step(reverse ? steps - 1 - s : s, units, rows, recurrent[k], h + (s % 2) * batch_size * hidden_size_,
                h + ((s + 1) % 2) * batch_size * hidden_size_);
         }
       });
@@ -153,13 +154,12 @@ class ForwardDirection {
   }
 
   // One step of one task: hidden units [units.begin, units.end) (a block, block-major columns) of
-  // batch entries [rows.begin, rows.end); `task` indexes the task's scratch.
-  void Step(int64_t t, Range units, Range rows, int64_t task, const PackedGemmB<T>& recurrent, const T* h_prev,
-            T* h_next) {
+  // batch entries [rows.begin, rows.end).
+  void Step(int64_t t, Range units, Range rows, const PackedGemmB<T>& recurrent, const T* h_prev, T* h_next) {
     const int64_t hidden = hidden_size_;
     const int64_t count = units.end - units.begin;
     if (count <= 0 || rows.end <= rows.begin) return;
-    T* step_gates = scratch_.gates.get() + dims_.XRow(t, rows.begin) * width_ + 4 * units.begin;
+    T* step_gates = gates_ + dims_.XRow(t, rows.begin) * width_ + 4 * units.begin;
     const int64_t step_ld = dims_.BatchStride() * width_;
     // gates[rows, block] += H_{t-1}[rows] * R[block rows, :]^T: M = rows, N = 4*(u1-u0), K = H, B transposed.
     recurrent.Multiply(h_prev + rows.begin * hidden, hidden, T(1), step_gates, step_ld);
@@ -177,15 +177,14 @@ class ForwardDirection {
         }
         continue;
       }
-      T* gates = scratch_.gates.get() + dims_.XRow(t, b) * width_ + 4 * units.begin;
+      T* gates = gates_ + dims_.XRow(t, b) * width_ + 4 * units.begin;
+      // Where the activated gates go besides `gates`, in IOFC's iofc column order.
+      const bool copy_to_iofc = io_.IOFC != nullptr && !gates_in_iofc_;
       if constexpr (std::is_same_v<T, float>) {
         if (standard_cell_) {
           StandardCellRow row{gates, scratch_.bias.get() + 4 * units.begin, {}, scratch_.cell.get() + b * hidden + units.begin,
                               h_out};
-          for (int64_t g = 0; g < 4; ++g) {
-            row.gate[g] = io_.IOFC ? io_.IOFC + seq_row * width_ + g * hidden + units.begin
-                                   : scratch_.activated.get() + (4 * task + g) * ((hidden + blocks_ - 1) / blocks_);
-          }
+          for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) row.gate[g] = io_.IOFC + seq_row * width_ + g * hidden + units.begin;
           StandardCellForward(row, count);
           if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
           if (io_.CAll) std::copy_n(row.cell, count, io_.CAll + seq_row * hidden + units.begin);
@@ -197,7 +196,7 @@ class ForwardDirection {
       if (io_.CAll) {
         std::copy_n(scratch_.cell.get() + b * hidden + units.begin, count, io_.CAll + seq_row * hidden + units.begin);
       }
-      if (io_.IOFC) {
+      if (copy_to_iofc) {
         for (int64_t g = 0; g < 4; ++g) {
           std::copy_n(gates + g * count, count, io_.IOFC + seq_row * width_ + g * hidden + units.begin);
         }
@@ -291,7 +290,12 @@ class ForwardDirection {
   const Activation h_act_;
   // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellForward.
   const bool standard_cell_;
+  // One direction and one block: X's row order is IOFC's and the block-major columns are its
+  // iofc order, so IOFC itself holds the pre-activations and the cell activates them in place
+  // (no [T*N, 4H] scratch, and the stash is written while it is in cache).
+  const bool gates_in_iofc_;
   ForwardScratch<T> scratch_;
+  T* const gates_;  // [T*N, 4H] pre-activations: IOFC or scratch_.gates
   const T* W_ = nullptr;  // [4H, I] of this direction, block-major rows
   const T* R_ = nullptr;  // [4H, H] of this direction, block-major rows
 };

@@ -16,11 +16,13 @@
 namespace ortlstm {
 
 // One batch row of the forward cell for n hidden units: the four gates, then the state update.
-// No pointer may alias another.
+// The gates are activated in place in `pre`, or written to `gate` when that is set. No pointer
+// may alias another.
 struct StandardCellRow {
-  const float* pre;   // [4n] i, o, f, c: X W^T + H R^T, without bias
+  float* pre;         // [4n] i, o, f, c: X W^T + H R^T, without bias; activated in place
+                      // unless `gate` is set
   const float* bias;  // [4n] Wb + Rb in the same order
-  float* gate[4];     // [n] each: activated i, o, f, c
+  float* gate[4];     // [n] each: activated i, o, f, c, or all null
   float* cell;        // [n] C_{t-1}, replaced by C_t
   float* hidden;      // [n] H_t
 };
