@@ -21,13 +21,14 @@ namespace {
 // Per-block temporaries of the pointwise pass, one row of hidden units each.
 constexpr int kTemporaries = 5;
 
-// Gate gradients are kept for a window of `chunk` steps at a time (BackwardDirection): two
-// windows, the one being filled and the one before it, whose last step the next GEMM still reads.
-// With a single window (chunk = seq_length) the rows are in X's row order.
+// Gate gradients are kept for a window of `chunk` steps at a time (BackwardDirection), one window
+// reused: a window's last step is carried into dH before its weight-gradient GEMMs, so the next
+// window needs nothing of it. With a single window (chunk = seq_length) the rows are in X's row
+// order.
 template <typename T>
 struct BackwardScratch {
-  Scratch<T> grad_gates;   // [windows, chunk*N, 4H]: dL/d(pre-activation) of i, o, f, c
-  Scratch<T> hidden_prev;  // [windows, chunk*N, H]: H_{t-1} as step t saw it, 0 if inactive;
+  Scratch<T> grad_gates;   // [chunk*N, 4H]: dL/d(pre-activation) of i, o, f, c
+  Scratch<T> hidden_prev;  // [chunk*N, H]: H_{t-1} as step t saw it, 0 if inactive;
                            // not needed when HAll can stand in for it (BackwardDirection)
   Scratch<T> grad_h;       // [N, H] dL/dH flowing into the step being processed
   Scratch<T> grad_c;       // [N, H] dL/dC flowing into the step being processed
@@ -35,10 +36,10 @@ struct BackwardScratch {
   Scratch<T> zeros;        // [H] C_{t-1} of a first step without initial_c
   Scratch<T> grad_bias;    // [groups, 4H] column sums of dpre, each group's over its rows (a block of
                            // units owns its columns, so blocks share one row)
-  BackwardScratch(const LstmDims& dims, StepSplit split, int64_t window_rows, int64_t windows, bool with_hidden_prev,
+  BackwardScratch(const LstmDims& dims, StepSplit split, int64_t window_rows, bool with_hidden_prev,
                   const ScratchAllocator& allocator)
-      : grad_gates(allocator, windows * window_rows * dims.GateWidth()),
-        hidden_prev(allocator, with_hidden_prev ? windows * window_rows * dims.hidden_size : 0),
+      : grad_gates(allocator, window_rows * dims.GateWidth()),
+        hidden_prev(allocator, with_hidden_prev ? window_rows * dims.hidden_size : 0),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
         temporaries(allocator, std::max(split.unit_blocks, split.row_groups) * kTemporaries * dims.hidden_size),
@@ -70,8 +71,7 @@ class BackwardDirection {
         standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
         hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
         chunk_(std::max<int64_t>(chunk, 1)),
-        windows_(chunk_ < dims.seq_length ? 2 : 1),
-        scratch_(dims, split, chunk_ * dims.batch_size, windows_, !hidden_from_hall_, allocator) {}
+        scratch_(dims, split, chunk_ * dims.batch_size, !hidden_from_hall_, allocator) {}
 
   // Steps per window: enough rows (N per step) for the weight-gradient GEMMs of a window to run at
   // full speed, 512, and a single window when the steps cannot be windowed: layout 1 interleaves
@@ -116,12 +116,13 @@ class BackwardDirection {
     // round), then the pointwise pass of step t, which needs only these entries of dH_t. R is not
     // packed here (unlike the forward's R^T): oneMKL runs this untransposed product as fast from R
     // itself (32 x 128 x 1024: 54 us plain, 59 us packed; 16 x 256 x 1024: no faster packed in
-    // the kernel). `count` steps from processing step `first` run in one round; with count 0 the
-    // round only carries the last step's dpre into dH, for dH0.
-    const T* later_grad = nullptr;  // dpre of the step processed last (its row 0)
+    // the kernel). `count` steps from processing step `first` run in one round; with `carry` the
+    // round ends by carrying its last step's dpre into dH (for the next window's first step, or
+    // dH0), which a task can do for its own rows only when it owns every unit of them.
+    const T* later_grad = nullptr;  // dpre of the step processed last (its row 0), until carried
     const int64_t steps = dims_.seq_length;
     auto time_of = [&](int64_t p) { return reverse_ ? p : steps - 1 - p; };
-    auto round = [&](int64_t first, int64_t count) {
+    auto round = [&](int64_t first, int64_t count, bool carry) {
       executor.For(static_cast<size_t>(split_.Tasks()), [&](size_t k) {
         const auto task = static_cast<int64_t>(k);
         const Range units = split_.Units(hidden, task);
@@ -132,9 +133,10 @@ class BackwardDirection {
           Pointwise(time_of(p), units, rows, task);
           later = GradRow(time_of(p), 0);
         }
-        if (count == 0) CarryBack(later, units, rows);
+        if (carry) CarryBack(later, units, rows);
       });
       if (count > 0) later_grad = GradRow(time_of(first + count - 1), 0);
+      if (carry) later_grad = nullptr;
     };
     for (int64_t first = 0; first < steps; first += chunk_) {
       // Processing steps [first, last) are times [lo, hi) (the loop runs backwards in time unless
@@ -142,14 +144,20 @@ class BackwardDirection {
       const int64_t last = std::min(first + chunk_, steps);
       const int64_t lo = reverse_ ? first : steps - last;
       const int64_t hi = reverse_ ? last : steps - first;
-      window_ = (first / chunk_) % windows_;
-      window_lo_ = windows_ > 1 ? lo : 0;
+      window_lo_ = lo;
+      // The window's last step goes into dH before its GEMMs, so that the window can be reused:
+      // inside the last round when each task owns whole rows, else in a round of its own.
+      const bool carry = last < steps || io_.dH0 != nullptr;
+      const bool carry_in_round = split_.unit_blocks == 1;
       const int64_t per_round = std::min(split_.StepsPerRound(steps), last - first);
-      for (int64_t p = first; p < last; p += per_round) round(p, std::min(per_round, last - p));
+      for (int64_t p = first; p < last; p += per_round) {
+        const int64_t count = std::min(per_round, last - p);
+        round(p, count, carry && carry_in_round && p + count == last);
+      }
+      if (carry && !carry_in_round) round(last, 0, true);
       AddWindowGradients(lo, hi, first == 0, x, input_grad, input_beta, executor);
     }
     if (steps == 0) AddWindowGradients(0, 0, true, x, input_grad, input_beta, executor);  // zero sums
-    if (io_.dH0 && later_grad != nullptr) round(0, 0);
     for (int64_t b = 0; b < dims_.batch_size; ++b) {
       const int64_t state = dims_.StateRow(d_, b) * hidden;
       if (io_.dH0) std::copy_n(gh + b * hidden, hidden, io_.dH0 + state);
@@ -176,10 +184,10 @@ class BackwardDirection {
     return dims_.layout == 0 ? (t - window_lo_) * dims_.batch_size + b : dims_.XRow(t, b);
   }
   T* GradRow(int64_t t, int64_t b) const {
-    return scratch_.grad_gates.get() + (window_ * chunk_ * dims_.batch_size + WindowRow(t, b)) * width_;
+    return scratch_.grad_gates.get() + WindowRow(t, b) * width_;
   }
   T* HiddenPrevRow(int64_t t, int64_t b) const {
-    return scratch_.hidden_prev.get() + (window_ * chunk_ * dims_.batch_size + WindowRow(t, b)) * hidden_size_;
+    return scratch_.hidden_prev.get() + WindowRow(t, b) * hidden_size_;
   }
 
   // The current window, times [lo, hi), adds its share of dW, dR, dP and (with `input_grad`) dX;
@@ -191,7 +199,7 @@ class BackwardDirection {
     const int64_t input_size = dims_.input_size;
     const int64_t rows = (hi - lo) * batch;  // with one window, all T*N rows in X's order
     const int64_t offset = dims_.layout == 0 ? lo * batch : 0;
-    const T* grad = scratch_.grad_gates.get() + window_ * chunk_ * batch * width_;
+    const T* grad = scratch_.grad_gates.get();
     const T beta = first ? T(0) : T(1);
     // dW [4H, I] += dpre^T [4H, rows] * X [rows, I]: M = 4H, N = I, K = rows, A transposed.
     if (io_.dW) {
@@ -201,7 +209,7 @@ class BackwardDirection {
     // dR [4H, H] += dpre^T [4H, rows] * H_prev [rows, H]: M = 4H, N = H, K = rows, A transposed.
     T* dR = io_.dR ? io_.dR + d_ * width_ * hidden : nullptr;
     if (dR && !hidden_from_hall_) {
-      const T* hidden_prev = scratch_.hidden_prev.get() + window_ * chunk_ * batch * hidden;
+      const T* hidden_prev = scratch_.hidden_prev.get();
       ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad, width_, hidden_prev, hidden, beta, dR,
                    hidden);
     } else if (dR) {
@@ -411,9 +419,7 @@ class BackwardDirection {
   // away, so dR reads HAll and initial_h instead of a copy (hidden_prev).
   const bool hidden_from_hall_;
   const int64_t chunk_;    // steps per window of gate gradients
-  const int64_t windows_;  // 2, or 1 when one window holds the whole sequence
-  int64_t window_ = 0;     // the window being filled
-  int64_t window_lo_ = 0;  // its first time (lowest t); 0 with one window (X's row order)
+  int64_t window_lo_ = 0;  // the window's first time (lowest t); 0 with one window (X's row order)
   BackwardScratch<T> scratch_;
 };
 
