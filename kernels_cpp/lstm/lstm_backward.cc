@@ -42,7 +42,7 @@ struct BackwardScratch {
         hidden_prev(allocator, with_hidden_prev ? window_rows * dims.hidden_size : 0),
         grad_h(allocator, dims.batch_size * dims.hidden_size),
         grad_c(allocator, dims.batch_size * dims.hidden_size),
-        temporaries(allocator, std::max(split.unit_blocks, split.row_groups) * kTemporaries * dims.hidden_size),
+        temporaries(allocator, split.Tasks() * kTemporaries * dims.hidden_size),
         zeros(allocator, dims.hidden_size),
         grad_bias(allocator, split.row_groups * dims.GateWidth()) {
     std::fill_n(zeros.get(), dims.hidden_size, T(0));
@@ -313,7 +313,7 @@ class BackwardDirection {
       const int64_t seq_row = dims_.SeqRow(t, d_, b);
       const int64_t prev = PreviousStep(t, b);
       const int64_t state = dims_.StateRow(d_, b) * hidden;
-      if (h_prev) {  // else dR reads HAll directly (WeightGradients)
+      if (h_prev) {  // else dR reads HAll directly (AddWindowGradients)
         if (prev >= 0) {
           std::copy_n(io_.HAll + dims_.SeqRow(prev, d_, b) * hidden + units.begin, count, h_prev);
         } else if (io_.initial_h) {

@@ -60,7 +60,6 @@ class ForwardDirection {
         d_(d),
         hidden_size_(dims.hidden_size),
         width_(dims.GateWidth()),
-        blocks_(split.unit_blocks),
         split_(split),
         P_(io.P ? io.P + d * 3 * hidden_size_ : nullptr),
         f_act_(config.activations[d].f),
@@ -78,12 +77,12 @@ class ForwardDirection {
     for (int64_t row = 0; row < width_; ++row) {
       const int64_t to = BlockMajorRow(row);
       bias[to] = io.B ? io.B[d * 2 * width_ + row] + io.B[d * 2 * width_ + width_ + row] : T(0);
-      if (blocks_ > 1) {
+      if (split_.unit_blocks > 1) {
         std::copy_n(W + row * dims.input_size, dims.input_size, scratch_.W.get() + to * dims.input_size);
         std::copy_n(R + row * hidden_size_, hidden_size_, scratch_.R.get() + to * hidden_size_);
       }
     }
-    if (blocks_ > 1) {
+    if (split_.unit_blocks > 1) {
       W_ = scratch_.W.get();
       R_ = scratch_.R.get();
     }
@@ -146,10 +145,10 @@ class ForwardDirection {
     const int64_t gate = row / hidden_size_;
     const int64_t unit = row % hidden_size_;
     // The block holding `unit`: SplitRange gives the first `extra` blocks one more unit.
-    const int64_t base = hidden_size_ / blocks_;
-    const int64_t extra = hidden_size_ % blocks_;
+    const int64_t base = hidden_size_ / split_.unit_blocks;
+    const int64_t extra = hidden_size_ % split_.unit_blocks;
     const int64_t k = unit < extra * (base + 1) ? unit / (base + 1) : extra + (unit - extra * (base + 1)) / base;
-    const Range units = SplitRange(hidden_size_, blocks_, k);
+    const Range units = SplitRange(hidden_size_, split_.unit_blocks, k);
     return 4 * units.begin + gate * (units.end - units.begin) + (unit - units.begin);
   }
 
@@ -178,29 +177,28 @@ class ForwardDirection {
         continue;
       }
       T* gates = gates_ + dims_.XRow(t, b) * width_ + 4 * units.begin;
-      // Where the activated gates go besides `gates`, in IOFC's iofc column order.
+      T* cell = scratch_.cell.get() + b * hidden;
+      // The activated gates go to IOFC too (in its iofc column order) unless IOFC holds `gates`.
       const bool copy_to_iofc = io_.IOFC != nullptr && !gates_in_iofc_;
+      bool fused = false;
       if constexpr (std::is_same_v<T, float>) {
-        if (standard_cell_) {
-          StandardCellRow row{gates, scratch_.bias.get() + 4 * units.begin, {}, scratch_.cell.get() + b * hidden + units.begin,
-                              h_out};
-          for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) row.gate[g] = io_.IOFC + seq_row * width_ + g * hidden + units.begin;
+        if (standard_cell_) {  // writes IOFC's gates itself
+          StandardCellRow row{gates, scratch_.bias.get() + 4 * units.begin, {}, cell + units.begin, h_out};
+          for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) {
+            row.gate[g] = io_.IOFC + seq_row * width_ + g * hidden + units.begin;
+          }
           StandardCellForward(row, count);
-          if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
-          if (io_.CAll) std::copy_n(row.cell, count, io_.CAll + seq_row * hidden + units.begin);
-          continue;
+          fused = true;
         }
       }
-      Cell(gates, scratch_.cell.get() + b * hidden, h_out, units);
-      if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
-      if (io_.CAll) {
-        std::copy_n(scratch_.cell.get() + b * hidden + units.begin, count, io_.CAll + seq_row * hidden + units.begin);
-      }
-      if (copy_to_iofc) {
-        for (int64_t g = 0; g < 4; ++g) {
+      if (!fused) {
+        Cell(gates, cell, h_out, units);
+        for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) {
           std::copy_n(gates + g * count, count, io_.IOFC + seq_row * width_ + g * hidden + units.begin);
         }
       }
+      if (io_.HAll) std::copy_n(h_out, count, io_.HAll + seq_row * hidden + units.begin);
+      if (io_.CAll) std::copy_n(cell + units.begin, count, io_.CAll + seq_row * hidden + units.begin);
     }
   }
 
@@ -282,7 +280,6 @@ class ForwardDirection {
   const int64_t d_;
   const int64_t hidden_size_;
   const int64_t width_;
-  const int64_t blocks_;    // blocks of hidden units per step
   const StepSplit split_;  // how the time loop is cut into tasks
   const T* P_;  // [3H] of this direction, or null
   const Activation f_act_;
