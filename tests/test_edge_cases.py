@@ -332,6 +332,38 @@ def test_nan_and_inf(
                 assert np.all(np.isfinite(others)), f"{what}: {output} of other batch entries"
 
 
+# Saturating pre-activations: every gate's pre-activation is one of these values (W = 1, R = 0,
+# B = 0, input_size 1), around the points where the float kernels' exponential changes regime:
+# tanh's e^(-2|x|) leaving the normal range (|x| ~ 43.7), sigmoid's e^(-x) underflowing (x ~ 87.3)
+# and overflowing (x ~ -88.7), and far beyond.
+_SATURATING_VALUES = (1e-3, 1.0, 20.0, 43.5, 43.9, 44.4, 60.0, 87.0, 87.5, 88.3, 88.8, 89.5, 100.0, 1e4, 3e38)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dtype: np.dtype(dtype).name)
+@pytest.mark.parametrize("hidden_size", [4, 20], ids=lambda size: f"H{size}")
+@pytest.mark.parametrize("clip", [None, 1e38], ids=["default_cell", "general_path"])
+def test_saturating_pre_activations(
+    clip: float | None, hidden_size: int, dtype: type, rng: np.random.Generator
+) -> None:
+    values = np.array([0.0, *_SATURATING_VALUES, *(-v for v in _SATURATING_VALUES)], dtype=np.float32)
+    seq_length, batch_size = 2, len(values)
+    inputs = _draw(seq_length, batch_size, 1, hidden_size, 0, "forward", rng)
+    inputs["X"] = np.stack([values, -values])[:, :, None].astype(np.float64)
+    inputs["W"] = np.ones_like(inputs["W"])
+    inputs["R"] = np.zeros_like(inputs["R"])
+    inputs["B"] = np.zeros_like(inputs["B"])
+    inputs["P"] = None
+    attributes = _attributes(hidden_size, 0, "forward")
+    if clip is not None:  # a clip that never bites: the general (unfused) path, same values
+        attributes["clip"] = clip
+    what = f"saturating pre-activations H{hidden_size} clip={clip}"
+    actual_forward, expected_forward, actual_backward, expected_backward = _forward_and_backward(
+        inputs, attributes, dtype, rng
+    )
+    _assert_matches(actual_forward, expected_forward, dtype, what)
+    _assert_matches(actual_backward, expected_backward, dtype, what)
+
+
 def _padded_case(layout: int, direction: str, rng: np.random.Generator) -> tuple[dict, dict, dict, tuple[int, ...]]:
     lens = (4, 2, 0)
     inputs = _draw(

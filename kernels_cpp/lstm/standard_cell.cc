@@ -98,7 +98,8 @@ ORTLSTM_CELL_CLONES void StandardCellBackward(const StandardCellGradRow& row, in
 
 // Two passes: the four independent gates, then the state update, whose tanh(Ct) waits on them.
 // In one pass the chain i/f/g -> Ct -> tanh(Ct) is too long for the core to overlap iterations
-// (16 rows x 256 units, in cache: 16.4 us one pass, 14.6 us two, 10 us two with FMA).
+// (16 rows x 256 units, in cache: 16.4 us one pass, 14.6 us two, 10 us two with FMA, 6.2 us
+// with the gate activations free of range selects, lstm/fast_math.h).
 ORTLSTM_CELL_CLONES void StandardCellForward(const StandardCellRow& row, int64_t n) {
   float* pre = row.pre;
   const float* bias = row.bias;
