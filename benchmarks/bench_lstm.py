@@ -255,14 +255,20 @@ def gemm_sources(threads: int) -> list[GemmSource]:
     return sources
 
 
-def gemm_seconds(source: GemmSource, m: int, n: int, k: int, dtype: str, repeats: int) -> float:
-    """Median seconds of C[m, n] = A[m, k] · B[k, n], row-major, no transposes."""
+def prepare_gemm(source: GemmSource, m: int, n: int, k: int, dtype: str) -> Callable[[], None]:
+    """C[m, n] = A[m, k] · B[k, n], row-major, no transposes, on random operands; run once."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     c = np.zeros((m, n), dtype=dtype)
     run = source.prepare(a, b, c)
     run()
+    return run
+
+
+def gemm_seconds(source: GemmSource, m: int, n: int, k: int, dtype: str, repeats: int) -> float:
+    """Median seconds of C[m, n] = A[m, k] · B[k, n], row-major, no transposes."""
+    run = prepare_gemm(source, m, n, k, dtype)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -271,27 +277,58 @@ def gemm_seconds(source: GemmSource, m: int, n: int, k: int, dtype: str, repeats
     return statistics.median(times)
 
 
+@dataclasses.dataclass(frozen=True)
+class GemmCandidate:
+    """One (BLAS, shape, dtype) whose rate may set the limit."""
+
+    source: GemmSource
+    m: int
+    n: int
+    k: int
+    dtype: str
+
+    @property
+    def flops(self) -> float:
+        """2·m·n·k."""
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def label(self) -> str:
+        """``BLAS name, M x N x K``: the phase name under which the limit's runner times it."""
+        return f"{self.source.name.split(',')[0]}, {self.m} x {self.n} x {self.k}"
+
+
+LIMIT_CANDIDATES = 3
+"""How many of the fastest GEMMs of the survey are timed again in every config's rounds."""
+
+
 def measure_gemm_rates(
     sources: Sequence[GemmSource], configs: Sequence[BenchConfig], quick: bool
-) -> tuple[dict[str, float], list[tuple[str, str, str, float]]]:
-    """Best GEMM rate per dtype (FLOP/s) over all sources, and every measurement.
+) -> tuple[dict[str, list[GemmCandidate]], list[tuple[str, str, str, float]]]:
+    """The survey at the start of the run: per dtype, the fastest GEMMs, and every measurement.
 
-    Measurements are (dtype, shape, source name, GFLOP/s). Shapes: square products (the best
-    case) and each config's input projection (seq_length·batch_size) x 4·hidden_size x input_size.
+    Every source runs every shape: square products (the best case) and each config's input
+    projection (seq_length·batch_size) x 4·hidden_size x input_size. Returns, per dtype, the
+    ``LIMIT_CANDIDATES`` fastest (source, shape) pairs, fastest first, which the limit's runner
+    times again inside each config's rounds; and every measurement as (dtype, shape, source name,
+    GFLOP/s).
     """
     rows: list[tuple[str, str, str, float]] = []
-    best: dict[str, float] = {}
+    candidates: dict[str, list[GemmCandidate]] = {}
     for dtype in sorted({config.dtype for config in configs}):
         squares = (1024, 2048) if quick else (1024, 2048, 3072)
         shapes = [(size, size, size) for size in squares]
         shapes += [(c.seq_length * c.batch_size, 4 * c.hidden_size, c.input_size) for c in configs if c.dtype == dtype]
+        rated: list[tuple[float, GemmCandidate]] = []
         for source in sources:
             for m, n, k in dict.fromkeys(shapes):
-                seconds = gemm_seconds(source, m, n, k, dtype, repeats=3 if quick else 5)
-                rate = 2.0 * m * n * k / seconds
+                candidate = GemmCandidate(source, m, n, k, dtype)
+                rate = candidate.flops / gemm_seconds(source, m, n, k, dtype, repeats=3 if quick else 5)
                 rows.append((dtype, f"{m} x {n} x {k}", source.name, rate / 1e9))
-                best[dtype] = max(best.get(dtype, 0.0), rate)
-    return best, rows
+                rated.append((rate, candidate))
+        rated.sort(key=lambda pair: -pair[0])
+        candidates[dtype] = [candidate for _, candidate in rated[:LIMIT_CANDIDATES]]
+    return candidates, rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,6 +380,8 @@ class Runner:
     """One competitor at one config: ``iteration()`` runs one forward and one backward."""
 
     name: str
+    warm_up_each_round = True
+    """Whether rounds start with an untimed iteration when iterations are short (time_config)."""
 
     def iteration(self, phases: Phases) -> None:
         """Runs forward then backward once, appending each call's seconds to ``phases``."""
@@ -644,6 +683,39 @@ class TorchRunner(Runner):
         return self.gradient_bytes
 
 
+class GemmLimitRunner(Runner):
+    """The GEMM limit as a competitor: each iteration runs every candidate GEMM once.
+
+    It takes part in a config's interleaved rounds like the others, so the limit's rate comes from
+    the same minutes, and the same statistic (median over the rounds), as the times it is compared
+    with. Phases are the candidates' labels.
+    """
+
+    name = LIMIT
+    warm_up_each_round = False  # each candidate runs once untimed before it is timed
+
+    def __init__(self, candidates: Sequence[GemmCandidate]) -> None:
+        # Grouped by BLAS, so that a round switches between thread pools as rarely as it can.
+        order = {id(c.source): index for index, c in reversed(list(enumerate(candidates)))}
+        self.candidates = sorted(candidates, key=lambda c: order[id(c.source)])
+        self._runs = [prepare_gemm(c.source, c.m, c.n, c.k, c.dtype) for c in self.candidates]
+        self._last_source: GemmSource | None = None
+
+    def iteration(self, phases: Phases) -> None:  # noqa: D102
+        for candidate, run in zip(self.candidates, self._runs, strict=True):
+            if self._last_source is not None and candidate.source is not self._last_source:
+                time.sleep(SETTLE_SECONDS)  # the threads of the BLAS that ran before spin for a while
+            self._last_source = candidate.source
+            run()  # untimed: wakes this BLAS's threads and warms the operands, as in the survey
+            start = time.perf_counter()
+            run()
+            phases.setdefault(candidate.label, []).append(time.perf_counter() - start)
+
+    def rates(self, timing: Timing) -> list[tuple[GemmCandidate, float]]:
+        """Each candidate with its rate (FLOP/s) from its median time in ``timing``."""
+        return [(c, c.flops / statistics.median(timing.phases[c.label])) for c in self.candidates]
+
+
 def make_runner(
     competitor: str,
     config: BenchConfig,
@@ -743,7 +815,7 @@ def time_config(
         iterations = max(1, math.ceil(min_round_seconds / max(seconds, 1e-9)))
         rounds_of[name] = min(repeats, max(3, int(max_seconds / (iterations * seconds))))
         timings[name] = Timing(iterations_per_round=iterations)
-        round_warmup[name] = seconds < ROUND_WARMUP_BELOW_SECONDS
+        round_warmup[name] = runner.warm_up_each_round and seconds < ROUND_WARMUP_BELOW_SECONDS
         if rounds_of[name] < repeats:
             log(f"    {name}: {seconds:.2f} s per iteration, limited to {rounds_of[name]} rounds")
     names = list(runners)
@@ -1027,7 +1099,9 @@ class Results:
     timings: dict[tuple[str, str], Timing | str]
     limit_ms: dict[str, dict[str, float]]
     gemm_rows: list[tuple[str, str, str, float]]
-    best_rate: dict[str, float]
+    """The survey at the start: (dtype, shape, BLAS, GFLOP/s)."""
+    limit_rates: dict[str, list[tuple[str, float]]]
+    """Per config: each candidate GEMM (label) with its median GFLOP/s over the config's rounds."""
     memory: dict[tuple[str, str], dict[str, float] | str]
     environment: dict[str, str]
     machine: dict[str, str]
@@ -1086,13 +1160,27 @@ def render_markdown(results: Results) -> str:
         sections.append(["### Peak extra memory of one backward call (MiB)", "", *_memory_lines(results)])
     sections += [
         ["### Targets", "", *_target_lines(results)],
-        [
-            "### GEMM rates measured in this run",
-            "",
-            *_table(["dtype", "M x N x K", "BLAS", "GFLOP/s"], gemm_rows, 3),
-        ],
+        ["### GEMM rates measured in this run", "", *_gemm_lines(results, gemm_rows)],
     ]
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def _gemm_lines(results: Results, survey: list[list[str]]) -> list[str]:
+    rows = [
+        [name, label.split(", ")[1], label.split(", ")[0], f"{rate:.3g}"]
+        for name, rated in results.limit_rates.items()
+        for label, rate in rated
+    ]
+    return [
+        "The limit's rate at each config: the fastest of the survey's best "
+        f"{LIMIT_CANDIDATES} GEMMs, each timed once per round in that config's interleaved rounds (median).",
+        "",
+        *_table(["config", "M x N x K", "BLAS", "GFLOP/s"], rows, 3),
+        "",
+        "The survey at the start of the run (median of 5 calls each), which picks those GEMMs:",
+        "",
+        *_table(["dtype", "M x N x K", "BLAS", "GFLOP/s"], survey, 3),
+    ]
 
 
 def _setup_lines(results: Results) -> list[str]:
@@ -1100,8 +1188,10 @@ def _setup_lines(results: Results) -> list[str]:
     lines.append("Machine: " + "; ".join(f"{key} {value}" for key, value in results.machine.items()) + ".")
     lines.append("")
     lines += [f"- {key}: {value}" for key, value in results.environment.items()]
-    best = ", ".join(f"{dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in sorted(results.best_rate.items()))
-    lines.append(f"- best GEMM rate this run (the limit's rate): {best}")
+    best = ", ".join(
+        f"{name} {max(rate for _, rate in rated):.0f}" for name, rated in results.limit_rates.items() if rated
+    )
+    lines.append(f"- the limit's rate per config (best GEMM, median over the config's rounds), GFLOP/s: {best}")
     overall = results.other_load.get("run")
     if overall is not None:
         lines.append(f"- other processes used {overall:.2f} cores on average during the run (per config: ratios table)")
@@ -1362,18 +1452,18 @@ def main() -> None:
         log(f"{key}: {value}")
 
     log("GEMM rates")
-    best_rate, gemm_rows = measure_gemm_rates(sources, args.config_list, args.quick)
+    candidates, gemm_rows = measure_gemm_rates(sources, args.config_list, args.quick)
     for dtype, shape, source, rate in gemm_rows:
         log(f"  {dtype} {shape:>20}: {rate:6.0f} GFLOP/s  {source.split(',')[0]}")
 
     timings: dict[tuple[str, str], Timing | str] = {}
     limit_ms: dict[str, dict[str, float]] = {}
+    limit_rates: dict[str, list[tuple[str, float]]] = {}
     for config in args.config_list:
-        rate = best_rate[config.dtype]
-        limit_ms[config.name] = {"fwd": 1e3 * config.forward_flops / rate, "bwd": 1e3 * config.backward_flops / rate}
         log(f"config {config.name} {config.describe()}")
         config_mark = monitor.mark()
-        runners: dict[str, Runner] = {}
+        limit_runner = GemmLimitRunner(candidates[config.dtype])
+        runners: dict[str, Runner] = {LIMIT: limit_runner}
         for competitor in args.competitor_list:
             try:
                 runners[competitor] = make_runner(
@@ -1383,13 +1473,23 @@ def main() -> None:
                 timings[(competitor, config.name)] = str(reason)
                 log(f"    {competitor}: n/a ({reason})")
         for name, timing in time_config(runners, args.repeats, MIN_ROUND_SECONDS, args.max_seconds, log).items():
+            if name == LIMIT:
+                rated = limit_runner.rates(timing)
+                limit_rates[config.name] = [(candidate.label, rate / 1e9) for candidate, rate in rated]
+                rate = max(rate for _, rate in rated)
+                limit_ms[config.name] = {
+                    "fwd": 1e3 * config.forward_flops / rate,
+                    "bwd": 1e3 * config.backward_flops / rate,
+                }
+                continue
             timings[(name, config.name)] = timing
             log(
                 f"    {name:14} fwd {_ms(timing.median_ms('fwd')):>8} ms  bwd {_ms(timing.median_ms('bwd')):>8} ms"
                 f"  fwd+bwd {_ms(timing.median_ms('fwd+bwd')):>8} ms  ({timing.rounds}x{timing.iterations_per_round})"
             )
         limit = limit_ms[config.name]
-        log(f"    {LIMIT:14} fwd {_ms(limit['fwd']):>8} ms  bwd {_ms(limit['bwd']):>8} ms")
+        best = max(rate for _, rate in limit_rates[config.name])
+        log(f"    {LIMIT:14} fwd {_ms(limit['fwd']):>8} ms  bwd {_ms(limit['bwd']):>8} ms  (at {best:.0f} GFLOP/s)")
         other_load[config.name] = monitor.others_since(config_mark)
         log(f"    other processes' load: {_number(other_load[config.name])} cores")
         del runners
@@ -1414,7 +1514,7 @@ def main() -> None:
         timings=timings,
         limit_ms=limit_ms,
         gemm_rows=gemm_rows,
-        best_rate=best_rate,
+        limit_rates=limit_rates,
         memory=memory,
         environment=environment,
         machine=machine,
@@ -1440,7 +1540,10 @@ def _json_payload(results: Results) -> dict[str, Any]:
         "command": results.command,
         "machine": results.machine,
         "environment": results.environment,
-        "best_gemm_rate_gflops": {dtype: rate / 1e9 for dtype, rate in results.best_rate.items()},
+        "limit_rates_gflops": {
+            name: [{"gemm": label, "gflops": rate} for label, rate in rated]
+            for name, rated in results.limit_rates.items()
+        },
         "gemm": [{"dtype": d, "shape": s, "source": b, "gflops": r} for d, s, b, r in results.gemm_rows],
         "configs": [dataclasses.asdict(config) for config in results.configs],
         "limit_ms": results.limit_ms,
