@@ -332,6 +332,26 @@ def test_nan_and_inf(
                 assert np.all(np.isfinite(others)), f"{what}: {output} of other batch entries"
 
 
+def _gate_probe(
+    steps: np.ndarray, hidden_size: int, clip: float | None, rng: np.random.Generator
+) -> tuple[dict[str, np.ndarray | None], dict[str, object]]:
+    """Inputs and attributes under which every gate's pre-activation is a value of ``steps``.
+
+    ``steps`` is [seq_length, batch_size]: input_size 1, W = 1, R = 0, B = 0, no peepholes;
+    initial_h and initial_c random. A ``clip`` that never bites selects the general (unfused) path.
+    """
+    inputs = _draw(steps.shape[0], steps.shape[1], 1, hidden_size, 0, "forward", rng)
+    inputs["X"] = steps[:, :, None].astype(np.float64)
+    inputs["W"] = np.ones_like(inputs["W"])
+    inputs["R"] = np.zeros_like(inputs["R"])
+    inputs["B"] = np.zeros_like(inputs["B"])
+    inputs["P"] = None
+    attributes = _attributes(hidden_size, 0, "forward")
+    if clip is not None:
+        attributes["clip"] = clip
+    return inputs, attributes
+
+
 # Saturating pre-activations: every gate's pre-activation is one of these values (W = 1, R = 0,
 # B = 0, input_size 1), around the points where the float kernels' exponential changes regime:
 # tanh's e^(-2|x|) leaving the normal range (|x| ~ 43.7), sigmoid's e^(-x) underflowing (x ~ 87.3)
@@ -346,22 +366,45 @@ def test_saturating_pre_activations(
     clip: float | None, hidden_size: int, dtype: type, rng: np.random.Generator
 ) -> None:
     values = np.array([0.0, *_SATURATING_VALUES, *(-v for v in _SATURATING_VALUES)], dtype=np.float32)
-    seq_length, batch_size = 2, len(values)
-    inputs = _draw(seq_length, batch_size, 1, hidden_size, 0, "forward", rng)
-    inputs["X"] = np.stack([values, -values])[:, :, None].astype(np.float64)
-    inputs["W"] = np.ones_like(inputs["W"])
-    inputs["R"] = np.zeros_like(inputs["R"])
-    inputs["B"] = np.zeros_like(inputs["B"])
-    inputs["P"] = None
-    attributes = _attributes(hidden_size, 0, "forward")
-    if clip is not None:  # a clip that never bites: the general (unfused) path, same values
-        attributes["clip"] = clip
+    inputs, attributes = _gate_probe(np.stack([values, -values]), hidden_size, clip, rng)
     what = f"saturating pre-activations H{hidden_size} clip={clip}"
     actual_forward, expected_forward, actual_backward, expected_backward = _forward_and_backward(
         inputs, attributes, dtype, rng
     )
     _assert_matches(actual_forward, expected_forward, dtype, what)
     _assert_matches(actual_backward, expected_backward, dtype, what)
+
+
+# Gates saturated far out are exactly 0, 1 or -1, as the oracle's: a gate of 1e-308 instead of 0
+# would turn 0 * inf = NaN into inf further on.
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dtype: np.dtype(dtype).name)
+@pytest.mark.parametrize("clip", [None, 1e38], ids=["default_cell", "general_path"])
+def test_saturated_gates_are_exact(clip: float | None, dtype: type, rng: np.random.Generator) -> None:
+    values = np.array([800.0, 1e4, 3e38, np.inf, -800.0, -1e4, -3e38, -np.inf])
+    inputs, attributes = _gate_probe(values[None, :], 4, clip, rng)
+    expected = lstm_forward(**inputs, **attributes)["IOFC"]
+    assert set(np.unique(expected)) == {-1.0, 0.0, 1.0}
+    actual = op_runner.run("LSTMTraining", inputs, attributes, dtype=dtype)["IOFC"]
+    np.testing.assert_array_equal(actual, expected, err_msg=f"IOFC, clip={clip}")
+
+
+# float64 activations keep their relative precision for small arguments (tanh by its own series
+# below 1/4, lstm/fast_math.h): pre-activations from 1e-12 to 0.3, checked relative to the oracle
+# with no absolute slack. (float32's tanh is accurate to a few ulp of 1 only, which is what a gate
+# needs.)
+_SMALL_VALUES = (1e-12, 1e-8, 1e-4, 0.1, 0.2499, 0.2501, 0.3)
+
+
+@pytest.mark.parametrize("clip", [None, 1e38], ids=["default_cell", "general_path"])
+def test_float64_small_pre_activations_keep_relative_precision(clip: float | None, rng: np.random.Generator) -> None:
+    values = np.array([*_SMALL_VALUES, *(-v for v in _SMALL_VALUES)])
+    inputs, attributes = _gate_probe(values[None, :], 20, clip, rng)
+    inputs["initial_h"] = np.zeros_like(inputs["initial_h"])
+    inputs["initial_c"] = np.zeros_like(inputs["initial_c"])
+    expected = lstm_forward(**inputs, **attributes)
+    actual = op_runner.run("LSTMTraining", inputs, attributes, dtype=np.float64)
+    for name in ("IOFC", "CAll", "HAll"):  # the gates, C = i * tanh(x), H = o * tanh(C)
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-14, atol=0, err_msg=f"clip={clip}: {name}")
 
 
 def _padded_case(layout: int, direction: str, rng: np.random.Generator) -> tuple[dict, dict, dict, tuple[int, ...]]:

@@ -1,7 +1,9 @@
 // exp, sigmoid and tanh written so that GCC vectorizes loops over them: branch-free, only
 // +, -, *, / and bit moves, no libm call. The float versions carry the forward and backward
 // pointwise passes (libm's scalar expf/tanhf would cost more than the GEMMs at common sizes);
-// double keeps libm, whose precision gradient checks in float64 rely on.
+// the double sigmoid and tanh carry the fused cells of float64 LSTMs (standard_cell.cc), within
+// a few ulp of libm's. The general path in double (other activations, clip, peepholes) keeps
+// libm through FastSigmoid / FastTanh.
 //
 // The build turns off floating-point contraction (-ffp-contract=off; standard_cell.cc alone has
 // it on), so a value computed inside a vectorized loop is bit-identical to the same call made
@@ -81,6 +83,73 @@ inline float TanhFloat(float x) {
   using namespace fast_math_detail;
   const float e = ExpFloatNoRangeCheck(ClampFloat(-2.0f * std::fabs(x), kExpMinInput, 0.0f));
   return std::copysign((1.0f - e) / (1.0f + e), x);
+}
+
+namespace fast_math_detail {
+
+constexpr double kExpMinInputDouble = -708.3964185322641;  // e^x >= 2^-1022: the smallest normal
+
+// e^x for double without range handling, as ExpFloatNoRangeCheck: x = n*ln2 + r, |r| <= ln2/2,
+// e^r by its Taylor polynomial to r^13 (the first dropped term is below 5e-18 relative), 2^n in
+// the exponent bits. Exact to a few ulp for x in [kExpMinInputDouble, 709.43] (n <= 1023); up to
+// 710 n is 1024, whose exponent field 2047 makes the result +inf. A NaN gives NaN.
+inline double ExpDoubleNoRangeCheck(double x) {
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // low 21 mantissa bits zero: n * kLn2Hi is exact
+  constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const double shifted = x * kLog2e + kRoundMagic;
+  const double n = shifted - kRoundMagic;
+  const double r = (x - n * kLn2Hi) - n * kLn2Lo;
+  constexpr double kInverseFactorials[] = {
+      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+      1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
+      1.0 / 6.0,          0.5,               1.0,              1.0};  // 1/13! .. 1/0!
+  double p = kInverseFactorials[0];
+  for (int i = 1; i < 14; ++i) p = p * r + kInverseFactorials[i];
+  uint64_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+  const uint64_t scale_bits = (shifted_bits - 0x4338000000000000ull + 1023u) << 52;
+  double scale;
+  std::memcpy(&scale, &scale_bits, sizeof(scale));
+  return p * scale;
+}
+
+// e^x - 1 for x in [-0.5, 0], by its Taylor polynomial to x^16 (the first dropped term is below
+// 2e-19 relative): no cancellation, so tanh of a small argument keeps its relative precision.
+inline double Expm1SmallDouble(double x) {
+  constexpr double kInverseFactorials[] = {
+      1.0 / 355687428096000.0, 1.0 / 20922789888000.0, 1.0 / 1307674368000.0, 1.0 / 87178291200.0,
+      1.0 / 6227020800.0,      1.0 / 479001600.0,      1.0 / 39916800.0,      1.0 / 3628800.0,
+      1.0 / 362880.0,          1.0 / 40320.0,          1.0 / 5040.0,          1.0 / 720.0,
+      1.0 / 120.0,             1.0 / 24.0,             1.0 / 6.0,             0.5,
+      1.0};  // 1/17! .. 1/1!
+  double p = kInverseFactorials[0];
+  for (int i = 1; i < 17; ++i) p = p * x + kInverseFactorials[i];
+  return p * x;
+}
+
+inline double ClampDouble(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+}  // namespace fast_math_detail
+
+// As SigmoidFloat, in double: no range selects, exactly 0 and 1 far out.
+inline double SigmoidDouble(double x) {
+  using namespace fast_math_detail;
+  return 1.0 / (1.0 + ExpDoubleNoRangeCheck(ClampDouble(-x, kExpMinInputDouble, 710.0)));
+}
+
+// tanh(|x|) = (1 - e) / (1 + e) with e = e^(-2|x|), or for |x| < 1/4, where 1 - e would lose
+// relative precision, -m / (2 + m) with m = e^(-2|x|) - 1 from its own series. Both are computed
+// and one is selected, which keeps the loops branch-free. NaN stays NaN.
+inline double TanhDouble(double x) {
+  using namespace fast_math_detail;
+  const double a = std::fabs(x);
+  const double e = ExpDoubleNoRangeCheck(ClampDouble(-2.0 * a, kExpMinInputDouble, 0.0));
+  const double large = (1.0 - e) / (1.0 + e);
+  const double m = Expm1SmallDouble(ClampDouble(-2.0 * a, -0.5, 0.0));
+  const double small = -m / (2.0 + m);
+  return std::copysign(a < 0.25 ? small : large, x);
 }
 
 template <typename T>

@@ -16,12 +16,11 @@
 
 namespace ortlstm {
 
-// Whether direction d runs the fused float cell loops (StandardCellForward/Backward in
+// Whether direction d runs the fused cell loops (StandardCellForward/Backward in
 // standard_cell.h): f = sigmoid, g = h = tanh, no clip, no peepholes, input_forget off.
-template <typename T>
 inline bool UsesStandardCell(const LstmConfig& config, int64_t d, bool peepholes) {
   const DirectionActivations& acts = config.activations[d];
-  return std::is_same_v<T, float> && acts.f.kind == ActivationKind::kSigmoid && acts.g.kind == ActivationKind::kTanh &&
+  return acts.f.kind == ActivationKind::kSigmoid && acts.g.kind == ActivationKind::kTanh &&
          acts.h.kind == ActivationKind::kTanh && !config.clip.has_value() && !peepholes && !config.input_forget;
 }
 

@@ -68,7 +68,7 @@ class BackwardDirection {
         f_act_(config.activations[d].f, config.clip),
         g_act_(config.activations[d].g, config.clip),
         h_act_(config.activations[d].h),
-        standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
+        standard_cell_(UsesStandardCell(config, d, P_ != nullptr)),
         hidden_from_hall_(dims.num_directions == 1 && dims.layout == 0 && io.sequence_lens == nullptr),
         chunk_(std::max<int64_t>(chunk, 1)),
         scratch_(dims, split, chunk_ * dims.batch_size, !hidden_from_hall_, allocator) {}
@@ -336,12 +336,11 @@ class BackwardDirection {
       T* grad_h = scratch_.grad_h.get() + b * hidden + units.begin;
       T* grad_c = scratch_.grad_c.get() + b * hidden + units.begin;
       const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * hidden + units.begin : nullptr;
-      if constexpr (std::is_same_v<T, float>) {
-        if (standard_cell_) {
-          StandardCellBackward({{gi, go, gf, gc}, cell, cp, grad_hall, grad_h, grad_c, {dpre_i, dpre_o, dpre_f, dpre_c}},
-                               count);
-          continue;
-        }
+      if (standard_cell_) {
+        StandardCellBackward(
+            StandardCellGradRow<T>{{gi, go, gf, gc}, cell, cp, grad_hall, grad_h, grad_c, {dpre_i, dpre_o, dpre_f, dpre_c}},
+            count);
+        continue;
       }
 
       // dH_t = dL/dHAll_t + (dH from step t+1, or grad_Ht)
@@ -413,7 +412,7 @@ class BackwardDirection {
   const GateActivation<T> f_act_;
   const GateActivation<T> g_act_;
   const Activation h_act_;
-  // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellBackward.
+  // Default activations, no clip, peepholes or input_forget: the fused StandardCellBackward.
   const bool standard_cell_;
   // One direction, layout 0, every sequence full: the rows of H_{t-1} are HAll's rows one step
   // away, so dR reads HAll and initial_h instead of a copy (hidden_prev).

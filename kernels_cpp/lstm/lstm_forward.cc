@@ -65,7 +65,7 @@ class ForwardDirection {
         f_act_(config.activations[d].f),
         g_act_(config.activations[d].g),
         h_act_(config.activations[d].h),
-        standard_cell_(UsesStandardCell<T>(config, d, P_ != nullptr)),
+        standard_cell_(UsesStandardCell(config, d, P_ != nullptr)),
         gates_in_iofc_(io.IOFC != nullptr && dims.num_directions == 1 && split.unit_blocks == 1),
         scratch_(dims, split.unit_blocks, gates_in_iofc_, allocator),
         gates_(gates_in_iofc_ ? io.IOFC : scratch_.gates.get()) {
@@ -180,18 +180,13 @@ class ForwardDirection {
       T* cell = scratch_.cell.get() + b * hidden;
       // The activated gates go to IOFC too (in its iofc column order) unless IOFC holds `gates`.
       const bool copy_to_iofc = io_.IOFC != nullptr && !gates_in_iofc_;
-      bool fused = false;
-      if constexpr (std::is_same_v<T, float>) {
-        if (standard_cell_) {  // writes IOFC's gates itself
-          StandardCellRow row{gates, scratch_.bias.get() + 4 * units.begin, {}, cell + units.begin, h_out};
-          for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) {
-            row.gate[g] = io_.IOFC + seq_row * width_ + g * hidden + units.begin;
-          }
-          StandardCellForward(row, count);
-          fused = true;
+      if (standard_cell_) {  // writes IOFC's gates itself
+        StandardCellRow<T> row{gates, scratch_.bias.get() + 4 * units.begin, {}, cell + units.begin, h_out};
+        for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) {
+          row.gate[g] = io_.IOFC + seq_row * width_ + g * hidden + units.begin;
         }
-      }
-      if (!fused) {
+        StandardCellForward(row, count);
+      } else {
         Cell(gates, cell, h_out, units);
         for (int64_t g = 0; g < 4 && copy_to_iofc; ++g) {
           std::copy_n(gates + g * count, count, io_.IOFC + seq_row * width_ + g * hidden + units.begin);
@@ -285,7 +280,7 @@ class ForwardDirection {
   const Activation f_act_;
   const Activation g_act_;
   const Activation h_act_;
-  // Default activations, no clip, peepholes or input_forget, float: the fused StandardCellForward.
+  // Default activations, no clip, peepholes or input_forget: the fused StandardCellForward.
   const bool standard_cell_;
   // One direction and one block: X's row order is IOFC's and the block-major columns are its
   // iofc order, so IOFC itself holds the pre-activations and the cell activates them in place
