@@ -55,7 +55,10 @@ inline float ExpFloatNoRangeCheck(float x) {
 }
 
 // x limited to [lo, hi]; a NaN passes through (both comparisons are false).
-inline float ClampFloat(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+template <typename T>
+inline T Clamp(T x, T lo, T hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
 
 }  // namespace fast_math_detail
 
@@ -63,7 +66,7 @@ inline float ClampFloat(float x, float lo, float hi) { return x < lo ? lo : (x >
 // underflows to 0 (no denormal results), NaN stays NaN.
 inline float ExpFloat(float x) {
   using namespace fast_math_detail;
-  const float result = ExpFloatNoRangeCheck(ClampFloat(x, kExpMinInput, kExpMaxInput));
+  const float result = ExpFloatNoRangeCheck(Clamp(x, kExpMinInput, kExpMaxInput));
   const float bounded = x > kExpMaxInput ? HUGE_VALF : (x < kExpMinInput ? 0.0f : result);
   return x != x ? x : bounded;
 }
@@ -74,14 +77,14 @@ inline float ExpFloat(float x) {
 // cells are about a third faster.
 inline float SigmoidFloat(float x) {
   using namespace fast_math_detail;
-  return 1.0f / (1.0f + ExpFloatNoRangeCheck(ClampFloat(-x, kExpMinInput, 89.0f)));
+  return 1.0f / (1.0f + ExpFloatNoRangeCheck(Clamp(-x, kExpMinInput, 89.0f)));
 }
 
 // tanh(x) = sign(x) * (1 - e) / (1 + e) with e = e^(-2|x|): absolute error within a few ulp of 1,
 // which is what an LSTM gate needs (relative error grows only for |x| below ~1e-3). NaN stays NaN.
 inline float TanhFloat(float x) {
   using namespace fast_math_detail;
-  const float e = ExpFloatNoRangeCheck(ClampFloat(-2.0f * std::fabs(x), kExpMinInput, 0.0f));
+  const float e = ExpFloatNoRangeCheck(Clamp(-2.0f * std::fabs(x), kExpMinInput, 0.0f));
   return std::copysign((1.0f - e) / (1.0f + e), x);
 }
 
@@ -129,14 +132,12 @@ inline double Expm1SmallDouble(double x) {
   return p * x;
 }
 
-inline double ClampDouble(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
 }  // namespace fast_math_detail
 
 // As SigmoidFloat, in double: no range selects, exactly 0 and 1 far out.
 inline double SigmoidDouble(double x) {
   using namespace fast_math_detail;
-  return 1.0 / (1.0 + ExpDoubleNoRangeCheck(ClampDouble(-x, kExpMinInputDouble, 710.0)));
+  return 1.0 / (1.0 + ExpDoubleNoRangeCheck(Clamp(-x, kExpMinInputDouble, 710.0)));
 }
 
 // tanh(|x|) = (1 - e) / (1 + e) with e = e^(-2|x|), or for |x| < 1/4, where 1 - e would lose
@@ -145,9 +146,9 @@ inline double SigmoidDouble(double x) {
 inline double TanhDouble(double x) {
   using namespace fast_math_detail;
   const double a = std::fabs(x);
-  const double e = ExpDoubleNoRangeCheck(ClampDouble(-2.0 * a, kExpMinInputDouble, 0.0));
+  const double e = ExpDoubleNoRangeCheck(Clamp(-2.0 * a, kExpMinInputDouble, 0.0));
   const double large = (1.0 - e) / (1.0 + e);
-  const double m = Expm1SmallDouble(ClampDouble(-2.0 * a, -0.5, 0.0));
+  const double m = Expm1SmallDouble(Clamp(-2.0 * a, -0.5, 0.0));
   const double small = -m / (2.0 + m);
   return std::copysign(a < 0.25 ? small : large, x);
 }
