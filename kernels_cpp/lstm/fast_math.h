@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -20,36 +21,66 @@ namespace fast_math_detail {
 
 constexpr float kExpMinInput = -87.3365447505531f;  // e^x >= 2^-126: the smallest normal float
 constexpr float kExpMaxInput = 88.0f;  // e^x < 2^127
+constexpr double kExpMinInputDouble = -708.3964185322641;  // e^x >= 2^-1022: the smallest normal
 
-// e^x without range handling: x = n*ln2 + r with |r| <= ln2/2 (ln2 split in two so n*ln2_hi is
-// exact), e^r by its Taylor polynomial to r^7 (the first dropped term is below 6e-9 relative),
-// and 2^n assembled in the exponent bits. Exact to a few ulp for x in [kExpMinInput, 88.72]
-// (n <= 127); for x in (88.72, 89] n is 128, whose exponent field 255 makes 2^n +inf, so the
-// result is +inf as it should be. Below kExpMinInput or above 89 the bits are garbage; a NaN
+// The constants of ExpNoRangeCheck per type: ln2 split in two so that n * kLn2Hi is exact, the
+// rounding magic 1.5 * 2^mantissa_bits (adding it rounds to an integer, which then sits in the low
+// bits), the exponent bias, and the Taylor coefficients of e^r from the highest power down: to
+// r^7 for float (the first dropped term is below 6e-9 relative), r^13 for double (below 5e-18).
+template <typename T>
+struct ExpConstants;
+
+template <>
+struct ExpConstants<float> {
+  using Bits = uint32_t;
+  static constexpr float kLog2e = 1.44269504088896341f;
+  static constexpr float kLn2Hi = 0.693359375f;  // few mantissa bits
+  static constexpr float kLn2Lo = -2.12194440e-4f;
+  static constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+  static constexpr Bits kRoundMagicBits = 0x4B400000u;
+  static constexpr Bits kExponentBias = 127u;
+  static constexpr int kMantissaBits = 23;
+  static constexpr float kCoefficients[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                            1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+};
+
+template <>
+struct ExpConstants<double> {
+  using Bits = uint64_t;
+  static constexpr double kLog2e = 1.4426950408889634;
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01;  // low 21 mantissa bits zero
+  static constexpr double kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2^52
+  static constexpr Bits kRoundMagicBits = 0x4338000000000000ull;
+  static constexpr Bits kExponentBias = 1023u;
+  static constexpr int kMantissaBits = 52;
+  static constexpr double kCoefficients[] = {
+      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+      1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
+      1.0 / 6.0,          0.5,               1.0,              1.0};  // 1/13! .. 1/0!
+};
+
+// e^x without range handling: x = n*ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial, and
+// 2^n assembled in the exponent bits. Exact to a few ulp while 2^n is a normal number: for float
+// x in [kExpMinInput, 88.72] (n in [-126, 127]), for double [kExpMinInputDouble, 709.43]. One
+// step further (float up to 89, double up to 710) n is the bias + 1, whose all-ones exponent field
+// makes 2^n +inf, so the result is +inf as it should be. Beyond that the bits are garbage; a NaN
 // gives NaN.
-inline float ExpFloatNoRangeCheck(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;  // few mantissa bits: n * kLn2Hi is exact
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float shifted = x * kLog2e + kRoundMagic;
-  const float n = shifted - kRoundMagic;
-  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  // The integer n sits in the low bits of `shifted`; 2^n is (n + 127) in the exponent field.
+template <typename T>
+inline T ExpNoRangeCheck(T x) {
+  using C = ExpConstants<T>;
+  const T shifted = x * C::kLog2e + C::kRoundMagic;
+  const T n = shifted - C::kRoundMagic;
+  const T r = (x - n * C::kLn2Hi) - n * C::kLn2Lo;
+  T p = C::kCoefficients[0];
+  for (size_t i = 1; i < sizeof(C::kCoefficients) / sizeof(T); ++i) p = p * r + C::kCoefficients[i];
+  // The integer n sits in the low bits of `shifted`; 2^n is (n + bias) in the exponent field.
   // Unsigned arithmetic: for a NaN input the bits are garbage (the product is NaN anyway), and
   // wrapping must not be undefined behaviour.
-  uint32_t shifted_bits;
+  typename C::Bits shifted_bits;
   std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  const uint32_t scale_bits = (shifted_bits - 0x4B400000u + 127u) << 23;
-  float scale;
+  const typename C::Bits scale_bits = (shifted_bits - C::kRoundMagicBits + C::kExponentBias) << C::kMantissaBits;
+  T scale;
   std::memcpy(&scale, &scale_bits, sizeof(scale));
   return p * scale;
 }
@@ -66,7 +97,7 @@ inline T Clamp(T x, T lo, T hi) {
 // underflows to 0 (no denormal results), NaN stays NaN.
 inline float ExpFloat(float x) {
   using namespace fast_math_detail;
-  const float result = ExpFloatNoRangeCheck(Clamp(x, kExpMinInput, kExpMaxInput));
+  const float result = ExpNoRangeCheck(Clamp(x, kExpMinInput, kExpMaxInput));
   const float bounded = x > kExpMaxInput ? HUGE_VALF : (x < kExpMinInput ? 0.0f : result);
   return x != x ? x : bounded;
 }
@@ -77,46 +108,18 @@ inline float ExpFloat(float x) {
 // cells are about a third faster.
 inline float SigmoidFloat(float x) {
   using namespace fast_math_detail;
-  return 1.0f / (1.0f + ExpFloatNoRangeCheck(Clamp(-x, kExpMinInput, 89.0f)));
+  return 1.0f / (1.0f + ExpNoRangeCheck(Clamp(-x, kExpMinInput, 89.0f)));
 }
 
 // tanh(x) = sign(x) * (1 - e) / (1 + e) with e = e^(-2|x|): absolute error within a few ulp of 1,
 // which is what an LSTM gate needs (relative error grows only for |x| below ~1e-3). NaN stays NaN.
 inline float TanhFloat(float x) {
   using namespace fast_math_detail;
-  const float e = ExpFloatNoRangeCheck(Clamp(-2.0f * std::fabs(x), kExpMinInput, 0.0f));
+  const float e = ExpNoRangeCheck(Clamp(-2.0f * std::fabs(x), kExpMinInput, 0.0f));
   return std::copysign((1.0f - e) / (1.0f + e), x);
 }
 
 namespace fast_math_detail {
-
-constexpr double kExpMinInputDouble = -708.3964185322641;  // e^x >= 2^-1022: the smallest normal
-
-// e^x for double without range handling, as ExpFloatNoRangeCheck: x = n*ln2 + r, |r| <= ln2/2,
-// e^r by its Taylor polynomial to r^13 (the first dropped term is below 5e-18 relative), 2^n in
-// the exponent bits. Exact to a few ulp for x in [kExpMinInputDouble, 709.43] (n <= 1023); up to
-// 710 n is 1024, whose exponent field 2047 makes the result +inf. A NaN gives NaN.
-inline double ExpDoubleNoRangeCheck(double x) {
-  constexpr double kLog2e = 1.4426950408889634;
-  constexpr double kLn2Hi = 6.93147180369123816490e-01;  // low 21 mantissa bits zero: n * kLn2Hi is exact
-  constexpr double kLn2Lo = 1.90821492927058770002e-10;
-  constexpr double kRoundMagic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const double shifted = x * kLog2e + kRoundMagic;
-  const double n = shifted - kRoundMagic;
-  const double r = (x - n * kLn2Hi) - n * kLn2Lo;
-  constexpr double kInverseFactorials[] = {
-      1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
-      1.0 / 40320.0,      1.0 / 5040.0,      1.0 / 720.0,      1.0 / 120.0,     1.0 / 24.0,
-      1.0 / 6.0,          0.5,               1.0,              1.0};  // 1/13! .. 1/0!
-  double p = kInverseFactorials[0];
-  for (int i = 1; i < 14; ++i) p = p * r + kInverseFactorials[i];
-  uint64_t shifted_bits;
-  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
-  const uint64_t scale_bits = (shifted_bits - 0x4338000000000000ull + 1023u) << 52;
-  double scale;
-  std::memcpy(&scale, &scale_bits, sizeof(scale));
-  return p * scale;
-}
 
 // e^x - 1 for x in [-0.5, 0], by its Taylor polynomial to x^16 (the first dropped term is below
 // 2e-19 relative): no cancellation, so tanh of a small argument keeps its relative precision.
@@ -137,7 +140,7 @@ inline double Expm1SmallDouble(double x) {
 // As SigmoidFloat, in double: no range selects, exactly 0 and 1 far out.
 inline double SigmoidDouble(double x) {
   using namespace fast_math_detail;
-  return 1.0 / (1.0 + ExpDoubleNoRangeCheck(Clamp(-x, kExpMinInputDouble, 710.0)));
+  return 1.0 / (1.0 + ExpNoRangeCheck(Clamp(-x, kExpMinInputDouble, 710.0)));
 }
 
 // tanh(|x|) = (1 - e) / (1 + e) with e = e^(-2|x|), or for |x| < 1/4, where 1 - e would lose
@@ -146,7 +149,7 @@ inline double SigmoidDouble(double x) {
 inline double TanhDouble(double x) {
   using namespace fast_math_detail;
   const double a = std::fabs(x);
-  const double e = ExpDoubleNoRangeCheck(Clamp(-2.0 * a, kExpMinInputDouble, 0.0));
+  const double e = ExpNoRangeCheck(Clamp(-2.0 * a, kExpMinInputDouble, 0.0));
   const double large = (1.0 - e) / (1.0 + e);
   const double m = Expm1SmallDouble(Clamp(-2.0 * a, -0.5, 0.0));
   const double small = -m / (2.0 + m);
