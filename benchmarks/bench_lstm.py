@@ -293,9 +293,19 @@ class GemmCandidate:
         return 2.0 * self.m * self.n * self.k
 
     @property
+    def blas(self) -> str:
+        """The source's name up to its first comma (the thread setting follows it)."""
+        return self.source.name.split(",")[0]
+
+    @property
+    def shape(self) -> str:
+        """``M x N x K``."""
+        return f"{self.m} x {self.n} x {self.k}"
+
+    @property
     def label(self) -> str:
-        """``BLAS name, M x N x K``: the phase name under which the limit's runner times it."""
-        return f"{self.source.name.split(',')[0]}, {self.m} x {self.n} x {self.k}"
+        """``BLAS, M x N x K``: the phase name under which the limit's runner times it."""
+        return f"{self.blas}, {self.shape}"
 
 
 LIMIT_CANDIDATES = 3
@@ -324,7 +334,7 @@ def measure_gemm_rates(
             for m, n, k in dict.fromkeys(shapes):
                 candidate = GemmCandidate(source, m, n, k, dtype)
                 rate = candidate.flops / gemm_seconds(source, m, n, k, dtype, repeats=3 if quick else 5)
-                rows.append((dtype, f"{m} x {n} x {k}", source.name, rate / 1e9))
+                rows.append((dtype, candidate.shape, source.name, rate / 1e9))
                 rated.append((rate, candidate))
         rated.sort(key=lambda pair: -pair[0])
         candidates[dtype] = [candidate for _, candidate in rated[:LIMIT_CANDIDATES]]
@@ -1100,8 +1110,8 @@ class Results:
     limit_ms: dict[str, dict[str, float]]
     gemm_rows: list[tuple[str, str, str, float]]
     """The survey at the start: (dtype, shape, BLAS, GFLOP/s)."""
-    limit_rates: dict[str, list[tuple[str, float]]]
-    """Per config: each candidate GEMM (label) with its median GFLOP/s over the config's rounds."""
+    limit_rates: dict[str, list[tuple[str, str, float]]]
+    """Per config: each candidate GEMM (BLAS, shape) with its median GFLOP/s over the config's rounds."""
     memory: dict[tuple[str, str], dict[str, float] | str]
     environment: dict[str, str]
     machine: dict[str, str]
@@ -1167,9 +1177,7 @@ def render_markdown(results: Results) -> str:
 
 def _gemm_lines(results: Results, survey: list[list[str]]) -> list[str]:
     rows = [
-        [name, label.split(", ")[1], label.split(", ")[0], f"{rate:.3g}"]
-        for name, rated in results.limit_rates.items()
-        for label, rate in rated
+        [name, shape, blas, f"{rate:.3g}"] for name, rated in results.limit_rates.items() for blas, shape, rate in rated
     ]
     return [
         "The limit's rate at each config: the fastest of the survey's best "
@@ -1189,7 +1197,7 @@ def _setup_lines(results: Results) -> list[str]:
     lines.append("")
     lines += [f"- {key}: {value}" for key, value in results.environment.items()]
     best = ", ".join(
-        f"{name} {max(rate for _, rate in rated):.0f}" for name, rated in results.limit_rates.items() if rated
+        f"{name} {max(rate for *_, rate in rated):.0f}" for name, rated in results.limit_rates.items() if rated
     )
     lines.append(f"- the limit's rate per config (best GEMM, median over the config's rounds), GFLOP/s: {best}")
     overall = results.other_load.get("run")
@@ -1458,7 +1466,7 @@ def main() -> None:
 
     timings: dict[tuple[str, str], Timing | str] = {}
     limit_ms: dict[str, dict[str, float]] = {}
-    limit_rates: dict[str, list[tuple[str, float]]] = {}
+    limit_rates: dict[str, list[tuple[str, str, float]]] = {}
     for config in args.config_list:
         log(f"config {config.name} {config.describe()}")
         config_mark = monitor.mark()
@@ -1475,7 +1483,7 @@ def main() -> None:
         for name, timing in time_config(runners, args.repeats, MIN_ROUND_SECONDS, args.max_seconds, log).items():
             if name == LIMIT:
                 rated = limit_runner.rates(timing)
-                limit_rates[config.name] = [(candidate.label, rate / 1e9) for candidate, rate in rated]
+                limit_rates[config.name] = [(c.blas, c.shape, rate / 1e9) for c, rate in rated]
                 rate = max(rate for _, rate in rated)
                 limit_ms[config.name] = {
                     "fwd": 1e3 * config.forward_flops / rate,
@@ -1488,7 +1496,7 @@ def main() -> None:
                 f"  fwd+bwd {_ms(timing.median_ms('fwd+bwd')):>8} ms  ({timing.rounds}x{timing.iterations_per_round})"
             )
         limit = limit_ms[config.name]
-        best = max(rate for _, rate in limit_rates[config.name])
+        best = max(rate for *_, rate in limit_rates[config.name])
         log(f"    {LIMIT:14} fwd {_ms(limit['fwd']):>8} ms  bwd {_ms(limit['bwd']):>8} ms  (at {best:.0f} GFLOP/s)")
         other_load[config.name] = monitor.others_since(config_mark)
         log(f"    other processes' load: {_number(other_load[config.name])} cores")
@@ -1541,7 +1549,7 @@ def _json_payload(results: Results) -> dict[str, Any]:
         "machine": results.machine,
         "environment": results.environment,
         "limit_rates_gflops": {
-            name: [{"gemm": label, "gflops": rate} for label, rate in rated]
+            name: [{"blas": blas, "shape": shape, "gflops": rate} for blas, shape, rate in rated]
             for name, rated in results.limit_rates.items()
         },
         "gemm": [{"dtype": d, "shape": s, "source": b, "gflops": r} for d, s, b, r in results.gemm_rows],
