@@ -1,0 +1,54 @@
+"""Reverse-mode differentiation of ONNX graphs in standard ops, for training in plain onnxruntime.
+
+- ``build_backward``: gradients of a loss with respect to chosen values, as new graph nodes.
+- ``register_gradient_rule`` / ``gradient_rule``: the table of rules, keyed by (domain, op_type);
+  a user's own op gets a gradient by registering a rule.
+- ``GraphEmitter``: how every training-graph builder appends nodes (fresh names, typed
+  constants, opset-aware forms).
+
+Importing this package registers the built-in rules (the ``rules_*`` modules).
+"""
+
+from __future__ import annotations
+
+try:
+    from ortlstm.graphs.autodiff import rules_math  # registers the rules
+    from ortlstm.graphs.autodiff.backward import Backward, build_backward
+    from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
+    from ortlstm.graphs.autodiff.registry import (
+        GradientContext,
+        GradientRule,
+        gradient_rule,
+        register_gradient_rule,
+        registered_ops,
+    )
+except ModuleNotFoundError:
+    from graphs.autodiff import rules_math  # type: ignore[no-redef] # noqa: F401 - registers the rules
+    from graphs.autodiff.backward import Backward, build_backward  # type: ignore[no-redef]
+    from graphs.autodiff.emitter import (  # type: ignore[no-redef]
+        GraphEmitter,
+        ValueType,
+        infer_value_types,
+        onnx_opset,
+    )
+    from graphs.autodiff.registry import (  # type: ignore[no-redef]
+        GradientContext,
+        GradientRule,
+        gradient_rule,
+        register_gradient_rule,
+        registered_ops,
+    )
+
+__all__ = [
+    "Backward",
+    "GradientContext",
+    "GradientRule",
+    "GraphEmitter",
+    "ValueType",
+    "build_backward",
+    "gradient_rule",
+    "infer_value_types",
+    "onnx_opset",
+    "register_gradient_rule",
+    "registered_ops",
+]

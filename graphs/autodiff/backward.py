@@ -1,0 +1,174 @@
+"""Reverse-mode differentiation of an ONNX graph with respect to chosen values.
+
+``build_backward`` walks the forward graph once forwards (which values depend on a parameter
+through differentiable inputs) and once backwards (which of those reach the loss), checks that
+every node on a parameter -> loss path has a rule, then visits those nodes in reverse order,
+handing each rule the summed gradients of its outputs. Gradient nodes go to a ``GraphEmitter``;
+the forward graph is left as it is except where a rule asks a node to name an output it
+computes anyway (``GradientContext.require_output``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+try:
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
+    from ortlstm.graphs.autodiff.registry import GradientContext, gradient_rule, input_is_differentiable
+except ModuleNotFoundError:
+    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
+    from graphs.autodiff.registry import (  # type: ignore[no-redef]
+        GradientContext,
+        gradient_rule,
+        input_is_differentiable,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Backward:
+    """The result of ``build_backward``.
+
+    Attributes:
+        gradients: Parameter name -> name of its gradient value.
+        unreachable: Requested parameters that do not reach the loss (no gradient).
+    """
+
+    gradients: dict[str, str]
+    unreachable: tuple[str, ...]
+
+
+def _node_label(node: onnx.NodeProto) -> str:
+    domain = node.domain if node.domain not in ("", "ai.onnx") else "ai.onnx"
+    return f"{domain}::{node.op_type} node {node.name!r}"
+
+
+def _carries_gradient(name: str, emitter: GraphEmitter) -> bool:
+    elem_type = emitter.elem_type(name)
+    return bool(name) and (not elem_type or elem_type in FLOAT_TYPES)
+
+
+def build_backward(
+    graph: onnx.GraphProto,
+    loss: str | Mapping[str, str | None],
+    wrt: Sequence[str],
+    emitter: GraphEmitter,
+    *,
+    allow_unreachable: bool = False,
+) -> Backward:
+    """Emits the gradient of ``loss`` with respect to each value in ``wrt``.
+
+    Args:
+        graph: The forward graph (main graph of a model; its nodes in topological order).
+        loss: The value to differentiate (its gradient seeded with ones of its shape), or
+            several outputs, each mapped to the name of its given gradient (None: ones), which
+            makes the result a vector-Jacobian product.
+        wrt: Values to differentiate with respect to (initializers or graph inputs).
+        emitter: Receives the gradient nodes; its ``types`` should hold the forward graph's
+            inferred types (``infer_value_types``), which rules use to skip run-time shape work.
+        allow_unreachable: Leave parameters that do not reach the loss out of the result
+            instead of refusing them.
+
+    Returns:
+        The gradient value of each reachable parameter, and the unreachable ones.
+
+    Raises:
+        ValueError: A parameter does not reach the loss (unless allowed), the loss is not
+            computed by the graph, or a node on a parameter -> loss path has no gradient rule
+            (the message names the node, its op type and a parameter whose gradient needs it).
+    """
+    nodes = list(graph.node)
+    produced = {name for node in nodes for name in node.output if name}
+    known = produced | {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    seeds = {loss: None} if isinstance(loss, str) else dict(loss)
+    loss_label = ", ".join(map(repr, seeds))
+    for name in seeds:
+        if name not in known:
+            raise ValueError(f"the loss {name!r} is not a value of the graph")
+    missing = [name for name in wrt if name not in known]
+    if missing:
+        raise ValueError(
+            f"parameters {missing} are not values of the graph (not initializers, inputs or outputs of nodes)"
+        )
+
+    # Forward: which parameters each value depends on, through differentiable inputs only.
+    depends: dict[str, frozenset[str]] = {name: frozenset([name]) for name in wrt}
+    for node in nodes:
+        sources: set[str] = set()
+        for index, name in enumerate(node.input):
+            if name in depends and input_is_differentiable(node, index, emitter):
+                sources |= depends[name]
+        if sources:
+            for name in node.output:
+                if _carries_gradient(name, emitter):
+                    depends[name] = depends.get(name, frozenset()) | frozenset(sources)
+
+    # Backward: which dependent values reach the loss; the nodes in between are active.
+    reaches = {name for name in seeds if name in depends}
+    active: list[onnx.NodeProto] = []
+    for node in reversed(nodes):
+        if not any(name in reaches for name in node.output):
+            continue
+        on_path = [
+            index
+            for index, name in enumerate(node.input)
+            if name in depends and input_is_differentiable(node, index, emitter)
+        ]
+        if on_path:
+            active.append(node)
+            reaches.update(node.input[index] for index in on_path)
+
+    unreachable = tuple(name for name in wrt if name not in reaches)
+    if unreachable and not allow_unreachable:
+        raise ValueError(
+            f"parameters {list(unreachable)} do not reach the loss {loss_label} through differentiable inputs: "
+            "nothing to train. Leave them out of requires_grad (or freeze them)."
+        )
+
+    for node in active:
+        if gradient_rule(node.domain, node.op_type) is None:
+            needing = sorted(set().union(*(depends[name] for name in node.input if name in depends)))
+            raise ValueError(
+                f"no gradient rule for {_node_label(node)}, which lies between parameter {needing[0]!r} and the loss "
+                f"{loss_label}. Freeze that parameter, or register a rule with "
+                f"ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+            )
+
+    grads: dict[str, list[str]] = {
+        name: [seed or _ones_like(name, emitter)] for name, seed in seeds.items() if name in reaches
+    }
+    for node in active:  # already in reverse topological order
+        grad_outputs = [emitter.sum(grads[name]) if name in grads else None for name in node.output]
+        if all(grad is None for grad in grad_outputs):
+            continue
+        needs = [
+            name in reaches and name in depends and input_is_differentiable(node, index, emitter)
+            for index, name in enumerate(node.input)
+        ]
+        context = GradientContext(node, emitter, needs)
+        entry = gradient_rule(node.domain, node.op_type)
+        assert entry is not None
+        grad_inputs = list(entry.rule(context, grad_outputs))
+        for index, needed in enumerate(needs):
+            if not needed:
+                continue
+            grad = grad_inputs[index] if index < len(grad_inputs) else None
+            if grad is None:
+                raise ValueError(
+                    f"the gradient rule of {_node_label(node)} gives no gradient for input {index} "
+                    f"({node.input[index]!r}), which a parameter's gradient needs"
+                )
+            grads.setdefault(node.input[index], []).append(grad)
+
+    gradients = {name: emitter.sum(grads[name]) for name in wrt if name in reaches}
+    return Backward(gradients, unreachable)
+
+
+def _ones_like(value: str, emitter: GraphEmitter) -> str:
+    """d(loss)/d(loss): ones of the loss's shape (a constant 1 for a scalar loss)."""
+    one = emitter.scalar_like(1.0, value)
+    if emitter.static_shape(value) == ():
+        return one
+    return emitter.op("Expand", [one, emitter.shape(value)], name="loss_grad_seed")

@@ -1,0 +1,379 @@
+"""Appends nodes to an ONNX graph under construction: fresh names, typed constants, opset-aware helpers.
+
+Every builder of training graphs (gradient rules, losses, optimizers, the train step) emits its
+nodes through one ``GraphEmitter``, so names never collide with the model's, constants get the
+element type of the values they combine with, and the handful of ops whose signature changed
+between opsets (ReduceSum/ReduceMean/ReduceMax axes, Squeeze/Unsqueeze axes, Split sizes) are
+written in the form the model's ai.onnx opset expects. Protos only; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+
+MIN_OPSET = 13
+"""The oldest ai.onnx opset the builders emit for (axes of ReduceSum/Squeeze/Unsqueeze are inputs)."""
+
+FLOAT_TYPES = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+)
+"""Element types that carry gradients."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueType:
+    """What static inference knows of a value: its element type and shape.
+
+    Attributes:
+        elem_type: ONNX ``TensorProto`` data type, 0 when unknown.
+        shape: One entry per axis, an int for a static dim, a str for a symbolic one, None for an
+            unknown one; None when even the rank is unknown.
+    """
+
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def rank(self) -> int | None:
+        """The rank, when known."""
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def static_shape(self) -> tuple[int, ...] | None:
+        """The shape when every dim is a known integer."""
+        if self.shape is None or not all(isinstance(dim, int) for dim in self.shape):
+            return None
+        return tuple(int(dim) for dim in self.shape)  # type: ignore[arg-type]
+
+
+def value_type_of(value_info: onnx.ValueInfoProto) -> ValueType | None:
+    """The ``ValueType`` of a tensor ``ValueInfoProto``, or None for a non-tensor."""
+    if not value_info.type.HasField("tensor_type"):
+        return None
+    tensor = value_info.type.tensor_type
+    shape: tuple[int | str | None, ...] | None = None
+    if tensor.HasField("shape"):
+        dims: list[int | str | None] = []
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        shape = tuple(dims)
+    return ValueType(tensor.elem_type, shape)
+
+
+def infer_value_types(model: onnx.ModelProto) -> dict[str, ValueType]:
+    """Static element types and shapes of the main graph's values (onnx shape inference).
+
+    The ortlstm op schemas must be registered with onnx (``import ortlstm.ops``) for the types
+    behind LSTMTraining nodes to be known.
+    """
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    graph = inferred.graph
+    types: dict[str, ValueType] = {}
+    for init in graph.initializer:
+        types[init.name] = ValueType(init.data_type, tuple(int(d) for d in init.dims))
+    for info in [*graph.input, *graph.value_info, *graph.output]:
+        found = value_type_of(info)
+        if found is not None and (info.name not in types or types[info.name].shape is None):
+            types[info.name] = found
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    types[node.output[0]] = ValueType(attribute.t.data_type, tuple(int(d) for d in attribute.t.dims))
+    return types
+
+
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The model's ai.onnx opset version.
+
+    Raises:
+        ValueError: The model imports no ai.onnx opset.
+    """
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ValueError("the model imports no ai.onnx opset (opset_import has no entry for domain '')")
+
+
+def used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value and node name of a graph and its subgraphs."""
+    names: set[str] = set()
+    names.update(value.name for value in graph.input)
+    names.update(value.name for value in graph.output)
+    names.update(value.name for value in graph.value_info)
+    names.update(init.name for init in graph.initializer)
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        names.add(node.name)
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+            for subgraph in subgraphs:
+                names.update(used_names(subgraph))
+    names.discard("")
+    return names
+
+
+class GraphEmitter:
+    """Collects new nodes and constant initializers for one graph.
+
+    Attributes:
+        opset: The ai.onnx opset the emitted nodes must conform to (>= ``MIN_OPSET``).
+        nodes: Nodes emitted so far, in emission (hence topological) order.
+        initializers: Constants emitted so far.
+        types: Static types of values, the model's and those the emitter created.
+    """
+
+    def __init__(self, opset: int, used: Iterable[str] = (), types: dict[str, ValueType] | None = None) -> None:
+        if opset < MIN_OPSET:
+            raise ValueError(
+                f"ai.onnx opset {opset} is older than {MIN_OPSET}, the oldest the training-graph builders support; "
+                "convert the model first (onnx.version_converter.convert_version(model, 17)) or re-export it with "
+                "opset_version>=13"
+            )
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.types: dict[str, ValueType] = dict(types or {})
+        self._used = set(used)
+        self._constants: dict[tuple[bytes, int, tuple[int, ...]], str] = {}
+        self._shapes: dict[str, str] = {}
+
+    # ---- names -------------------------------------------------------------------------------
+
+    def fresh(self, base: str) -> str:
+        """A name used nowhere in the graph, derived from ``base``."""
+        base = base or "v"
+        name, k = base, 1
+        while name in self._used:
+            name = f"{base}_{k}"
+            k += 1
+        self._used.add(name)
+        return name
+
+    def reserve(self, names: Iterable[str]) -> None:
+        """Marks names as taken (values added to the graph by other means)."""
+        self._used.update(names)
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[str | None],
+        *,
+        outputs: int | Sequence[str] = 1,
+        domain: str = "",
+        name: str | None = None,
+        **attributes: object,
+    ) -> str:
+        """Emits one node and returns its first output's name (see ``op_multi`` for more).
+
+        Args:
+            op_type: The op type.
+            inputs: Value names; None or "" for an absent optional input.
+            outputs: The number of outputs (named freshly) or their names.
+            domain: The op's domain.
+            name: The node's name; derived from ``op_type`` when omitted.
+            **attributes: Node attributes; None values are left out.
+        """
+        return self.op_multi(op_type, inputs, outputs=outputs, domain=domain, name=name, **attributes)[0]
+
+    def op_multi(
+        self,
+        op_type: str,
+        inputs: Sequence[str | None],
+        *,
+        outputs: int | Sequence[str] = 1,
+        domain: str = "",
+        name: str | None = None,
+        **attributes: object,
+    ) -> list[str]:
+        """Emits one node and returns all its output names."""
+        if isinstance(outputs, int):
+            output_names = [self.fresh(f"{op_type}_out") for _ in range(outputs)]
+        else:
+            output_names = list(outputs)
+            self.reserve(output_names)
+        node = onnx.helper.make_node(
+            op_type,
+            [value or "" for value in inputs],
+            output_names,
+            name=self.fresh(name or op_type),
+            domain=domain,
+            **{key: value for key, value in attributes.items() if value is not None},
+        )
+        self.nodes.append(node)
+        return output_names
+
+    # ---- constants ---------------------------------------------------------------------------
+
+    def constant(self, value: object, elem_type: int, *, name: str = "const") -> str:
+        """A constant initializer of the given ONNX element type; equal constants are shared."""
+        array = np.asarray(value, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        key = (array.tobytes(), elem_type, array.shape)
+        if key not in self._constants:
+            tensor = onnx.numpy_helper.from_array(array, self.fresh(name))
+            self.initializers.append(tensor)
+            self._constants[key] = tensor.name
+            self.types[tensor.name] = ValueType(elem_type, tuple(array.shape))
+        return self._constants[key]
+
+    def ints(self, values: Sequence[int] | int) -> str:
+        """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""
+        return self.constant(values, onnx.TensorProto.INT64, name="ints")
+
+    def scalar_like(self, value: float, like: str) -> str:
+        """A 0-D constant of ``like``'s element type (a CastLike node when that type is unknown)."""
+        elem_type = self.elem_type(like)
+        if elem_type:
+            return self.constant(value, elem_type, name="scalar")
+        return self.op("CastLike", [self.constant(value, onnx.TensorProto.DOUBLE, name="scalar"), like])
+
+    # ---- what is known of values -------------------------------------------------------------
+
+    def value_type(self, name: str) -> ValueType | None:
+        """Static type of a value, if known."""
+        return self.types.get(name)
+
+    def elem_type(self, name: str) -> int:
+        """Element type of a value, 0 when unknown."""
+        found = self.types.get(name)
+        return found.elem_type if found is not None else 0
+
+    def rank(self, name: str) -> int | None:
+        """Rank of a value, when known."""
+        found = self.types.get(name)
+        return found.rank if found is not None else None
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """Shape of a value when every dim is a known integer."""
+        found = self.types.get(name)
+        return found.static_shape if found is not None else None
+
+    def set_type(self, name: str, elem_type: int, shape: Sequence[int | str | None] | None) -> None:
+        """Records what a builder knows of a value it created."""
+        self.types[name] = ValueType(elem_type, None if shape is None else tuple(shape))
+
+    def shape(self, name: str) -> str:
+        """The value's shape as a 1-D int64 tensor: a constant when static, else one Shape node per value."""
+        static = self.static_shape(name)
+        if static is not None:
+            return self.ints(list(static))
+        if name not in self._shapes:
+            self._shapes[name] = self.op("Shape", [name])
+        return self._shapes[name]
+
+    # ---- ops whose signature depends on the opset --------------------------------------------
+
+    def reduce(self, op_type: str, data: str, axes: Sequence[int] | str | None, *, keepdims: bool) -> str:
+        """ReduceSum/ReduceMean/ReduceMax/... over ``axes`` (a list, a 1-D int64 value, or None = all axes)."""
+        axes_as_input = (op_type == "ReduceSum" and self.opset >= 13) or self.opset >= 18
+        if axes is None:
+            return self.op(op_type, [data], keepdims=int(keepdims))
+        if isinstance(axes, str):
+            if not axes_as_input:
+                raise ValueError(f"{op_type} with run-time axes needs ai.onnx opset >= 18, the model has {self.opset}")
+            return self.op(op_type, [data, axes], keepdims=int(keepdims), noop_with_empty_axes=1)
+        if not axes:
+            return data
+        if axes_as_input:
+            return self.op(op_type, [data, self.ints(list(axes))], keepdims=int(keepdims))
+        return self.op(op_type, [data], axes=list(axes), keepdims=int(keepdims))
+
+    def reduce_sum(self, data: str, axes: Sequence[int] | str | None, *, keepdims: bool) -> str:
+        """ReduceSum over ``axes``; see ``reduce``."""
+        return self.reduce("ReduceSum", data, axes, keepdims=keepdims)
+
+    def unsqueeze(self, data: str, axes: Sequence[int]) -> str:
+        """Unsqueeze (axes an input from opset 13, the oldest supported)."""
+        return self.op("Unsqueeze", [data, self.ints(list(axes))])
+
+    def squeeze(self, data: str, axes: Sequence[int] | None = None) -> str:
+        """Squeeze (axes an input from opset 13); None squeezes every size-1 axis."""
+        return self.op("Squeeze", [data] if axes is None else [data, self.ints(list(axes))])
+
+    def sum(self, values: Sequence[str]) -> str:
+        """The sum of values of one shape: the value itself when there is one."""
+        if len(values) == 1:
+            return values[0]
+        return self.op("Sum", list(values))
+
+    def unbroadcast(self, grad: str, like: str, grad_shape_of: str | None = None) -> str:
+        """Sums ``grad`` (the gradient of a broadcast result) down to the shape of input ``like``.
+
+        numpy broadcasting: leading axes that ``like`` lacks are summed away, then every axis where
+        ``like`` has size 1 and the result does not. With static shapes on both sides this is a
+        fixed ReduceSum (or nothing); otherwise the axes are computed at run time.
+
+        Args:
+            grad: Gradient with the broadcast result's shape.
+            like: The input the gradient belongs to.
+            grad_shape_of: A value with ``grad``'s shape whose static type may be known (e.g. the
+                node's output), used when ``grad`` itself has no recorded type.
+        """
+        reference = grad_shape_of or grad
+        like_shape = self.static_shape(like)
+        out_shape = self.static_shape(reference) or self.static_shape(grad)
+        if like_shape is not None and out_shape is not None:
+            if like_shape == out_shape:
+                return grad
+            lead = len(out_shape) - len(like_shape)
+            padded = (1,) * lead + like_shape
+            axes = [
+                axis for axis in range(len(out_shape)) if axis < lead or (padded[axis] == 1 and out_shape[axis] != 1)
+            ]
+            reduced = self.reduce_sum(grad, axes, keepdims=True) if axes else grad
+            if lead or reduced != grad:
+                return self.op("Reshape", [reduced, self.ints(list(like_shape))])
+            return reduced
+        like_rank = self.rank(like)
+        out_rank = self.rank(reference) or self.rank(grad)
+        if like_rank is not None and out_rank is not None and like_rank == out_rank:
+            like_value = self.value_type(like)
+            out_value = self.value_type(reference) or self.value_type(grad)
+            if like_value is not None and out_value is not None and like_value.shape == out_value.shape:
+                return grad
+        # Run time: pad like's shape with leading ones to the result's rank, sum where it is 1.
+        grad_shape = self.op("Shape", [grad])
+        like_shape_value = self.shape(like)
+        rank_gap = self.op("Sub", [self.op("Size", [grad_shape]), self.op("Size", [like_shape_value])])
+        ones = self.op("Expand", [self.ints([1]), self.op("Reshape", [rank_gap, self.ints([1])])])
+        padded_shape = self.op("Concat", [ones, like_shape_value], axis=0)
+        is_broadcast = self.op(
+            "And",
+            [
+                self.op("Equal", [padded_shape, self.ints(1)]),
+                self.op("Not", [self.op("Equal", [grad_shape, self.ints(1)])]),
+            ],
+        )
+        axes = self.op("Reshape", [self.op("NonZero", [is_broadcast]), self.ints([-1])])
+        if self.opset >= 13:
+            reduced = self.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
+        else:  # pragma: no cover - MIN_OPSET is 13
+            raise AssertionError("unreachable")
+        return self.op("Reshape", [reduced, like_shape_value])
+
+
+def make_model(
+    graph: onnx.GraphProto,
+    opset_imports: Sequence[onnx.OperatorSetIdProto],
+    *,
+    ir_version: int,
+    functions: Sequence[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
+    """A model with the given opsets and IR version (the runtime asked for decides the IR)."""
+    model = onnx.helper.make_model(graph, opset_imports=list(opset_imports), functions=list(functions))
+    model.ir_version = ir_version
+    return model
