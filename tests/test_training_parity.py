@@ -38,7 +38,6 @@ import onnxruntime as ort
 import pytest
 from conftest import RNG_SEED
 from ortlstm.ops import session_options
-from torch_conversion import lstm_layer_onnx_weights, lstm_layer_sources
 
 from ortlstm import graphs
 
@@ -48,15 +47,20 @@ try:
 except ImportError:
     pytest.skip("needs onnxruntime-training", allow_module_level=True)
 
-# Sizes: small, odd, no two alike, so that value matching cannot pair the wrong tensors.
-VOCAB = 11
-FEATURES = 3
-INPUT_SIZE = 5
-HIDDEN_SIZE = 7
-CLASSES = 4
-BATCH = 4
-SEQ_LENGTH = 6
-MAX_PADDED_LENGTH = 8  # padded batches have 2..8 steps, each sequence 1..steps valid ones
+from torch_scenarios import (  # noqa: E402 - needs torch, checked above
+    SCENARIOS,
+    Net,
+    Scenario,
+    TorchSource,
+    export,
+    make_batch,
+    model_inputs,
+    pair_initializers,
+    split_frozen,
+    torch_forward,
+    torch_loss,
+)
+
 TRAINING_STEPS = 20
 LEARNING_RATE = 0.5  # large, so that 20 steps move every parameter well beyond the tolerance
 
@@ -69,39 +73,6 @@ MIN_TRAINED_CHANGE = 1e-3
 INFERENCE_PYTHON_VARIABLE = "ORTLSTM_INFERENCE_PYTHON"
 
 
-@dataclasses.dataclass(frozen=True)
-class Scenario:
-    """One model and data setup trained in both frameworks."""
-
-    name: str
-    tokens: bool  # input layer: Embedding of int64 tokens, else Linear of float features
-    loss: str  # "cross_entropy" (labels) or "mse" (target)
-    reads_h_n: bool = False  # head on the last layer's final hidden states, else on every step's output
-    batch_first: bool = False
-    padded: bool = False  # pack_padded_sequence with per-sequence lengths; the step count varies per batch
-    frozen: tuple[str, ...] = ()  # torch parameter names not trained
-
-    def __post_init__(self) -> None:
-        if self.padded and not self.reads_h_n:
-            raise ValueError(f"{self.name}: a padded scenario reads h_n (Net does not unpack the packed output)")
-
-
-SCENARIOS = [
-    Scenario("tokens_seq_first_y", tokens=True, loss="cross_entropy"),
-    Scenario("tokens_padded_h_n", tokens=True, loss="cross_entropy", reads_h_n=True, padded=True),
-    Scenario("features_batch_first_y", tokens=False, loss="mse", batch_first=True),
-    Scenario(
-        "features_padded_batch_first_h_n", tokens=False, loss="mse", reads_h_n=True, batch_first=True, padded=True
-    ),
-    Scenario(
-        "tokens_frozen_embedding_R0_h_n",
-        tokens=True,
-        loss="cross_entropy",
-        reads_h_n=True,
-        frozen=("input_layer.weight", "lstm.weight_hh_l0", "lstm.weight_hh_l0_reverse"),
-    ),
-]
-
 # The dynamo exporter fails on pack_padded_sequence (see test_dynamo_exporter_cannot_export_packed_sequences).
 CASES = [
     pytest.param(scenario, exporter, id=f"{scenario.name}-{exporter}")
@@ -109,147 +80,6 @@ CASES = [
     for exporter in ("dynamo", "torchscript")
     if not (scenario.padded and exporter == "dynamo")
 ]
-
-
-class Net(torch.nn.Module):
-    """Input layer, two-layer bidirectional LSTM, linear head."""
-
-    def __init__(self, scenario: Scenario):
-        super().__init__()
-        self.reads_h_n = scenario.reads_h_n
-        self.batch_first = scenario.batch_first
-        self.flatten = scenario.loss == "cross_entropy" and not scenario.reads_h_n
-        if scenario.tokens:
-            self.input_layer: torch.nn.Module = torch.nn.Embedding(VOCAB, INPUT_SIZE)
-        else:
-            self.input_layer = torch.nn.Linear(FEATURES, INPUT_SIZE)
-        self.lstm = torch.nn.LSTM(
-            INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, batch_first=scenario.batch_first
-        )
-        self.head = torch.nn.Linear(2 * HIDDEN_SIZE, CLASSES)
-
-    def forward(self, x, lengths=None):
-        """Logits: per step (flattened to rows for cross entropy), or per sequence from h_n."""
-        inputs = self.input_layer(x)
-        if lengths is not None:
-            inputs = torch.nn.utils.rnn.pack_padded_sequence(
-                inputs, lengths, batch_first=self.batch_first, enforce_sorted=False
-            )
-        y, (h_n, _) = self.lstm(inputs)
-        if self.reads_h_n:
-            return self.head(torch.cat([h_n[-2], h_n[-1]], dim=1))
-        out = self.head(y)
-        return out.reshape(-1, CLASSES) if self.flatten else out
-
-
-def make_batch(scenario: Scenario, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Model inputs and the loss's labels / target, keyed by their ONNX input names."""
-    steps = int(rng.integers(2, MAX_PADDED_LENGTH + 1)) if scenario.padded else SEQ_LENGTH
-    shape = (BATCH, steps) if scenario.batch_first else (steps, BATCH)
-    if scenario.tokens:
-        batch = {"x": rng.integers(0, VOCAB, shape, dtype=np.int64)}
-    else:
-        batch = {"x": rng.standard_normal((*shape, FEATURES)).astype(np.float32)}
-    if scenario.padded:
-        batch["lengths"] = rng.integers(1, steps + 1, BATCH, dtype=np.int64)
-    if scenario.reads_h_n:
-        out_shape: tuple[int, ...] = (BATCH, CLASSES)
-    else:
-        out_shape = (*shape, CLASSES)
-    if scenario.loss == "cross_entropy":
-        batch["labels"] = rng.integers(0, CLASSES, int(np.prod(out_shape[:-1])), dtype=np.int64)
-    else:
-        batch["target"] = rng.standard_normal(out_shape).astype(np.float32)
-    return batch
-
-
-def model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: value for name, value in batch.items() if name in ("x", "lengths")}
-
-
-def torch_forward(net: Net, batch: dict[str, np.ndarray]):
-    return net(*(torch.from_numpy(value) for value in model_inputs(batch).values()))
-
-
-def torch_loss(net: Net, batch: dict[str, np.ndarray]):
-    out = torch_forward(net, batch)
-    if "labels" in batch:
-        return torch.nn.functional.cross_entropy(out, torch.from_numpy(batch["labels"]))
-    return torch.nn.functional.mse_loss(out, torch.from_numpy(batch["target"]))
-
-
-def export(net: Net, scenario: Scenario, exporter: str, batch: dict[str, np.ndarray], path: Path) -> onnx.ModelProto:
-    inputs = model_inputs(batch)
-    kwargs: dict = {"dynamo": exporter == "dynamo"}
-    if scenario.padded:  # the step count varies per batch
-        kwargs["dynamic_axes"] = {"x": {1 if scenario.batch_first else 0: "steps"}}
-    torch.onnx.export(
-        net,
-        tuple(torch.from_numpy(value) for value in inputs.values()),
-        str(path),
-        input_names=list(inputs),
-        output_names=["logits"],
-        **kwargs,
-    )
-    return onnx.load(str(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# Pairing ONNX initializers with torch parameters
-
-
-@dataclasses.dataclass(frozen=True)
-class TorchSource:
-    """How one ONNX initializer is computed from torch parameters."""
-
-    description: str
-    parameters: tuple[str, ...]
-    value: Callable[[torch.nn.Module], np.ndarray]
-
-
-def _parameter(net: torch.nn.Module, name: str) -> np.ndarray:
-    return net.get_parameter(name).detach().numpy().copy()  # a snapshot: SGD updates the tensor in place
-
-
-def _lstm_port(net: torch.nn.Module, module_name: str, layer: int, port: str) -> np.ndarray:
-    return lstm_layer_onnx_weights(net.get_submodule(module_name), layer)[port]
-
-
-def torch_sources(net: torch.nn.Module) -> list[TorchSource]:
-    """Every way an exporter may write a parameter: as is, transposed, or as an LSTM layer's W / R / B."""
-    sources = []
-    for name, parameter in net.named_parameters():
-        sources.append(TorchSource(name, (name,), lambda m, n=name: _parameter(m, n)))
-        if parameter.ndim == 2:
-            sources.append(TorchSource(f"{name}^T", (name,), lambda m, n=name: _parameter(m, n).T))
-    for module_name, module in net.named_modules():
-        if isinstance(module, torch.nn.LSTM):
-            for layer in range(module.num_layers):
-                for port, names in lstm_layer_sources(module, layer).items():
-                    sources.append(
-                        TorchSource(
-                            f"{module_name} layer {layer} {port}",
-                            tuple(f"{module_name}.{name}" for name in names),
-                            lambda m, mn=module_name, k=layer, p=port: _lstm_port(m, mn, k, p),
-                        )
-                    )
-    return sources
-
-
-def pair_initializers(model: onnx.ModelProto, net: torch.nn.Module) -> dict[str, TorchSource]:
-    """ONNX initializer name -> the torch source it equals; every torch parameter must be covered."""
-    candidates = [(source, source.value(net)) for source in torch_sources(net)]
-    pairs = {}
-    for initializer in model.graph.initializer:
-        array = onnx.numpy_helper.to_array(initializer)
-        hits = [source for source, value in candidates if value.shape == array.shape and np.array_equal(value, array)]
-        assert len(hits) <= 1, f"initializer {initializer.name} equals several torch tensors: {hits}"
-        if hits:
-            pairs[initializer.name] = hits[0]
-    covered = {name for source in pairs.values() for name in source.parameters}
-    missing = sorted({name for name, _ in net.named_parameters()} - covered)
-    assert not missing, f"no ONNX initializer equals (a view of) torch parameters {missing}"
-    return pairs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,16 +102,6 @@ class TrainingRun:
     net: Net | None = None
     artifacts: graphs.TrainingArtifacts | None = None
     last_batch: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-
-
-def split_frozen(pairs: dict[str, TorchSource], frozen_parameters: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """ONNX initializer names (trained, frozen) for the torch parameters ``frozen_parameters``."""
-    trainable, frozen = [], []
-    for onnx_name, source in pairs.items():
-        kinds = {name in frozen_parameters for name in source.parameters}
-        assert len(kinds) == 1, f"{onnx_name} mixes frozen and trained torch parameters {source.parameters}"
-        (frozen if kinds.pop() else trainable).append(onnx_name)
-    return trainable, frozen
 
 
 def ort_loss(scenario: Scenario):
