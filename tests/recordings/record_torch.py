@@ -1,0 +1,346 @@
+"""Records PyTorch optimizer trajectories and loss values/gradients for the torch-free parity tests.
+
+Run with the training environment, which has torch:
+
+    .venvs/train/bin/python tests/recordings/record_torch.py
+
+It rewrites ``optimizers.npz`` and ``losses.npz`` next to this file. Each holds a ``configs``
+entry (JSON: every case's torch arguments, which the tests turn into ortlstm's builders) and the
+arrays, keyed ``<case>/<dtype>/...``. Everything is seeded, so a rerun with the same torch gives
+the same files. ``tests/test_optimizers.py``, ``tests/test_losses.py`` and
+``tests/test_loss_gradients.py`` read them without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = pathlib.Path(__file__).resolve().parent
+SEED = 20240612
+STEPS = 10
+PARAM_SHAPES = ((3, 4), (5,), (2, 3, 2))
+"""Small shapes: torch runs its scalar loops on them (fewer elements than two SIMD vectors)."""
+WIDE_SHAPE = (4, 9)
+"""Added in the cases marked ``wide``: 36 elements, so torch's vectorized (FMA) loops run too."""
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def lr_factor(step_index: int) -> float:
+    """The schedule, not monotonic: step k (0-based) uses the base lr times this factor."""
+    return 0.55 + 0.45 * math.cos(1.7 * step_index)
+
+
+# ---- optimizers --------------------------------------------------------------------------------
+
+SGD_LR = 0.05
+ADAM_LR = 0.01
+CLIP2 = {"max_norm": 3.5, "norm_type": 2.0}
+CLIPINF = {"max_norm": 1.5, "norm_type": "inf"}
+
+OPTIMIZER_CASES: list[dict[str, Any]] = [
+    {"name": "sgd_plain", "optimizer": "SGD", "kwargs": {"lr": SGD_LR}},
+    {"name": "sgd_momentum", "optimizer": "SGD", "kwargs": {"lr": SGD_LR, "momentum": 0.9}},
+    {"name": "sgd_dampening", "optimizer": "SGD", "kwargs": {"lr": SGD_LR, "momentum": 0.9, "dampening": 0.5}},
+    {
+        "name": "sgd_nesterov",
+        "optimizer": "SGD",
+        "kwargs": {"lr": SGD_LR, "momentum": 0.9, "nesterov": True},
+        "wide": True,
+    },
+    {"name": "sgd_weight_decay", "optimizer": "SGD", "kwargs": {"lr": SGD_LR, "weight_decay": 0.05}},
+    {
+        "name": "sgd_momentum_weight_decay_maximize",
+        "optimizer": "SGD",
+        "kwargs": {"lr": SGD_LR, "momentum": 0.8, "weight_decay": 0.05, "maximize": True},
+        "wide": True,
+    },
+    {"name": "sgd_clip2", "optimizer": "SGD", "kwargs": {"lr": SGD_LR, "momentum": 0.9}, "clip": CLIP2},
+    {"name": "sgd_clipinf", "optimizer": "SGD", "kwargs": {"lr": SGD_LR}, "clip": {**CLIPINF, "max_norm": 2.3}},
+    {
+        "name": "sgd_groups",
+        "optimizer": "SGD",
+        "kwargs": {"lr": SGD_LR, "momentum": 0.9, "weight_decay": 0.05},
+        "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1], "lr_scale": 0.3, "nesterov": True}],
+    },
+    {"name": "adam_default", "optimizer": "Adam", "kwargs": {"lr": ADAM_LR}},
+    {"name": "adam_weight_decay", "optimizer": "Adam", "kwargs": {"lr": ADAM_LR, "weight_decay": 0.1}},
+    {"name": "adam_amsgrad", "optimizer": "Adam", "kwargs": {"lr": ADAM_LR, "amsgrad": True}},
+    {
+        "name": "adam_amsgrad_weight_decay_maximize",
+        "optimizer": "Adam",
+        "kwargs": {"lr": ADAM_LR, "amsgrad": True, "weight_decay": 0.1, "maximize": True},
+        "wide": True,
+    },
+    {"name": "adam_betas_eps", "optimizer": "Adam", "kwargs": {"lr": ADAM_LR, "betas": [0.5, 0.99], "eps": 1e-3}},
+    {"name": "adam_clip2", "optimizer": "Adam", "kwargs": {"lr": ADAM_LR}, "clip": {**CLIP2, "max_norm": 4.965}},
+    {
+        "name": "adam_clipinf",
+        "optimizer": "Adam",
+        "kwargs": {"lr": ADAM_LR, "amsgrad": True},
+        "clip": {**CLIPINF, "max_norm": 2.285},
+    },
+    {
+        "name": "adam_groups",
+        "optimizer": "Adam",
+        "kwargs": {"lr": ADAM_LR, "weight_decay": 0.1},
+        "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1, 3], "lr_scale": 0.3, "amsgrad": True}],
+        "wide": True,
+    },
+    {"name": "adamw_default", "optimizer": "AdamW", "kwargs": {"lr": ADAM_LR}},
+    {
+        "name": "adamw_weight_decay_amsgrad",
+        "optimizer": "AdamW",
+        "kwargs": {"lr": ADAM_LR, "weight_decay": 0.3, "amsgrad": True},
+        "wide": True,
+    },
+    {"name": "adamw_maximize", "optimizer": "AdamW", "kwargs": {"lr": ADAM_LR, "maximize": True}},
+    {
+        "name": "adamw_clip2",
+        "optimizer": "AdamW",
+        "kwargs": {"lr": ADAM_LR, "weight_decay": 0.1},
+        "clip": {**CLIP2, "max_norm": 5.1},
+        "wide": True,
+    },
+    {"name": "adamw_clipinf", "optimizer": "AdamW", "kwargs": {"lr": ADAM_LR}, "clip": CLIPINF},
+    {
+        "name": "adamw_groups_clip2",
+        "optimizer": "AdamW",
+        "kwargs": {"lr": ADAM_LR, "weight_decay": 0.1},
+        "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1], "lr_scale": 0.3}],
+        "clip": {**CLIP2, "max_norm": 4.965},
+    },
+]
+
+
+def param_shapes(case: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a case's parameters."""
+    return (*PARAM_SHAPES, WIDE_SHAPE) if case.get("wide") else PARAM_SHAPES
+
+
+def flat(tensors: list[torch.Tensor]) -> np.ndarray:
+    """The tensors' values, flattened and concatenated (the tests split them by PARAM_SHAPES)."""
+    return np.concatenate([t.detach().numpy().reshape(-1) for t in tensors])
+
+
+def objective(params: list[torch.Tensor], coefs: list[tuple[torch.Tensor, ...]]) -> torch.Tensor:
+    """A fixed smooth function of the parameters; its gradients feed the optimizers."""
+    total = params[0].new_zeros(())
+    coupling = params[0].new_zeros(())
+    for p, (a, b, c) in zip(params, coefs, strict=False):
+        total = total + (a * torch.sin(p)).sum() + 0.02 * (b * p**4).sum()
+        coupling = coupling + (c * p).sum()
+    return total + 0.02 * coupling**2
+
+
+def record_optimizer_case(case: dict[str, Any], dtype_name: str, arrays: dict[str, np.ndarray]) -> dict[str, float]:
+    dtype = DTYPES[dtype_name]
+    rng = np.random.default_rng(SEED)
+    shapes = param_shapes(case)
+    inits = [rng.standard_normal(shape) for shape in shapes]
+    coefs64 = [tuple(rng.standard_normal(shape) for _ in range(3)) for shape in shapes]
+    params = [torch.tensor(init, dtype=dtype, requires_grad=True) for init in inits]
+    coefs = [tuple(torch.tensor(c, dtype=dtype) for c in triple) for triple in coefs64]
+    base_lr = case["kwargs"]["lr"]
+    kwargs = dict(case["kwargs"])
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    groups = case.get("groups")
+    if groups:
+        torch_groups = []
+        for group in groups:
+            overrides = {key: value for key, value in group.items() if key not in ("params", "lr_scale")}
+            overrides["lr"] = base_lr * group.get("lr_scale", 1.0)
+            torch_groups.append({"params": [params[i] for i in group["params"]], **overrides})
+        group_base_lrs = [g["lr"] for g in torch_groups]
+    else:
+        torch_groups = [{"params": params}]
+        group_base_lrs = [base_lr]
+    optimizer = getattr(torch.optim, case["optimizer"])(torch_groups, foreach=False, **kwargs)
+    prefix = f"{case['name']}/{dtype_name}"
+    arrays[f"{prefix}/param_init"] = flat(params)
+    lrs, norms, clipped = [], [], 0
+    grads, values, states = [], [], {}
+    for k in range(STEPS):
+        factor = lr_factor(k)
+        for group, group_lr in zip(optimizer.param_groups, group_base_lrs, strict=False):
+            group["lr"] = group_lr * factor
+        lrs.append(base_lr * factor)
+        optimizer.zero_grad()
+        objective(params, coefs).backward()
+        grads.append(flat([p.grad for p in params]))
+        if "clip" in case:
+            clip = case["clip"]
+            norm_type = math.inf if clip["norm_type"] == "inf" else clip["norm_type"]
+            total = torch.nn.utils.clip_grad_norm_(params, clip["max_norm"], norm_type)
+            norms.append(total.item())
+            clipped += int(total.item() > clip["max_norm"])
+        optimizer.step()
+        values.append(flat(params))
+        slots = sorted({slot for p in params for slot in optimizer.state[p] if slot != "step"})
+        for slot in slots:
+            # A slot some parameters lack (amsgrad in one group only) is recorded as NaN there.
+            states.setdefault(slot, []).append(
+                flat([optimizer.state[p].get(slot, torch.full_like(p, math.nan)) for p in params])
+            )
+    arrays[f"{prefix}/grad"] = np.stack(grads)
+    arrays[f"{prefix}/param"] = np.stack(values)
+    for slot, trajectory in states.items():
+        arrays[f"{prefix}/state/{slot}"] = np.stack(trajectory)
+    arrays[f"{prefix}/lr"] = np.asarray(lrs, dtype=np.float64)
+    if norms:
+        arrays[f"{prefix}/total_norm"] = np.asarray(norms).astype(dtype_name)
+    return {"clipped_steps": clipped}
+
+
+def record_optimizers() -> None:
+    arrays: dict[str, np.ndarray] = {}
+    for case in OPTIMIZER_CASES:
+        for dtype_name in DTYPES:
+            info = record_optimizer_case(case, dtype_name, arrays)
+            if "clip" in case:
+                print(f"{case['name']} {dtype_name}: clipping active in {info['clipped_steps']}/{STEPS} steps")
+    cases = [{**case, "param_shapes": param_shapes(case)} for case in OPTIMIZER_CASES]
+    meta = {"steps": STEPS, "cases": cases, "torch": torch.__version__}
+    np.savez_compressed(HERE / "optimizers.npz", configs=np.asarray(json.dumps(meta)), **arrays)
+
+
+# ---- losses ------------------------------------------------------------------------------------
+
+CLASS_WEIGHT = [0.5, 2.0, 1.0, 0.25, 3.0]
+POS_WEIGHT = [0.5, 2.0, 1.0, 4.0, 0.75]
+BCE_WEIGHT = [1.5, 0.5, 1.0, 2.0, 0.25]
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def make_loss_data(rng: np.random.Generator) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """The shared inputs (``data``: input/target arrays in float64) and the loss cases over them."""
+    data: dict[str, dict[str, Any]] = {}
+    cases: list[dict[str, Any]] = []
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 5, 4)), ("1d", (5,))):
+        logits = rng.standard_normal(shape) * 2.0
+        target_shape = (shape[0], *shape[2:]) if len(shape) > 1 else ()
+        valid = rng.integers(0, shape[-1] if len(shape) == 1 else shape[1], size=target_shape)
+        ignored_default = np.array(valid, copy=True)
+        ignored_custom = np.array(valid, copy=True)
+        if len(shape) == 1:
+            ignored_default = np.asarray(-100)
+            ignored_custom = np.asarray(1)
+        else:
+            flat_default = ignored_default.reshape(-1)
+            flat_default[::3] = -100
+            flat_custom = ignored_custom.reshape(-1)
+            flat_custom[1::3] = 1
+        for variant, target, ignore_index in (
+            ("valid", valid, None),
+            ("ignored", ignored_default, None),
+            ("ignorecustom", ignored_custom, 1),
+        ):
+            key = f"index_{shape_name}_{variant}"
+            data[key] = {"input": logits, "target": np.asarray(target, dtype=np.int64)}
+            for kind in ("cross_entropy", "nll_loss"):
+                smoothings = (0.0, 0.1) if kind == "cross_entropy" else (0.0,)
+                for smoothing in smoothings:
+                    for weighted in (False, True):
+                        for reduction in REDUCTIONS:
+                            kwargs: dict[str, Any] = {"reduction": reduction}
+                            if ignore_index is not None:
+                                kwargs["ignore_index"] = ignore_index
+                            if smoothing:
+                                kwargs["label_smoothing"] = smoothing
+                            if weighted:
+                                kwargs["weight"] = CLASS_WEIGHT
+                            name = f"{kind}_{key}_ls{smoothing}_{'w' if weighted else 'nw'}_{reduction}"
+                            cases.append({"name": name, "kind": kind, "data": key, "kwargs": kwargs})
+        probs = rng.random(shape) + 0.05
+        probs = probs / probs.sum(axis=1 if len(shape) > 1 else 0, keepdims=True)
+        key = f"prob_{shape_name}"
+        data[key] = {"input": logits, "target": probs}
+        for smoothing in (0.0, 0.2):
+            for weighted in (False, True):
+                for reduction in REDUCTIONS:
+                    kwargs = {"reduction": reduction}
+                    if smoothing:
+                        kwargs["label_smoothing"] = smoothing
+                    if weighted:
+                        kwargs["weight"] = CLASS_WEIGHT
+                    name = f"cross_entropy_{key}_ls{smoothing}_{'w' if weighted else 'nw'}_{reduction}"
+                    cases.append({"name": name, "kind": "cross_entropy", "data": key, "kwargs": kwargs})
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 2, 5))):
+        key = f"regression_{shape_name}"
+        data[key] = {"input": rng.standard_normal(shape), "target": rng.standard_normal(shape)}
+        for kind in ("mse_loss", "l1_loss"):
+            for reduction in REDUCTIONS:
+                cases.append(
+                    {"name": f"{kind}_{key}_{reduction}", "kind": kind, "data": key, "kwargs": {"reduction": reduction}}
+                )
+        logits = rng.standard_normal(shape) * 3.0
+        logits.reshape(-1)[:4] = [30.0, -30.0, 80.0, -80.0]  # the stable form matters here
+        key = f"binary_{shape_name}"
+        data[key] = {"input": logits, "target": rng.random(shape)}
+        for weighted in (False, True):
+            for pos_weighted in (False, True):
+                for reduction in REDUCTIONS:
+                    kwargs = {"reduction": reduction}
+                    if weighted:
+                        kwargs["weight"] = BCE_WEIGHT
+                    if pos_weighted:
+                        kwargs["pos_weight"] = POS_WEIGHT
+                    tags = f"{'w' if weighted else 'nw'}_{'pw' if pos_weighted else 'npw'}"
+                    name = f"binary_cross_entropy_with_logits_{key}_{tags}_{reduction}"
+                    cases.append(
+                        {"name": name, "kind": "binary_cross_entropy_with_logits", "data": key, "kwargs": kwargs}
+                    )
+    return data, cases
+
+
+def torch_loss(kind: str, inputs: torch.Tensor, target: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    kwargs = dict(kwargs)
+    for key in ("weight", "pos_weight"):
+        if key in kwargs:
+            kwargs[key] = torch.tensor(kwargs[key], dtype=inputs.dtype)
+    return getattr(F, kind)(inputs, target, **kwargs)
+
+
+def record_losses() -> None:
+    rng = np.random.default_rng(SEED + 1)
+    data, cases = make_loss_data(rng)
+    arrays: dict[str, np.ndarray] = {}
+    for dtype_name, _dtype in DTYPES.items():
+        for key, entry in data.items():
+            arrays[f"{key}/{dtype_name}/input"] = entry["input"].astype(dtype_name)
+            target = entry["target"]
+            arrays[f"{key}/{dtype_name}/target"] = target if target.dtype == np.int64 else target.astype(dtype_name)
+        losses, grads = [], []
+        for case in cases:
+            inputs = torch.tensor(arrays[f"{case['data']}/{dtype_name}/input"], requires_grad=True)
+            target = torch.tensor(arrays[f"{case['data']}/{dtype_name}/target"])
+            loss = torch_loss(case["kind"], inputs, target, case["kwargs"])
+            (grad,) = torch.autograd.grad(loss.sum(), inputs)
+            # One flat array per dtype (thousands of tiny npz members would triple the file).
+            case["loss_offset"] = sum(value.size for value in losses)
+            case["loss_shape"] = list(loss.shape)
+            case["grad_offset"] = sum(value.size for value in grads)
+            losses.append(loss.detach().numpy().reshape(-1))
+            grads.append(grad.numpy().reshape(-1))
+        arrays[f"{dtype_name}/loss"] = np.concatenate(losses)
+        arrays[f"{dtype_name}/grad"] = np.concatenate(grads)
+    meta = {"cases": cases, "torch": torch.__version__}
+    np.savez_compressed(HERE / "losses.npz", configs=np.asarray(json.dumps(meta)), **arrays)
+    print(f"{len(cases)} loss cases")
+
+
+def main() -> None:
+    torch.manual_seed(SEED)
+    record_optimizers()
+    record_losses()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""SGD, Adam, AdamW and clip_grad_norm_ in ONNX against recorded torch.optim trajectories.
+
+The recordings (``tests/recordings/optimizers.npz``, made by ``tests/recordings/record_torch.py``)
+hold, per case, the gradients torch computed at every step, the learning rate of every step and
+every parameter and state after every step. Here the optimizer step is built as an ONNX model
+(inputs: parameters, gradients, state, lr, step; outputs: the updated parameters and state),
+run in plain onnxruntime for the whole trajectory, feeding its own outputs back, and compared to
+torch after every step. No torch needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnxruntime as ort
+import pytest
+from ortlstm.graphs import optimizers
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+
+RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "optimizers.npz"
+OPSET = 17
+IR_VERSION = 10
+"""Loadable by onnxruntime-training 1.19.2 as well as by the newest onnxruntime."""
+
+FLOAT32_RTOL = 1e-6
+FLOAT32_ATOL = 1e-7
+"""Every parameter and state after every step vs torch, float32: a few roundings apart at most
+(torch's vectorized loops use fused multiply-adds, ONNX has none)."""
+FLOAT64_RTOL = 1e-13
+FLOAT64_ATOL = 1e-15
+
+_DATA = np.load(RECORDING)
+_META = json.loads(str(_DATA["configs"]))
+CASES = {case["name"]: case for case in _META["cases"]}
+STEPS = int(_META["steps"])
+TOLERANCES = {"float32": (FLOAT32_RTOL, FLOAT32_ATOL), "float64": (FLOAT64_RTOL, FLOAT64_ATOL)}
+
+
+def _split(flat: np.ndarray, shapes: list[list[int]]) -> list[np.ndarray]:
+    """Undoes the recording's flatten-and-concatenate."""
+    out, offset = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[offset : offset + size].reshape(shape))
+        offset += size
+    return out
+
+
+def _optimizer(
+    case: dict[str, Any],
+) -> tuple[optimizers.Optimizer, list[optimizers.ParamGroup], optimizers.ClipGradNorm | None]:
+    optimizer = optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"])
+    groups = [
+        optimizers.ParamGroup(
+            params=tuple(f"p{i}" for i in group["params"]),
+            **{key: value for key, value in group.items() if key != "params"},
+        )
+        for group in case.get("groups", [])
+    ]
+    clip = None
+    if "clip" in case:
+        norm_type = math.inf if case["clip"]["norm_type"] == "inf" else float(case["clip"]["norm_type"])
+        clip = optimizers.ClipGradNorm(case["clip"]["max_norm"], norm_type)
+    return optimizer, groups, clip
+
+
+class StepModel:
+    """One optimizer step as an ONNX model and its onnxruntime session."""
+
+    def __init__(self, case: dict[str, Any], dtype: str, lr_dtype: str = "float64") -> None:
+        elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        lr_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(lr_dtype))
+        optimizer, groups, clip = _optimizer(case)
+        self.shapes = [list(shape) for shape in case["param_shapes"]]
+        self.params = [f"p{i}" for i in range(len(self.shapes))]
+        per_param = optimizers.resolve_groups(optimizer, self.params, groups)
+        self.optimizers = {name: per_param[name][0] for name in self.params}
+        self.slots = {name: self.optimizers[name].state_slots() for name in self.params}
+        inputs = [
+            onnx.helper.make_tensor_value_info("lr", lr_type, []),
+            onnx.helper.make_tensor_value_info("step", onnx.TensorProto.INT64, []),
+        ]
+        state: dict[str, dict[str, str]] = {}
+        for name, shape in zip(self.params, self.shapes, strict=False):
+            inputs.append(onnx.helper.make_tensor_value_info(name, elem_type, shape))
+            inputs.append(onnx.helper.make_tensor_value_info(f"{name}.grad", elem_type, shape))
+            state[name] = {}
+            for slot in self.slots[name]:
+                inputs.append(onnx.helper.make_tensor_value_info(f"{name}.{slot}", elem_type, shape))
+                state[name][slot] = f"{name}.{slot}"
+        emitter = GraphEmitter(OPSET, used=[value.name for value in inputs])
+        for value in inputs:
+            shape = [dim.dim_value for dim in value.type.tensor_type.shape.dim]
+            emitter.set_type(value.name, value.type.tensor_type.elem_type, shape)
+        result = optimizers.add_optimizer_step(
+            emitter,
+            optimizer,
+            {name: f"{name}.grad" for name in self.params},
+            state,
+            "lr",
+            "step",
+            param_groups=groups,
+            clip=clip,
+        )
+        outputs, self.output_names = [], []
+        for name, shape in zip(self.params, self.shapes, strict=False):
+            values = [(f"{name}", result.params[name])]
+            values += [(f"{name}.{slot}", result.state[name][slot]) for slot in self.slots[name]]
+            for label, value in values:
+                outputs.append(onnx.helper.make_tensor_value_info(value, elem_type, shape))
+                self.output_names.append(label)
+        if result.total_norm is not None:
+            outputs.append(onnx.helper.make_tensor_value_info(result.total_norm, elem_type, []))
+            self.output_names.append("total_norm")
+        graph = onnx.helper.make_graph(emitter.nodes, "optimizer_step", inputs, outputs, emitter.initializers)
+        self.model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+        self.model.ir_version = IR_VERSION
+        onnx.checker.check_model(self.model, full_check=True)
+        self.session = ort.InferenceSession(self.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.dtype = dtype
+        self.lr_dtype = lr_dtype
+
+    def run(
+        self, values: dict[str, np.ndarray], grads: list[np.ndarray], lr: float, step: int
+    ) -> dict[str, np.ndarray]:
+        """One step: feeds the current values and the recorded gradients, returns every output by label."""
+        feeds = {"lr": np.asarray(lr, dtype=self.lr_dtype), "step": np.asarray(step, dtype=np.int64)}
+        for name, grad in zip(self.params, grads, strict=False):
+            feeds[name] = values[name]
+            feeds[f"{name}.grad"] = grad
+            for slot in self.slots[name]:
+                feeds[f"{name}.{slot}"] = values[f"{name}.{slot}"]
+        return dict(zip(self.output_names, self.session.run(None, feeds), strict=False))
+
+
+def run_trajectory(name: str, dtype: str, lr_dtype: str = "float64") -> dict[str, float]:
+    """Runs a recorded case in onnxruntime; asserts every step; returns the largest deviations."""
+    case = CASES[name]
+    model = StepModel(case, dtype, lr_dtype)
+    prefix = f"{name}/{dtype}"
+    rtol, atol = TOLERANCES[dtype]
+    values: dict[str, np.ndarray] = {}
+    for param, init in zip(model.params, _split(_DATA[f"{prefix}/param_init"], model.shapes), strict=False):
+        values[param] = init
+        for slot, zeros in model.optimizers[param].initial_state(init).items():
+            values[f"{param}.{slot}"] = zeros
+    worst = {"abs": 0.0, "rel": 0.0}
+    for k in range(STEPS):
+        grads = _split(_DATA[f"{prefix}/grad"][k], model.shapes)
+        out = model.run(values, grads, float(_DATA[f"{prefix}/lr"][k]), k + 1)
+        expected = dict(zip(model.params, _split(_DATA[f"{prefix}/param"][k], model.shapes), strict=False))
+        for slot in {slot for slots in model.slots.values() for slot in slots}:
+            recorded = _split(_DATA[f"{prefix}/state/{slot}"][k], model.shapes)
+            expected.update({f"{param}.{slot}": value for param, value in zip(model.params, recorded, strict=False)})
+        if "total_norm" in out:
+            expected["total_norm"] = _DATA[f"{prefix}/total_norm"][k]
+        for label, value in out.items():
+            want = expected[label]
+            assert value.dtype == np.dtype(dtype), label
+            np.testing.assert_allclose(
+                value, want, rtol=rtol, atol=atol, err_msg=f"{name} {dtype} step {k + 1}: {label}"
+            )
+            deviation = np.abs(value.astype(np.float64) - want)
+            worst["abs"] = max(worst["abs"], float(deviation.max()))
+            worst["rel"] = max(worst["rel"], float((deviation / np.maximum(np.abs(want), 1e-30)).max()))
+        values = {label: value for label, value in out.items() if label != "total_norm"}
+    return worst
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_trajectory_matches_torch(name: str, dtype: str) -> None:
+    run_trajectory(name, dtype)
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam_default", "adamw_groups_clip2"])
+def test_float32_lr_input(name: str) -> None:
+    """A float32 lr input rounds the lr once more than torch's Python float: still within tolerance."""
+    run_trajectory(name, "float32", lr_dtype="float32")
+
+
+def test_defaults_are_torchs() -> None:
+    assert optimizers.SGD() == optimizers.SGD(lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False)
+    assert optimizers.Adam() == optimizers.Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False)
+    assert optimizers.AdamW().weight_decay == 1e-2
+    assert optimizers.AdamW().eps == 1e-8
+    assert optimizers.AdamW().state_slots() == ("exp_avg", "exp_avg_sq")
+    assert optimizers.Adam(amsgrad=True).state_slots() == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+    assert optimizers.SGD().state_slots() == ()
+    assert optimizers.SGD(momentum=0.9).state_slots() == ("momentum_buffer",)
+
+
+def test_initial_state_is_zeros_of_the_param() -> None:
+    param = np.arange(6, dtype=np.float32).reshape(2, 3)
+    state = optimizers.Adam(amsgrad=True).initial_state(param)
+    assert sorted(state) == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+    for value in state.values():
+        assert value.shape == (2, 3)
+        assert value.dtype == np.float32
+        assert not value.any()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: optimizers.SGD(nesterov=True), "Nesterov momentum requires a momentum and zero dampening"),
+        (lambda: optimizers.SGD(momentum=-1.0), "Invalid momentum value"),
+        (lambda: optimizers.Adam(betas=(1.0, 0.999)), "Invalid beta parameter at index 0"),
+        (lambda: optimizers.AdamW(eps=-1.0), "Invalid epsilon value"),
+        (lambda: optimizers.Adam().with_overrides(optimizers.ParamGroup(("w",), momentum=0.9)), "momentum"),
+        (lambda: optimizers.optimizer_from_torch("RMSprop"), "not supported"),
+        (lambda: optimizers.ClipGradNorm(1.0, norm_type=0.0), "norm_type"),
+        (
+            lambda: optimizers.resolve_groups(
+                optimizers.SGD(), ["a", "b"], [optimizers.ParamGroup(("a",)), optimizers.ParamGroup(("a", "b"))]
+            ),
+            "more than one parameter group",
+        ),
+        (
+            lambda: optimizers.resolve_groups(optimizers.SGD(), ["a"], [optimizers.ParamGroup(("c",))]),
+            "'c', which is not among the parameters",
+        ),
+    ],
+)
+def test_invalid_settings_are_refused(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_missing_state_is_named() -> None:
+    emitter = GraphEmitter(OPSET, used=["w", "g", "lr", "step"])
+    emitter.set_type("w", onnx.TensorProto.FLOAT, [3])
+    with pytest.raises(ValueError, match="needs state exp_avg_sq for parameter 'w'"):
+        optimizers.Adam().apply(emitter, "w", "g", {"exp_avg": "m"}, "lr", "step")
