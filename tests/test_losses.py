@@ -1,0 +1,250 @@
+"""Losses built in ONNX against recorded torch.nn.functional values (no torch needed).
+
+``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
+cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss and
+binary_cross_entropy_with_logits over every reduction, ignore_index absent / default / custom,
+label smoothing, class weights and pos_weight, on [N, C], [N, C, d1] and [C] inputs, the inputs,
+targets, torch's loss and its gradient (the gradient is checked in test_loss_gradients.py).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnxruntime as ort
+import pytest
+from ortlstm.graphs import losses
+from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+
+RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "losses.npz"
+OPSET = 17
+IR_VERSION = 10
+
+FLOAT64_RTOL = 1e-12
+FLOAT64_ATOL = 1e-13
+FLOAT32_RTOL = 1e-5
+FLOAT32_ATOL = 1e-6
+"""Loss values vs torch: float64 to a few roundings, float32 to the usual float32 tolerance
+(log_softmax and the reductions sum in a different order)."""
+TOLERANCES = {"float32": (FLOAT32_RTOL, FLOAT32_ATOL), "float64": (FLOAT64_RTOL, FLOAT64_ATOL)}
+
+_DATA = np.load(RECORDING)
+_META = json.loads(str(_DATA["configs"]))
+CASES = {case["name"]: case for case in _META["cases"]}
+
+
+def loss_spec(case: dict[str, Any]) -> losses.Loss:
+    """The Loss a recorded case's torch call describes (same keyword names)."""
+    return losses.Loss(case["kind"], **case["kwargs"])
+
+
+def recorded(case: dict[str, Any], dtype: str) -> dict[str, np.ndarray]:
+    """The case's input, target, torch's loss and its gradient."""
+    inputs = _DATA[f"{case['data']}/{dtype}/input"]
+    loss_size = int(np.prod(case["loss_shape"]))
+    return {
+        "input": inputs,
+        "target": _DATA[f"{case['data']}/{dtype}/target"],
+        "loss": _DATA[f"{dtype}/loss"][case["loss_offset"] : case["loss_offset"] + loss_size].reshape(
+            case["loss_shape"]
+        ),
+        "grad": _DATA[f"{dtype}/grad"][case["grad_offset"] : case["grad_offset"] + inputs.size].reshape(inputs.shape),
+    }
+
+
+def build_loss_model(
+    spec: losses.Loss, input_value: np.ndarray, target_value: np.ndarray, *, dynamic: bool = False
+) -> tuple[onnx.ModelProto, GraphEmitter, str]:
+    """A model with inputs ``input`` and ``target`` and the loss as its output.
+
+    ``dynamic`` declares the batch axis symbolic, so the builders take their run-time paths.
+    """
+
+    def dims(array: np.ndarray) -> list[int | str]:
+        shape: list[int | str] = list(array.shape)
+        if dynamic and shape:
+            shape[0] = "batch"
+        return shape
+
+    input_type = onnx.helper.np_dtype_to_tensor_dtype(input_value.dtype)
+    target_type = onnx.helper.np_dtype_to_tensor_dtype(target_value.dtype)
+    inputs = [
+        onnx.helper.make_tensor_value_info("input", input_type, dims(input_value)),
+        onnx.helper.make_tensor_value_info("target", target_type, dims(target_value)),
+    ]
+    emitter = GraphEmitter(OPSET, used=["input", "target"])
+    emitter.set_type("input", input_type, dims(input_value))
+    emitter.set_type("target", target_type, dims(target_value))
+    loss = losses.add_loss(emitter, spec, "input", "target")
+    if spec.reduction != "none":
+        loss_shape: list[int | str] = []
+    elif spec.kind in ("cross_entropy", "nll_loss"):
+        loss_shape = dims(input_value)[:1] + dims(input_value)[2:] if input_value.ndim > 1 else []
+    else:
+        loss_shape = dims(input_value)
+    output = onnx.helper.make_tensor_value_info(loss, input_type, loss_shape)
+    graph = onnx.helper.make_graph(emitter.nodes, "loss", inputs, [output], emitter.initializers)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    return model, emitter, loss
+
+
+def run_loss(
+    spec: losses.Loss, input_value: np.ndarray, target_value: np.ndarray, *, dynamic: bool = False
+) -> np.ndarray:
+    model, _, _ = build_loss_model(spec, input_value, target_value, dynamic=dynamic)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (value,) = session.run(None, {"input": input_value, "target": target_value})
+    return value
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loss_matches_torch(name: str, dtype: str) -> None:
+    case = CASES[name]
+    data = recorded(case, dtype)
+    value = run_loss(loss_spec(case), data["input"], data["target"])
+    rtol, atol = TOLERANCES[dtype]
+    assert value.dtype == np.dtype(dtype)
+    assert value.shape == data["loss"].shape
+    np.testing.assert_allclose(value, data["loss"], rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cross_entropy_index_3d_ignorecustom_ls0.1_w_mean",
+        "cross_entropy_prob_3d_ls0.2_w_mean",
+        "nll_loss_index_2d_ignored_ls0.0_w_mean",
+        "binary_cross_entropy_with_logits_binary_3d_w_pw_mean",
+    ],
+)
+def test_dynamic_batch(name: str) -> None:
+    """A symbolic batch axis takes the run-time paths (class count, element count) to the same values."""
+    case = CASES[name]
+    data = recorded(case, "float64")
+    value = run_loss(loss_spec(case), data["input"], data["target"], dynamic=True)
+    np.testing.assert_allclose(value, data["loss"], rtol=FLOAT64_RTOL, atol=FLOAT64_ATOL)
+
+
+def test_output_is_the_loss_as_it_is() -> None:
+    emitter = GraphEmitter(OPSET, used=["loss"])
+    emitter.set_type("loss", onnx.TensorProto.FLOAT, [])
+    assert losses.add_loss(emitter, losses.Loss.output(), "loss") == "loss"
+    assert not emitter.nodes
+
+
+def test_defaults_are_torchs() -> None:
+    spec = losses.Loss.cross_entropy()
+    assert (spec.reduction, spec.ignore_index, spec.label_smoothing, spec.weight) == ("mean", -100, 0.0, None)
+    assert losses.Loss.nll_loss().ignore_index == -100
+    assert losses.Loss.mse_loss().reduction == "mean"
+    assert losses.Loss.binary_cross_entropy_with_logits().pos_weight is None
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+
+F32, F64, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT64
+
+
+@pytest.mark.parametrize(
+    ("spec", "prediction", "target", "message"),
+    [
+        (
+            losses.Loss.cross_entropy(),
+            ValueType(F32, ("batch", 5)),
+            ValueType(F32, ("batch",)),
+            r"loss target 'labels'.*int64.*\[batch\].*got float32 \[batch\]",
+        ),
+        (
+            losses.Loss.nll_loss(),
+            ValueType(F32, (4, 5)),
+            ValueType(F32, (4, 5)),
+            r"loss target 'labels': nll_loss expects class indices of type int64 \[4\], got float32 \[4, 5\]",
+        ),
+        (
+            losses.Loss.cross_entropy(),
+            ValueType(F32, (4, 5, 7)),
+            ValueType(I64, (4,)),
+            r"loss target 'labels'.*class indices int64 \[4, 7\].*got int64 \[4\]",
+        ),
+        (
+            losses.Loss.cross_entropy(),
+            ValueType(F32, (4, 5)),
+            ValueType(I64, (3,)),
+            r"expects class indices int64 \[4\].*got int64 \[3\]",
+        ),
+        (
+            losses.Loss.cross_entropy(),
+            ValueType(F32, (4, 5)),
+            ValueType(F64, (4, 5)),
+            r"class probabilities expects float32 \[4, 5\].*got float64 \[4, 5\]",
+        ),
+        (
+            losses.Loss.cross_entropy(weight=[1.0, 2.0]),
+            ValueType(F32, (4, 5)),
+            ValueType(I64, (4,)),
+            r"weight has 2 entries but 'logits' has 5 classes",
+        ),
+        (
+            losses.Loss.mse_loss(),
+            ValueType(F32, (4, 5)),
+            ValueType(I64, (4, 5)),
+            r"loss target 'labels': mse_loss expects float32 \[4, 5\].*got int64 \[4, 5\]",
+        ),
+        (
+            losses.Loss.binary_cross_entropy_with_logits(),
+            ValueType(F32, (4, 5)),
+            ValueType(F32, (4, 1)),
+            r"expects the prediction's shape \[4, 5\], got float32 \[4, 1\]",
+        ),
+        (
+            losses.Loss.l1_loss(),
+            ValueType(onnx.TensorProto.INT64, (4,)),
+            ValueType(F32, (4,)),
+            r"the prediction 'logits' must be a float tensor, got int64",
+        ),
+    ],
+)
+def test_wrong_target_is_refused(spec: losses.Loss, prediction: ValueType, target: ValueType, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        losses.check_target(spec, prediction, target, prediction_name="logits", target_name="labels")
+    emitter = GraphEmitter(OPSET, used=["logits", "labels"])
+    emitter.types.update({"logits": prediction, "labels": target})
+    with pytest.raises(ValueError, match=message):
+        losses.add_loss(emitter, spec, "logits", "labels")
+    assert not emitter.nodes
+
+
+def test_output_loss_refusals() -> None:
+    emitter = GraphEmitter(OPSET, used=["out", "y"])
+    emitter.set_type("out", F32, [4, 2])
+    with pytest.raises(ValueError, match=r"'out' used as the loss must hold one element, its shape is \[4, 2\]"):
+        losses.add_loss(emitter, losses.Loss.output(), "out")
+    with pytest.raises(ValueError, match="reads no target"):
+        losses.add_loss(emitter, losses.Loss.output(), "out", "y")
+    with pytest.raises(ValueError, match="needs a target"):
+        losses.add_loss(emitter, losses.Loss.mse_loss(), "out")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: losses.Loss("hinge"), "unknown loss kind 'hinge'"),
+        (lambda: losses.Loss.mse_loss(reduction="avg"), "avg is not a valid value for reduction"),
+        (lambda: losses.Loss.cross_entropy(label_smoothing=1.5), "label_smoothing must be between 0.0 and 1.0"),
+        (lambda: losses.Loss("nll_loss", label_smoothing=0.1), "label_smoothing applies to cross_entropy only"),
+        (lambda: losses.Loss.cross_entropy(weight=[[1.0, 2.0]]), "weight must be 1-D"),
+        (lambda: losses.Loss("mse_loss", pos_weight=[1.0]), "pos_weight applies to binary_cross_entropy_with_logits"),
+    ],
+)
+def test_invalid_specs_are_refused(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
