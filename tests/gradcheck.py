@@ -11,7 +11,7 @@ The oracle is the forward op as onnxruntime runs it; nothing here shares code wi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -82,6 +82,11 @@ class Case:
         loss_outputs: Indices of the outputs that enter the loss; default every float output
             (leave out outputs that carry no gradient, such as LSTMTraining's stash).
         seed: Seed of the random loss weights.
+        float64_forward: For an op onnxruntime runs in float32 only (Elu, Softplus, HardSigmoid,
+            InstanceNormalization): given the node, nodes that compute its outputs in float64. They
+            replace the node in the float64 models after differentiation, so the rule under test
+            still differentiates the op itself; the float32 check (the real kernel) confirms that
+            the replacement computes the same function.
     """
 
     id: str
@@ -93,6 +98,7 @@ class Case:
     num_outputs: int = 1
     loss_outputs: tuple[int, ...] | None = None
     seed: int = 0
+    float64_forward: Callable[[onnx.NodeProto], Sequence[onnx.NodeProto]] | None = None
 
 
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
@@ -146,11 +152,16 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
             feeds[name] = value
     outputs = [f"out{k}" for k in range(case.num_outputs)]
     node = helper.make_node(case.op_type, names, outputs, name="under_test", domain=case.domain, **case.attributes)
+    substitute = case.float64_forward if dtype_ == np.float64 else None
 
     # Probe run: the outputs' types and shapes, for the loss weights.
     probe = helper.make_model(
         helper.make_graph(
-            [node], "probe", graph_inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializers
+            list(substitute(node)) if substitute else [node],
+            "probe",
+            graph_inputs,
+            [helper.make_empty_tensor_value_info(o) for o in outputs],
+            initializers,
         ),
         opset_imports=_opsets(case),
         ir_version=IR_VERSION,
@@ -158,15 +169,18 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
     values = _session(probe).run(None, feeds)
     rng = np.random.default_rng(case.seed)
     loss_nodes, terms, seeds = [], [], {}
+    loss_dtype = dtype_
     for index, (output, value) in enumerate(zip(outputs, values, strict=True)):
         if value.dtype.kind != "f" or (case.loss_outputs is not None and index not in case.loss_outputs):
             continue
         weight = f"weight_{output}"
-        feeds[weight] = (rng.uniform(0.5, 1.5, value.shape) * rng.choice([-1, 1], value.shape)).astype(value.dtype)
+        # np.asarray: for a 0-D output numpy gives a scalar, which onnxruntime does not take as a feed.
+        feeds[weight] = np.asarray(rng.uniform(0.5, 1.5, value.shape) * rng.choice([-1, 1], value.shape), value.dtype)
         graph_inputs.append(_value_info(weight, feeds[weight], False))
         loss_nodes.append(helper.make_node("Mul", [output, weight], [f"weighted_{output}"]))
         loss_nodes.append(helper.make_node("ReduceSum", [f"weighted_{output}"], [f"term_{output}"], keepdims=0))
         terms.append(f"term_{output}")
+        loss_dtype = value.dtype  # not always the inputs' dtype: Cast(to=DOUBLE) of a float32 input
         # d loss / d output = weight: seeded directly, so the check relies on no rule but the one under test.
         seeds[output] = weight
     loss_nodes.append(helper.make_node("Sum", terms, ["loss"]))
@@ -174,7 +188,7 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
         [node, *loss_nodes],
         "forward",
         graph_inputs,
-        [helper.make_tensor_value_info("loss", _ELEM[dtype_], [])],
+        [helper.make_tensor_value_info("loss", _ELEM[np.dtype(loss_dtype)], [])],
         initializers,
     )
     forward = helper.make_model(graph, opset_imports=_opsets(case), ir_version=IR_VERSION)
@@ -188,13 +202,20 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
     with_gradients.graph.initializer.extend(emitter.initializers)
     for name in wrt_names:
         with_gradients.graph.output.append(helper.make_empty_tensor_value_info(result.gradients[name]))
+    if substitute is not None:
+        for model in (forward, with_gradients):
+            nodes = list(model.graph.node)  # nodes[0]: the node under test, as the rule left it
+            del model.graph.node[:]
+            model.graph.node.extend([*substitute(nodes[0]), *nodes[1:]])
     return _Built(forward, with_gradients, feeds, wrt_names)
 
 
 def analytic_gradients(built: _Built, optimize: bool = False) -> dict[str, np.ndarray]:
     """Each wrt input's gradient from the differentiated model."""
     values = _session(built.with_gradients, optimize).run(None, built.feeds)
-    return dict(zip(built.wrt_names, values[1:], strict=True))
+    # Copies: onnxruntime-training 1.19.2 hands back a graph output that is a graph input (a gradient
+    # equal to a loss weight) as a view of the feed, which dies with ``built``.
+    return {name: np.array(value, copy=True) for name, value in zip(built.wrt_names, values[1:], strict=True)}
 
 
 def numeric_gradients(built: _Built, step: float = FD_STEP) -> dict[str, np.ndarray]:

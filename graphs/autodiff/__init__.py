@@ -12,7 +12,7 @@ Importing this package registers the built-in rules (the ``rules_*`` modules).
 from __future__ import annotations
 
 try:
-    from ortlstm.graphs.autodiff import rules_math  # registers the rules
+    from ortlstm.graphs.autodiff import rules_lstm, rules_math, rules_nn, rules_shape  # registers the rules
     from ortlstm.graphs.autodiff.backward import Backward, build_backward
     from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
     from ortlstm.graphs.autodiff.registry import (
@@ -23,7 +23,12 @@ try:
         registered_ops,
     )
 except ModuleNotFoundError:
-    from graphs.autodiff import rules_math  # type: ignore[no-redef] # noqa: F401 - registers the rules
+    from graphs.autodiff import (  # type: ignore[no-redef] # noqa: F401 - registers the rules
+        rules_lstm,
+        rules_math,
+        rules_nn,
+        rules_shape,
+    )
     from graphs.autodiff.backward import Backward, build_backward  # type: ignore[no-redef]
     from graphs.autodiff.emitter import (  # type: ignore[no-redef]
         GraphEmitter,

@@ -17,13 +17,19 @@ import onnx
 
 try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
-    from ortlstm.graphs.autodiff.registry import GradientContext, gradient_rule, input_is_differentiable
+    from ortlstm.graphs.autodiff.registry import (
+        GradientContext,
+        gradient_rule,
+        input_is_differentiable,
+        missing_rule_hint,
+    )
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
     from graphs.autodiff.registry import (  # type: ignore[no-redef]
         GradientContext,
         gradient_rule,
         input_is_differentiable,
+        missing_rule_hint,
     )
 
 
@@ -130,10 +136,13 @@ def build_backward(
     for node in active:
         if gradient_rule(node.domain, node.op_type) is None:
             needing = sorted(set().union(*(depends[name] for name in node.input if name in depends)))
+            advice = missing_rule_hint(node.domain, node.op_type) or (
+                "Freeze that parameter, or register a rule with "
+                f"ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+            )
             raise ValueError(
                 f"no gradient rule for {_node_label(node)}, which lies between parameter {needing[0]!r} and the loss "
-                f"{loss_label}. Freeze that parameter, or register a rule with "
-                f"ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+                f"{loss_label}. {advice}"
             )
 
     grads: dict[str, list[str]] = {

@@ -314,8 +314,9 @@ class GraphEmitter:
         """Sums ``grad`` (the gradient of a broadcast result) down to the shape of input ``like``.
 
         numpy broadcasting: leading axes that ``like`` lacks are summed away, then every axis where
-        ``like`` has size 1 and the result does not. With static shapes on both sides this is a
-        fixed ReduceSum (or nothing); otherwise the axes are computed at run time.
+        ``like`` has size 1 and the result does not. When the static types tell which axes those are
+        (see ``_unbroadcast_axes``; a dynamic batch dim shared by both sides does not prevent it)
+        this is a fixed ReduceSum and Squeeze (or nothing); otherwise the axes are computed at run time.
 
         Args:
             grad: Gradient with the broadcast result's shape.
@@ -324,27 +325,15 @@ class GraphEmitter:
                 node's output), used when ``grad`` itself has no recorded type.
         """
         reference = grad_shape_of or grad
-        like_shape = self.static_shape(like)
-        out_shape = self.static_shape(reference) or self.static_shape(grad)
-        if like_shape is not None and out_shape is not None:
-            if like_shape == out_shape:
+        axes = self._unbroadcast_axes(like, reference, grad)
+        if axes is not None:
+            lead, summed = axes
+            if not summed:
                 return grad
-            lead = len(out_shape) - len(like_shape)
-            padded = (1,) * lead + like_shape
-            axes = [
-                axis for axis in range(len(out_shape)) if axis < lead or (padded[axis] == 1 and out_shape[axis] != 1)
-            ]
-            reduced = self.reduce_sum(grad, axes, keepdims=True) if axes else grad
-            if lead or reduced != grad:
-                return self.op("Reshape", [reduced, self.ints(list(like_shape))])
-            return reduced
-        like_rank = self.rank(like)
-        out_rank = self.rank(reference) or self.rank(grad)
-        if like_rank is not None and out_rank is not None and like_rank == out_rank:
-            like_value = self.value_type(like)
-            out_value = self.value_type(reference) or self.value_type(grad)
-            if like_value is not None and out_value is not None and like_value.shape == out_value.shape:
-                return grad
+            if len(summed) == lead:  # only leading axes: one ReduceSum drops them
+                return self.reduce_sum(grad, summed, keepdims=False)
+            reduced = self.reduce_sum(grad, summed, keepdims=True)
+            return self.squeeze(reduced, list(range(lead))) if lead else reduced
         # Run time: pad like's shape with leading ones to the result's rank, sum where it is 1.
         grad_shape = self.op("Shape", [grad])
         like_shape_value = self.shape(like)
@@ -359,11 +348,33 @@ class GraphEmitter:
             ],
         )
         axes = self.op("Reshape", [self.op("NonZero", [is_broadcast]), self.ints([-1])])
-        if self.opset >= 13:
-            reduced = self.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
-        else:  # pragma: no cover - MIN_OPSET is 13
-            raise AssertionError("unreachable")
+        reduced = self.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
         return self.op("Reshape", [reduced, like_shape_value])
+
+    def _unbroadcast_axes(self, like: str, *results: str) -> tuple[int, list[int]] | None:
+        """(leading axes to drop, axes to sum) turning a broadcast result into ``like``, if static types tell.
+
+        An axis is summed where ``like`` has size 1 (harmless when the result's is 1 too) and kept
+        where ``like``'s size is a known integer other than 1 or the same symbol as the result's;
+        any other pair (an unknown dim of ``like``) could be a broadcast or not: None.
+        """
+        like_value = self.value_type(like)
+        out_shape = next(
+            (found.shape for found in map(self.value_type, results) if found and found.shape is not None), None
+        )
+        if like_value is None or like_value.shape is None or out_shape is None:
+            return None
+        lead = len(out_shape) - len(like_value.shape)
+        if lead < 0:
+            return None
+        summed = list(range(lead))
+        for axis, (like_dim, out_dim) in enumerate(zip(like_value.shape, out_shape[lead:], strict=True), start=lead):
+            if like_dim == 1:
+                if out_dim != 1:
+                    summed.append(axis)
+            elif not (isinstance(like_dim, int) or (isinstance(like_dim, str) and like_dim == out_dim)):
+                return None
+        return lead, summed
 
 
 def make_model(

@@ -181,6 +181,23 @@ def gradient_rule(domain: str, op_type: str) -> RuleEntry | None:
     return _RULES.get((_domain_key(domain), op_type))
 
 
+_MISSING_RULE_HINTS: dict[tuple[str, str], str] = {}
+
+
+def register_missing_rule_hint(domain: str, op_type: str, hint: str) -> None:
+    """Says what to do instead when (domain, op_type), which has no rule, lies on a parameter -> loss path.
+
+    The hint replaces the generic advice (freeze the parameter or register a rule) in the error,
+    e.g. for ai.onnx LSTM: convert the model to LSTMTraining first.
+    """
+    _MISSING_RULE_HINTS[(_domain_key(domain), op_type)] = hint
+
+
+def missing_rule_hint(domain: str, op_type: str) -> str | None:
+    """The hint registered for (domain, op_type), or None."""
+    return _MISSING_RULE_HINTS.get((_domain_key(domain), op_type))
+
+
 def registered_ops() -> list[tuple[str, str]]:
     """Every (domain, op_type) with a rule, sorted (for docs and tests)."""
     return sorted(_RULES)
