@@ -307,7 +307,13 @@ def matmul_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> lis
         m_dim = None if a_vector else y_shape[len(batch)]
         n_dim = None if b_vector else y_shape[-1]
     grads: list[str | None] = [None, None]
-    if ctx.needs(0):
+    if ctx.needs(0) and rank_b == 2 and not a_vector:
+        # B without batch axes (a Linear layer): dA is one rows x N @ (K x N)^T Gemm, reshaped to A.
+        # A Gemm with transB rather than MatMul of a Transpose: onnxruntime-training 1.19.2 fuses
+        # the latter into com.microsoft FusedMatMul, which has no float64 kernel there.
+        da = ctx.op("Gemm", [_as_rows(ctx, dy, b) if rank_a > 2 else dy, b], transB=1)
+        grads[0] = ctx.op("Reshape", [da, e.shape(a)]) if rank_a > 2 else da
+    elif ctx.needs(0):
         b_t = e.unsqueeze(b, [0]) if b_vector else _swap_last(ctx, b, rank_b)
         da = ctx.op("MatMul", [dy_2d, b_t])
         if a_vector:
