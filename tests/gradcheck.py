@@ -197,6 +197,7 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
     with_gradients = onnx.ModelProto()
     with_gradients.CopyFrom(forward)
     emitter = GraphEmitter(onnx_opset(forward), used_names(forward.graph), infer_value_types(forward))
+    emitter.record_constants(forward.graph.initializer)
     result = build_backward(with_gradients.graph, seeds, wrt_names, emitter)
     with_gradients.graph.node.extend(emitter.nodes)
     with_gradients.graph.initializer.extend(emitter.initializers)

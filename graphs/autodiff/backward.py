@@ -99,13 +99,16 @@ def build_backward(
             f"parameters {missing} are not values of the graph (not initializers, inputs or outputs of nodes)"
         )
 
-    # Forward: which parameters each value depends on, through differentiable inputs only.
+    # Forward: which parameters each value depends on, through differentiable inputs only. A
+    # value a node's subgraph reads from the outer scope (If/Loop/Scan bodies) counts as an input.
     depends: dict[str, frozenset[str]] = {name: frozenset([name]) for name in wrt}
     for node in nodes:
         sources: set[str] = set()
         for index, name in enumerate(node.input):
             if name in depends and input_is_differentiable(node, index, emitter):
                 sources |= depends[name]
+        for name in _outer_scope_reads(node):
+            sources |= depends.get(name, frozenset())
         if sources:
             for name in node.output:
                 if _carries_gradient(name, emitter):
@@ -122,9 +125,11 @@ def build_backward(
             for index, name in enumerate(node.input)
             if name in depends and input_is_differentiable(node, index, emitter)
         ]
-        if on_path:
+        implicit = [name for name in _outer_scope_reads(node) if name in depends]
+        if on_path or implicit:
             active.append(node)
             reaches.update(node.input[index] for index in on_path)
+            reaches.update(implicit)
 
     unreachable = tuple(name for name in wrt if name not in reaches)
     if unreachable and not allow_unreachable:
@@ -135,7 +140,8 @@ def build_backward(
 
     for node in active:
         if gradient_rule(node.domain, node.op_type) is None:
-            needing = sorted(set().union(*(depends[name] for name in node.input if name in depends)))
+            reads = [*node.input, *_outer_scope_reads(node)]
+            needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
             advice = missing_rule_hint(node.domain, node.op_type) or (
                 "Freeze that parameter, or register a rule with "
                 f"ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
@@ -173,6 +179,21 @@ def build_backward(
 
     gradients = {name: emitter.sum(grads[name]) for name in wrt if name in reaches}
     return Backward(gradients, unreachable)
+
+
+def _outer_scope_reads(node: onnx.NodeProto) -> list[str]:
+    """Names a node's subgraphs read without defining them (values of the enclosing graph)."""
+    reads: list[str] = []
+    for attribute in node.attribute:
+        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+        for graph in subgraphs:
+            defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+            for inner in graph.node:
+                reads.extend(
+                    name for name in [*inner.input, *_outer_scope_reads(inner)] if name and name not in defined
+                )
+                defined.update(inner.output)
+    return list(dict.fromkeys(reads))
 
 
 def _ones_like(value: str, emitter: GraphEmitter) -> str:

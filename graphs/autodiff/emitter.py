@@ -147,6 +147,7 @@ class GraphEmitter:
         self.initializers: list[onnx.TensorProto] = []
         self.types: dict[str, ValueType] = dict(types or {})
         self._used = set(used)
+        self._values: dict[str, np.ndarray] = {}
         self._constants: dict[tuple[bytes, int, tuple[int, ...]], str] = {}
         self._shapes: dict[str, str] = {}
 
@@ -227,8 +228,25 @@ class GraphEmitter:
             tensor = onnx.numpy_helper.from_array(array, self.fresh(name))
             self.initializers.append(tensor)
             self._constants[key] = tensor.name
+            self._values[tensor.name] = array
             self.types[tensor.name] = ValueType(elem_type, tuple(array.shape))
         return self._constants[key]
+
+    def record_constants(self, initializers: Iterable[onnx.TensorProto], max_elements: int = 1024) -> None:
+        """Makes the values of small integer initializers (bounds, axes, shapes) known to rules.
+
+        Float initializers are left out on purpose: they may be parameters, whose values change.
+        """
+        for init in initializers:
+            if (
+                init.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+                and np.prod(init.dims) <= max_elements
+            ):
+                self._values[init.name] = onnx.numpy_helper.to_array(init)
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of a constant known to be fixed (see ``record_constants``), else None."""
+        return self._values.get(name)
 
     def ints(self, values: Sequence[int] | int) -> str:
         """An int64 constant (axes, shapes, indices): 1-D for a sequence, 0-D for an int."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import onnx
 import onnx.defs
 import onnx.helper
@@ -60,6 +61,11 @@ class GradientContext:
     def output(self, index: int) -> str:
         """Name of output ``index``; "" when the node omits it (see ``require_output``)."""
         return self.node.output[index] if index < len(self.node.output) else ""
+
+    def constant_input(self, index: int) -> np.ndarray | None:
+        """The value of input ``index`` when it is a constant the emitter knows (integer bounds, axes), else None."""
+        name = self.input(index)
+        return self.emitter.constant_value(name) if name else None
 
     def has_attribute(self, name: str) -> bool:
         """Whether the node carries attribute ``name``."""
@@ -196,6 +202,16 @@ def register_missing_rule_hint(domain: str, op_type: str, hint: str) -> None:
 def missing_rule_hint(domain: str, op_type: str) -> str | None:
     """The hint registered for (domain, op_type), or None."""
     return _MISSING_RULE_HINTS.get((_domain_key(domain), op_type))
+
+
+for _control_flow in ("If", "Loop", "Scan"):
+    register_missing_rule_hint(
+        "",
+        _control_flow,
+        "Control flow is not differentiated: fix the inputs that decide it for training "
+        "(build_training_models(..., fixed_inputs={name: value}) replaces an If by the branch chosen), "
+        "or freeze the parameters its subgraphs read.",
+    )
 
 
 def registered_ops() -> list[tuple[str, str]]:

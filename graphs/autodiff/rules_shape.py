@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 
 try:
@@ -222,6 +223,32 @@ def split_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list
 # ---- selections --------------------------------------------------------------------------------
 
 
+def _static_slice_pads(ctx: GradientContext) -> list[int] | None:
+    """Pad amounts that turn dY back into X's shape, when the slice is static with unit steps.
+
+    ONNX Slice: a negative start or end counts from the end of the axis; both are then clamped to
+    [0, dim] (unit steps). Returns None for anything else (run-time bounds, other steps, an
+    unknown shape, an empty selection), which the general rule handles.
+    """
+    shape = ctx.emitter.static_shape(ctx.input(0))
+    starts, ends = ctx.constant_input(1), ctx.constant_input(2)
+    axes = ctx.constant_input(3) if ctx.input(3) else np.arange(0 if starts is None else starts.size)
+    steps = ctx.constant_input(4) if ctx.input(4) else None
+    if shape is None or starts is None or ends is None or axes is None or (ctx.input(4) and steps is None):
+        return None
+    if steps is not None and not np.all(steps == 1):
+        return None
+    before, after = [0] * len(shape), [0] * len(shape)
+    for start, end, axis in zip(starts.reshape(-1), ends.reshape(-1), axes.reshape(-1), strict=True):
+        dim = shape[int(axis) % len(shape)]
+        first = min(max(int(start) + dim if start < 0 else int(start), 0), dim)
+        last = min(max(int(end) + dim if end < 0 else int(end), 0), dim)
+        if last <= first:
+            return None
+        before[int(axis) % len(shape)], after[int(axis) % len(shape)] = first, dim - last
+    return before + after
+
+
 @register_gradient_rule("", "Slice")
 def slice_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
     """dX = zeros with dY scattered to the positions the slice selected; none for starts, ends, axes, steps.
@@ -232,6 +259,9 @@ def slice_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list
     (dy,) = grad_outputs
     assert dy is not None
     x, e = ctx.input(0), ctx.emitter
+    pads = _static_slice_pads(ctx)
+    if pads is not None:  # constant bounds, unit steps, static shape: pad dY back to X's shape
+        return [ctx.op("Pad", [dy, e.ints(pads)])] + [None] * (len(ctx.node.input) - 1)
     size = _size(ctx, x)
     picked = ctx.op("Slice", [_positions(ctx, x, size), *ctx.node.input[1:]])
     flat = ctx.op(
