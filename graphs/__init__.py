@@ -5,6 +5,10 @@
 - ``generate_artifacts`` / ``open_training``: training artifacts and their onnxruntime-training
   session objects; ``export_inference_model``: the trained model, for inference.
 - ``build_gradient_model``: a standalone model computing an LSTM's outputs and all gradients.
+- ``build_training_models``: the train-step, eval, gradient and apply models that any plain
+  onnxruntime runs (no training build, no torch), with ``losses`` and ``optimizers`` written in
+  standard ops and gradients from ``autodiff``; ``register_gradient_rule`` adds a rule for a
+  user's own op; ``prepare_model`` is the preparation those builders apply to an export.
 
 Nothing here imports onnxruntime at import time; the functions that need it import it lazily.
 """
@@ -12,6 +16,7 @@ Nothing here imports onnxruntime at import time; the functions that need it impo
 from __future__ import annotations
 
 try:
+    from ortlstm.graphs import losses, optimizers
     from ortlstm.graphs.artifacts import (
         TrainingArtifacts,
         export_inference_model,
@@ -19,10 +24,14 @@ try:
         lstm_parameters,
         open_training,
     )
+    from ortlstm.graphs.autodiff import register_gradient_rule
     from ortlstm.graphs.convert import convert
     from ortlstm.graphs.gradient import gradient_definition, register_gradient
+    from ortlstm.graphs.prepare import PreparedModel, prepare_model
     from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
+    from ortlstm.graphs.train_step import TrainingModels, TrainStepSignature, build_training_models
 except ModuleNotFoundError:
+    from graphs import losses, optimizers  # type: ignore[no-redef]
     from graphs.artifacts import (  # type: ignore[no-redef]
         TrainingArtifacts,
         export_inference_model,
@@ -30,19 +39,34 @@ except ModuleNotFoundError:
         lstm_parameters,
         open_training,
     )
+    from graphs.autodiff import register_gradient_rule  # type: ignore[no-redef]
     from graphs.convert import convert  # type: ignore[no-redef]
     from graphs.gradient import gradient_definition, register_gradient  # type: ignore[no-redef]
+    from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
     from graphs.standalone import LstmGraphConfig, build_gradient_model  # type: ignore[no-redef]
+    from graphs.train_step import (  # type: ignore[no-redef]
+        TrainingModels,
+        TrainStepSignature,
+        build_training_models,
+    )
 
 __all__ = [
     "LstmGraphConfig",
+    "PreparedModel",
+    "TrainStepSignature",
     "TrainingArtifacts",
+    "TrainingModels",
     "build_gradient_model",
+    "build_training_models",
     "convert",
     "export_inference_model",
     "generate_artifacts",
     "gradient_definition",
+    "losses",
     "lstm_parameters",
     "open_training",
+    "optimizers",
+    "prepare_model",
     "register_gradient",
+    "register_gradient_rule",
 ]

@@ -131,9 +131,14 @@ def torch_loss(net: Net, batch: dict[str, np.ndarray]):
     return torch.nn.functional.mse_loss(out, torch.from_numpy(batch["target"]))
 
 
-def export(net: Net, scenario: Scenario, exporter: str, batch: dict[str, np.ndarray], path: Path) -> onnx.ModelProto:
+def export(
+    net: Net, scenario: Scenario, exporter: str, batch: dict[str, np.ndarray], path: Path, *, optimize: bool = True
+) -> onnx.ModelProto:
+    """Exports with the "dynamo" or "torchscript" exporter (``optimize`` applies to dynamo)."""
     inputs = model_inputs(batch)
     kwargs: dict = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo" and not optimize:
+        kwargs["optimize"] = False
     if scenario.padded:  # the step count varies per batch
         kwargs["dynamic_axes"] = {"x": {1 if scenario.batch_first else 0: "steps"}}
     torch.onnx.export(

@@ -1,0 +1,461 @@
+"""The train-step model: forward, loss, backward and optimizer update in one ONNX model.
+
+``build_training_models`` turns an exported model into the models a trainer runs with any
+``onnxruntime.InferenceSession`` (the newest plain onnxruntime and onnxruntime-training 1.19.2's
+alike; no training build, no torch):
+
+- ``train_step``: inputs are the batch, the target, the parameters, the optimizer state, ``lr``
+  and ``step``; outputs are the loss, the requested extra outputs, the updated parameters and
+  state (and the total gradient norm when clipping).
+- ``eval``: the same forward and loss with training-mode Dropout off, parameters as inputs.
+- ``gradients`` and ``apply``: the step split in two, for gradient accumulation over batches.
+
+The signature (``TrainStepSignature``) names every input and output, so nothing downstream
+guesses names. Protos only; nothing here imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+
+try:
+    from ortlstm.graphs import losses as losses_module
+    from ortlstm.graphs import optimizers as optimizers_module
+    from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names
+    from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.graphs.prepare import PreparedModel, prepare_model
+except ModuleNotFoundError:
+    from graphs import losses as losses_module  # type: ignore[no-redef]
+    from graphs import optimizers as optimizers_module  # type: ignore[no-redef]
+    from graphs.autodiff import (  # type: ignore[no-redef]
+        GraphEmitter,
+        build_backward,
+        infer_value_types,
+        onnx_opset,
+    )
+    from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names  # type: ignore[no-redef]
+    from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
+    from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
+
+LR_INPUT = "lr"
+STEP_INPUT = "step"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStepSignature:
+    """Names of every input and output of the training models.
+
+    Attributes:
+        batch_inputs: The model's own inputs, fed with each batch.
+        target: The target (labels) input the loss reads, or None when a model output is the loss.
+        loss: The loss output.
+        extra_outputs: Model outputs returned alongside the loss.
+        params: Trained parameters, as inputs (their names in the original model).
+        new_params: Output carrying each parameter's updated value, same order as ``params``.
+        frozen: Float initializers left as constants.
+        state: Per parameter, optimizer state slot -> input name.
+        new_state: Per parameter, optimizer state slot -> output name.
+        grads: Per parameter, the gradient output of the ``gradients`` model and input of ``apply``.
+        lr: The learning-rate input (a float64 scalar: torch keeps lr as a Python float).
+        step: The step-count input (1-based number of this update, as torch counts).
+        grad_norm: The total gradient norm output, when gradients are clipped.
+    """
+
+    batch_inputs: tuple[str, ...]
+    target: str | None
+    loss: str
+    extra_outputs: tuple[str, ...]
+    params: tuple[str, ...]
+    new_params: tuple[str, ...]
+    frozen: tuple[str, ...]
+    state: dict[str, dict[str, str]]
+    new_state: dict[str, dict[str, str]]
+    grads: dict[str, str]
+    lr: str
+    step: str
+    grad_norm: str | None
+
+
+@dataclasses.dataclass
+class TrainingModels:
+    """What ``build_training_models`` returns.
+
+    Attributes:
+        train_step: One whole training step.
+        eval: Forward and loss without training-mode Dropout.
+        gradients: Forward, loss and parameter gradients (for gradient accumulation).
+        apply: Clipping and the optimizer update, from summed gradients.
+        signature: The names of every input and output.
+        initial_params: Each parameter's starting value (from the model).
+        initial_state: Each state input's starting value (zeros, as torch starts).
+        prepared: The model after preparation (converted LSTMs, specialized branches).
+    """
+
+    train_step: onnx.ModelProto
+    eval: onnx.ModelProto
+    gradients: onnx.ModelProto
+    apply: onnx.ModelProto
+    signature: TrainStepSignature
+    initial_params: dict[str, np.ndarray]
+    initial_state: dict[str, np.ndarray]
+    prepared: PreparedModel
+
+
+def _value_info_of(name: str, elem_type: int, shape: Sequence[int | str | None] | None) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape))
+
+
+def _inferred_info(name: str, types: Mapping[str, ValueType]) -> onnx.ValueInfoProto:
+    """A graph output's declaration from inference (the exporter's own is not trusted)."""
+    found = types.get(name)
+    if found is None or not found.elem_type:
+        return onnx.helper.make_empty_tensor_value_info(name)
+    return _value_info_of(name, found.elem_type, found.shape)
+
+
+def _model_outputs(model: onnx.ModelProto) -> list[str]:
+    return [output.name for output in model.graph.output]
+
+
+def _target_elem_type(loss: losses_module.Loss, prediction: object) -> int:
+    """Class indices (int64) for cross-entropy and NLL, else the prediction's float type."""
+    if loss.kind in ("cross_entropy", "nll_loss"):
+        return onnx.TensorProto.INT64
+    elem_type = getattr(prediction, "elem_type", 0)
+    return elem_type or onnx.TensorProto.FLOAT
+
+
+def _target_shape(loss: losses_module.Loss, prediction: object, name: str) -> list[str] | None:
+    """Symbolic dims of the target: the prediction's rank, less the class axis for class indices."""
+    rank = getattr(prediction, "rank", None)
+    if rank is None:
+        return None
+    if loss.kind in ("cross_entropy", "nll_loss"):
+        rank = max(rank - 1, 0)
+    return [f"{name}_dim{axis}" for axis in range(rank)]
+
+
+def _select_prediction(model: onnx.ModelProto, output: str | None) -> str:
+    outputs = _model_outputs(model)
+    if output is not None:
+        if output not in outputs:
+            raise ValueError(f"output {output!r} is not an output of the model; its outputs are {outputs}")
+        return output
+    if len(outputs) != 1:
+        raise ValueError(
+            f"the model has {len(outputs)} outputs {outputs}: name the one the loss reads (output=..., "
+            "or --output on the command line)"
+        )
+    return outputs[0]
+
+
+def _default_requires_grad(prepared: PreparedModel) -> list[str]:
+    order = [init.name for init in prepared.model.graph.initializer]
+    return [name for name in order if name in prepared.candidates]
+
+
+def _check_requires_grad(prepared: PreparedModel, requires_grad: Sequence[str]) -> None:
+    initializers = {init.name: init for init in prepared.model.graph.initializer}
+    not_found = [name for name in requires_grad if name not in initializers]
+    if not_found:
+        raise ValueError(
+            f"requires_grad: {not_found} are not initializers (or Constant tensors) of the model, so they cannot "
+            f"be trained. Its float initializers are: {sorted(prepared.candidates)}"
+        )
+    not_float = [name for name in requires_grad if initializers[name].data_type not in FLOAT_TYPES]
+    if not_float:
+        raise ValueError(f"requires_grad: {not_float} are not float tensors and cannot be trained")
+
+
+def _set_dropout_training(graph: onnx.GraphProto, training: bool, emitter: GraphEmitter) -> None:
+    """Sets every Dropout's training_mode input to a constant (eval: off)."""
+    dropouts = [node for node in graph.node if node.op_type == "Dropout" and node.domain in ("", "ai.onnx")]
+    if not dropouts:
+        return
+    flag = emitter.constant(np.asarray(training), onnx.TensorProto.BOOL, name="training_mode")
+    if not any(init.name == flag for init in graph.initializer):
+        graph.initializer.extend(init for init in emitter.initializers if init.name == flag)
+    for node in dropouts:
+        while len(node.input) < 3:
+            node.input.append("")
+        node.input[2] = flag
+
+
+def build_training_models(
+    model: onnx.ModelProto,
+    *,
+    loss: losses_module.Loss,
+    optimizer: optimizers_module.Optimizer,
+    requires_grad: Sequence[str] | None = None,
+    output: str | None = None,
+    target: str = "target",
+    extra_outputs: Sequence[str] = (),
+    param_groups: Sequence[optimizers_module.ParamGroup] = (),
+    clip_grad_norm: float | None = None,
+    clip_norm_type: float = 2.0,
+    fixed_inputs: Mapping[str, np.ndarray] | None = None,
+    ir_version: int = MAX_IR_VERSION,
+) -> TrainingModels:
+    """Builds the train-step, eval, gradient and apply models of an exported model.
+
+    Args:
+        model: The model as exported (standard ``LSTM`` nodes are converted on the way).
+        loss: The loss applied to the prediction (``losses.Loss``); ``Loss(kind="output")`` uses
+            the model output itself as the loss.
+        optimizer: The optimizer, with torch.optim's semantics (``optimizers.SGD/Adam/AdamW``).
+        requires_grad: Parameters to train. Default: every float initializer or Constant
+            tensor that reaches the loss; others stay constants.
+        output: The model output the loss reads (required when the model has several).
+        target: Name of the target input the loss compares the prediction with.
+        extra_outputs: Model outputs to return from the train step too.
+        param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
+        clip_grad_norm: Clip the global gradient norm to this value (torch's clip_grad_norm_).
+        clip_norm_type: The norm's type (2.0 or inf).
+        fixed_inputs: Inputs fixed for training (they become constants; may choose If branches).
+        ir_version: The IR version of the written models (10: onnxruntime >= 1.19 loads them).
+
+    Returns:
+        The four models, their signature and the initial parameter and state values.
+
+    Raises:
+        ValueError: An unknown output or parameter, a parameter that does not reach the loss,
+            an empty set of parameters, an op without gradient rule on a parameter's path, a
+            target the loss cannot take.
+    """
+    prepared = prepare_model(model, fixed_inputs)
+    forward = prepared.model
+    prediction = _select_prediction(forward, output)
+    for name in extra_outputs:
+        _select_prediction(forward, name)
+    opset = onnx_opset(forward)
+    types = infer_value_types(forward)
+
+    # ---- forward + loss (shared by every model) ---------------------------------------------
+    emitter = GraphEmitter(opset, used_names(forward.graph), types)
+    graph = forward.graph
+    emitter.record_constants(graph.initializer)
+    losses_module.check_target(loss, types.get(prediction), None, prediction_name=prediction)
+    if not loss.needs_target:
+        loss_value = losses_module.add_loss(emitter, loss, prediction)
+        target_info = None
+        target_name = None
+    else:
+        if target in used_names(graph):
+            raise ValueError(f"target {target!r}: the model already has a value of that name; choose another")
+        target_name = target
+        emitter.reserve([target_name])
+        target_elem = _target_elem_type(loss, types.get(prediction))
+        # Only the rank is declared, from the prediction's inferred one: an exporter's declared
+        # output shape is never trusted for it; the loss's ops and the trainer check the feed.
+        target_shape = _target_shape(loss, types.get(prediction), target_name)
+        target_info = _value_info_of(target_name, target_elem, target_shape)
+        emitter.set_type(target_name, target_elem, target_shape)
+        loss_value = losses_module.add_loss(emitter, loss, prediction, target_name)
+    loss_nodes = list(emitter.nodes)
+    loss_initializers = list(emitter.initializers)
+
+    # ---- parameters -------------------------------------------------------------------------
+    forward_and_loss = _graph_with(graph, loss_nodes, loss_initializers)
+    if requires_grad is None:
+        candidates = _default_requires_grad(prepared)
+        probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
+        probe.record_constants(graph.initializer)
+        reachable = build_backward(
+            _graph_with(forward_and_loss, [], []), loss_value, candidates, probe, allow_unreachable=True
+        )
+        params = [name for name in candidates if name in reachable.gradients]
+        if not params:
+            raise ValueError(
+                f"no float initializer of the model reaches the loss (candidates: {candidates}); nothing to train"
+            )
+    else:
+        _check_requires_grad(prepared, requires_grad)
+        params = list(dict.fromkeys(requires_grad))
+        if not params:
+            raise ValueError("requires_grad is empty: name at least one parameter to train")
+    initializers = {init.name: init for init in graph.initializer}
+    frozen = [name for name in _default_requires_grad(prepared) if name not in params]
+
+    # ---- backward (rules may name outputs of forward nodes in forward_and_loss) ---------------
+    first_grad_node = len(emitter.nodes)
+    backward = build_backward(forward_and_loss, loss_value, params, emitter)
+    grad_nodes = emitter.nodes[first_grad_node:]
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    first_opt_node = len(emitter.nodes)
+    lr = emitter.fresh(LR_INPUT)
+    step = emitter.fresh(STEP_INPUT)
+    emitter.set_type(lr, onnx.TensorProto.DOUBLE, ())
+    emitter.set_type(step, onnx.TensorProto.INT64, ())
+    per_param = optimizers_module.resolve_groups(optimizer, params, param_groups)
+    slots = {name: per_param[name][0].state_slots() for name in params}
+    state = {name: {slot: emitter.fresh(f"{name}.{slot}") for slot in slots[name]} for name in params}
+    # The apply model reads gradients as inputs; in the train step Identity nodes produce them.
+    grad_inputs = {name: emitter.fresh(f"{name}.grad") for name in params}
+    for name in params:
+        init = next(init for init in graph.initializer if init.name == name)
+        for value in (name, grad_inputs[name], *state[name].values()):
+            emitter.set_type(value, init.data_type, tuple(init.dims))
+    clip = optimizers_module.ClipGradNorm(clip_grad_norm, clip_norm_type) if clip_grad_norm is not None else None
+    update = optimizers_module.add_optimizer_step(
+        emitter, optimizer, grad_inputs, state, lr, step, param_groups=param_groups, clip=clip
+    )
+    new_params, new_state, grad_norm = update.params, update.state, update.total_norm
+    new_param_outputs = {name: emitter.fresh(f"{name}.new") for name in params}
+    new_state_outputs = {name: {slot: emitter.fresh(f"{name}.{slot}.new") for slot in slots[name]} for name in params}
+    for name in params:
+        emitter.op("Identity", [new_params[name]], outputs=[new_param_outputs[name]])
+        for slot in slots[name]:
+            emitter.op("Identity", [new_state[name][slot]], outputs=[new_state_outputs[name][slot]])
+    opt_nodes = emitter.nodes[first_opt_node:]
+
+    # ---- value infos -------------------------------------------------------------------------
+    def param_info(name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
+        init = initializers[name]
+        return _value_info_of(renamed or name, init.data_type, list(init.dims))
+
+    lr_info = _value_info_of(lr, onnx.TensorProto.DOUBLE, [])
+    step_info = _value_info_of(step, onnx.TensorProto.INT64, [])
+    state_infos = [param_info(name, state[name][slot]) for name in params for slot in slots[name]]
+    new_state_infos = [param_info(name, new_state_outputs[name][slot]) for name in params for slot in slots[name]]
+    batch_inputs = [value for value in graph.input if value.name not in initializers]
+    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
+    loss_info = _value_info_of(loss_value, loss_elem, [] if getattr(loss, "reduction", "mean") != "none" else None)
+    extra_infos = [_inferred_info(name, types) for name in extra_outputs]
+    grad_norm_infos = [_value_info_of(grad_norm, initializers[params[0]].data_type, [])] if grad_norm else []
+
+    kept_initializers = [init for init in graph.initializer if init.name not in params]
+    forward_nodes = list(forward_and_loss.node)
+    data_inputs = [*batch_inputs, *([target_info] if target_info is not None else [])]
+    param_inputs = [param_info(name) for name in params]
+
+    def assemble(
+        name: str,
+        nodes: Sequence[onnx.NodeProto],
+        inputs: Sequence[onnx.ValueInfoProto],
+        outputs: Sequence[onnx.ValueInfoProto],
+        with_forward: bool = True,
+    ) -> onnx.ModelProto:
+        all_nodes = [*forward_nodes, *nodes] if with_forward else list(nodes)
+        # Equal constants are shared by the emitter across the forward, gradient and optimizer
+        # parts, so every model gets all of them; _without_unused drops those it does not read.
+        base = [*kept_initializers, *emitter.initializers] if with_forward else list(emitter.initializers)
+        new_graph = onnx.helper.make_graph(all_nodes, name, list(inputs), list(outputs), base)
+        result = onnx.helper.make_model(new_graph, opset_imports=list(forward.opset_import))
+        result.ir_version = ir_version
+        result.functions.extend(forward.functions)
+        return _without_unused(result)
+
+    # train step: gradients feed the update through Identity nodes named as the apply model's inputs.
+    grad_links = [
+        onnx.helper.make_node(
+            "Identity", [backward.gradients[name]], [grad_inputs[name]], name=f"{grad_inputs[name]}/link"
+        )
+        for name in params
+    ]
+    new_param_infos = [param_info(name, new_param_outputs[name]) for name in params]
+    train_step = assemble(
+        "train_step",
+        [*grad_nodes, *grad_links, *opt_nodes],
+        [*data_inputs, *param_inputs, *state_infos, lr_info, step_info],
+        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos],
+    )
+    gradients = assemble(
+        "gradients",
+        [*grad_nodes, *grad_links],
+        [*data_inputs, *param_inputs],
+        [loss_info, *extra_infos, *[param_info(name, grad_inputs[name]) for name in params]],
+    )
+    apply_model = assemble(
+        "apply",
+        list(opt_nodes),
+        [*param_inputs, *[param_info(name, grad_inputs[name]) for name in params], *state_infos, lr_info, step_info],
+        [*new_param_infos, *new_state_infos, *grad_norm_infos],
+        with_forward=False,
+    )
+    eval_model = assemble(
+        "eval",
+        [],
+        [*data_inputs, *param_inputs],
+        [loss_info, *[_inferred_info(output.name, types) for output in graph.output if output.name != loss_value]],
+    )
+    _set_dropout_training(eval_model.graph, False, emitter)
+
+    signature = TrainStepSignature(
+        batch_inputs=tuple(value.name for value in batch_inputs),
+        target=target_name,
+        loss=loss_value,
+        extra_outputs=tuple(extra_outputs),
+        params=tuple(params),
+        new_params=tuple(new_param_outputs[name] for name in params),
+        frozen=tuple(frozen),
+        state=state,
+        new_state=new_state_outputs,
+        grads=grad_inputs,
+        lr=lr,
+        step=step,
+        grad_norm=grad_norm,
+    )
+    initial_params = {name: onnx.numpy_helper.to_array(initializers[name]) for name in params}
+    initial_state = {
+        state[name][slot]: value
+        for name in params
+        for slot, value in per_param[name][0].initial_state(initial_params[name]).items()
+    }
+    return TrainingModels(
+        train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
+    )
+
+
+def _graph_with(
+    graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto], initializers: Sequence[onnx.TensorProto]
+) -> onnx.GraphProto:
+    result = onnx.GraphProto()
+    result.CopyFrom(graph)
+    result.node.extend(nodes)
+    result.initializer.extend(initializers)
+    return result
+
+
+def _without_unused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Drops nodes and initializers that no output needs (e.g. forward work an apply model lacks)."""
+    graph = model.graph
+    needed = {output.name for output in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output) or _is_needed_for_subgraph(node):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            for attribute in node.attribute:
+                subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+                for subgraph in subgraphs:
+                    needed.update(_outer_reads(subgraph))
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    initializers = [init for init in graph.initializer if init.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return model
+
+
+def _is_needed_for_subgraph(node: onnx.NodeProto) -> bool:
+    return False
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+            for subgraph in subgraphs:
+                names.update(_outer_reads(subgraph))
+    return names

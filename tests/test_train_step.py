@@ -1,0 +1,234 @@
+"""The train-step builder: its models, defaults and refusals (torch-free; parity is in test_train_step_parity.py).
+
+Small models built with onnx.helper: a linear layer and an LSTM with a head, a model whose
+weights are Constant nodes, a model whose branch is chosen by an input (If), a model with two
+outputs and one with training-mode Dropout. The gradient and apply models must reproduce the
+train step; the eval model must switch Dropout off; refusals must name what is wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from ortlstm.graphs import build_training_models, losses, optimizers
+from ortlstm.ops import session_options
+
+OPSET = 17
+IR_VERSION = 10
+RECORDINGS = Path(__file__).parent / "recordings" / "train_step"
+
+
+def _model(nodes, inputs, outputs, initializers, opset: int = OPSET) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+
+
+def _linear_model(rng: np.random.Generator, with_constant_weight: bool = False) -> onnx.ModelProto:
+    """Logits = x @ W^T + b, x [N, 3], 4 classes; W as a Constant node when asked."""
+    weight = rng.standard_normal((4, 3)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["logits"], transB=1)]
+    initializers = [numpy_helper.from_array(bias, "b")]
+    if with_constant_weight:
+        nodes.insert(0, helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(weight, "W")))
+    else:
+        initializers.append(numpy_helper.from_array(weight, "W"))
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])],
+        initializers,
+    )
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+
+
+def _feeds(built, batch: dict[str, np.ndarray], params=None, state=None, lr: float = 0.1, step: int = 1) -> dict:
+    signature = built.signature
+    feeds = dict(batch)
+    feeds.update(params if params is not None else built.initial_params)
+    feeds.update(state if state is not None else built.initial_state)
+    feeds[signature.lr] = np.asarray(lr, np.float64)
+    feeds[signature.step] = np.asarray(step, np.int64)
+    return feeds
+
+
+def _batch(rng: np.random.Generator, n: int = 5) -> dict[str, np.ndarray]:
+    return {"x": rng.standard_normal((n, 3)).astype(np.float32), "target": rng.integers(0, 4, n).astype(np.int64)}
+
+
+def test_split_models_equal_the_train_step(rng: np.random.Generator) -> None:
+    built = build_training_models(_linear_model(rng), loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW())
+    signature = built.signature
+    batch = _batch(rng)
+    whole = dict(
+        zip(
+            [o.name for o in built.train_step.graph.output],
+            _session(built.train_step).run(None, _feeds(built, batch)),
+            strict=True,
+        )
+    )
+    grads = dict(
+        zip(
+            [o.name for o in built.gradients.graph.output],
+            _session(built.gradients).run(None, {**batch, **built.initial_params}),
+            strict=True,
+        )
+    )
+    apply_feeds = {**built.initial_params, **built.initial_state}
+    apply_feeds.update({signature.grads[name]: grads[signature.grads[name]] for name in signature.params})
+    apply_feeds[signature.lr] = np.asarray(0.1, np.float64)
+    apply_feeds[signature.step] = np.asarray(1, np.int64)
+    applied = dict(
+        zip([o.name for o in built.apply.graph.output], _session(built.apply).run(None, apply_feeds), strict=True)
+    )
+    assert whole[signature.loss] == grads[signature.loss]
+    for name, new in zip(signature.params, signature.new_params, strict=True):
+        np.testing.assert_array_equal(whole[new], applied[new], err_msg=name)
+        assert not np.array_equal(whole[new], built.initial_params[name]), f"{name} did not move"
+
+
+def test_default_requires_grad_is_every_float_initializer_reaching_the_loss(rng: np.random.Generator) -> None:
+    model = _linear_model(rng)
+    unused = numpy_helper.from_array(np.ones(3, np.float32), "unused")
+    model.graph.initializer.append(unused)
+    built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    assert set(built.signature.params) == {"W", "b"}
+
+
+def test_constant_node_weights_are_trainable(rng: np.random.Generator) -> None:
+    built = build_training_models(
+        _linear_model(rng, with_constant_weight=True),
+        loss=losses.Loss.cross_entropy(),
+        optimizer=optimizers.SGD(lr=0.1),
+    )
+    assert set(built.signature.params) == {"W", "b"}
+    outputs = _session(built.train_step).run(None, _feeds(built, _batch(rng)))
+    new_w = outputs[1 + list(built.signature.params).index("W")]
+    assert not np.array_equal(new_w, built.initial_params["W"])
+
+
+def test_fixed_input_chooses_the_if_branch(rng: np.random.Generator) -> None:
+    """An If on an input (a sample rate, say) is replaced by the branch the fixed value picks."""
+    weight = rng.standard_normal((4, 3)).astype(np.float32)
+    then_branch = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W"], ["then_out"], transB=1)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, None)],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W"], ["else_out"], transB=1, alpha=2.0)],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Equal", ["sr", "sr16k"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["logits"], then_branch=then_branch, else_branch=else_branch),
+    ]
+    model = _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.asarray(16000, np.int64), "sr16k")],
+    )
+    with pytest.raises(ValueError, match=r"no gradient rule for ai\.onnx::If node .* fixed_inputs="):
+        build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    for rate, alpha in ((16000, 1.0), (8000, 2.0)):
+        built = build_training_models(
+            model,
+            loss=losses.Loss.cross_entropy(),
+            optimizer=optimizers.SGD(lr=0.1),
+            fixed_inputs={"sr": np.asarray(rate, np.int64)},
+        )
+        assert built.signature.batch_inputs == ("x",)
+        assert not any(node.op_type == "If" for node in built.train_step.graph.node)
+        batch = _batch(rng)
+        (logits,) = _session(built.eval).run(["logits"], {**batch, **built.initial_params})
+        np.testing.assert_allclose(logits, alpha * batch["x"] @ weight.T, rtol=1e-6)
+
+
+def test_several_outputs_need_the_loss_output_named(rng: np.random.Generator) -> None:
+    model = _linear_model(rng)
+    model.graph.node.append(helper.make_node("Relu", ["logits"], ["state"]))
+    model.graph.output.append(helper.make_tensor_value_info("state", TensorProto.FLOAT, None))
+    with pytest.raises(ValueError, match=r"the model has 2 outputs \['logits', 'state'\]: name the one the loss reads"):
+        build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    built = build_training_models(
+        model,
+        loss=losses.Loss.cross_entropy(),
+        optimizer=optimizers.SGD(lr=0.1),
+        output="logits",
+        extra_outputs=["state"],
+    )
+    outputs = [o.name for o in built.train_step.graph.output]
+    assert outputs[:2] == [built.signature.loss, "state"]
+
+
+def test_wrongly_declared_output_shape_is_not_trusted(rng: np.random.Generator) -> None:
+    model = _linear_model(rng)
+    dims = model.graph.output[0].type.tensor_type.shape.dim
+    dims[1].dim_value = 7  # the exporter's word: 7 classes; the Gemm computes 4
+    built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    loss, *_ = _session(built.train_step).run(None, _feeds(built, _batch(rng)))
+    assert np.isfinite(loss)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"requires_grad": ["nope"]}, r"requires_grad: \['nope'\] are not initializers"),
+        ({"requires_grad": []}, r"requires_grad is empty"),
+        ({"output": "missing"}, r"output 'missing' is not an output of the model; its outputs are \['logits'\]"),
+        ({"target": "x"}, r"target 'x': the model already has a value of that name"),
+    ],
+)
+def test_refusals_name_what_is_wrong(rng: np.random.Generator, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_training_models(
+            _linear_model(rng), loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1), **kwargs
+        )
+
+
+def test_eval_model_switches_dropout_off(rng: np.random.Generator) -> None:
+    model = _linear_model(rng)
+    model.graph.node[0].output[0] = "pre"
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(0.5, np.float32), "ratio"))
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(True), "training"))
+    model.graph.node.append(helper.make_node("Dropout", ["pre", "ratio", "training"], ["logits"]))
+    built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    batch = _batch(rng, 64)
+    (logits,) = _session(built.eval).run(["logits"], {**batch, **built.initial_params})
+    expected = batch["x"] @ built.initial_params["W"].T + built.initial_params["b"]
+    np.testing.assert_allclose(logits, expected, rtol=1e-6)
+    losses_seen = {float(_session(built.train_step).run(None, _feeds(built, batch))[0]) for _ in range(3)}
+    assert len(losses_seen) > 1, "training-mode Dropout should draw a new mask each step"
+
+
+def test_unoptimized_dynamo_export_gives_a_train_step_of_similar_size() -> None:
+    """Static integer shape arithmetic is folded: dynamo's optimize=False export is not many times larger."""
+    sizes = {}
+    for exporter in ("dynamo", "dynamo_unoptimized"):
+        with np.load(RECORDINGS / f"tokens_seq_first_y-{exporter}-AdamW.npz") as data:
+            model = onnx.load_from_string(data["model"].tobytes())
+        built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW())
+        sizes[exporter] = len(built.train_step.graph.node)
+    assert sizes["dynamo_unoptimized"] < 2.5 * sizes["dynamo"], sizes
+
+
+def test_models_load_in_the_runtime_asked_for(rng: np.random.Generator) -> None:
+    built = build_training_models(_linear_model(rng), loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam())
+    for model in (built.train_step, built.eval, built.gradients, built.apply):
+        assert model.ir_version == IR_VERSION
+        onnx.checker.check_model(model, full_check=True)
