@@ -232,3 +232,16 @@ def test_models_load_in_the_runtime_asked_for(rng: np.random.Generator) -> None:
     for model in (built.train_step, built.eval, built.gradients, built.apply):
         assert model.ir_version == IR_VERSION
         onnx.checker.check_model(model, full_check=True)
+
+
+def test_docs_list_every_op_with_a_gradient_rule() -> None:
+    """docs/training.md's list of differentiable ops is the registry's."""
+    from ortlstm.graphs.autodiff import registered_ops
+
+    text = (Path(__file__).parent.parent / "docs" / "training.md").read_text()
+    section = text.split("<!-- ops-with-rules", 1)[1].split("-->", 1)[1].split("<!-- /ops-with-rules -->", 1)[0]
+    listed = {name.strip() for name in section.replace("\n", " ").split(",") if name.strip()}
+    registered = {f"{domain}::{op_type}" if domain else op_type for domain, op_type in registered_ops()}
+    assert listed == registered, (
+        f"missing in docs: {sorted(registered - listed)}; not registered: {sorted(listed - registered)}"
+    )
