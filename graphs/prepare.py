@@ -6,12 +6,17 @@ arithmetic that is static once the model's fixed dims are known (torch's dynamo 
 chosen by an input the user fixes (a sample rate), output shapes declared wrongly, and
 standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 
-- each fixed input is an initializer, and ``If`` nodes whose condition is then constant are
-  replaced by the chosen branch's nodes;
-- float ``Constant`` tensors are initializers, so they can be trained like any other;
+- each fixed input is an initializer, each fixed input shape is declared on its input, and
+  ``If`` nodes whose condition is then constant are replaced by the chosen branch's nodes,
+  nested ones too (names the branch defines are renamed where they would collide);
+- float ``Constant`` tensors are initializers, so they can be trained like any other (0-D ones,
+  the exporter's literals such as an epsilon, and values read only as a ``Pow`` exponent are
+  not candidates for training by default);
 - nodes computing from constants only are folded into initializers when they read no candidate
   parameter (so a weight sliced from a parameter stays differentiable), and ``Shape``/``Size`` of
-  a value whose shape is static become constants;
+  a value whose shape is static become constants, and so do ``Gather(Shape(x), k)`` where dim
+  ``k`` of ``x`` is static and ``Size(Shape(x))`` where the rank of ``x`` is known (the rank and
+  dim checks exporters write around squeezes, whatever the dynamic dims);
 - ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - declared output shapes and intermediate ``value_info`` are dropped (shape inference redoes them;
   an exporter's wrong declaration is never trusted for labels or losses).
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -32,11 +37,16 @@ import onnx.numpy_helper
 import onnx.reference
 
 try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, infer_value_types
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
     from ortlstm.graphs.convert import convert, is_onnx_lstm
     from ortlstm.ops import schema
 except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, infer_value_types  # type: ignore[no-redef]
+    from graphs.autodiff.emitter import (  # type: ignore[no-redef]
+        FLOAT_TYPES,
+        ValueType,
+        infer_value_types,
+        used_names,
+    )
     from graphs.convert import convert, is_onnx_lstm  # type: ignore[no-redef]
     from ops import schema  # type: ignore[no-redef]
 
@@ -55,15 +65,18 @@ class PreparedModel:
     Attributes:
         model: The prepared model.
         candidates: Float initializers that may be trained: the model's own float initializers
-            and lifted float ``Constant`` tensors, not the values folding created.
+            and lifted float ``Constant`` tensors of rank >= 1, not the values folding created.
         specialized: Names of the ``If`` nodes replaced by a branch.
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
+        remaining_ifs: Names of the ``If`` nodes left in the main graph (their condition is not
+            constant: fix the inputs or input shapes that decide it to differentiate through them).
     """
 
     model: onnx.ModelProto
     candidates: frozenset[str]
     specialized: tuple[str, ...]
     converted: tuple[str, ...]
+    remaining_ifs: tuple[str, ...] = ()
 
 
 def _is_onnx(node: onnx.NodeProto) -> bool:
@@ -111,27 +124,153 @@ def _evaluate(
     return [np.asarray(result) for result in results]
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            graphs.append(attribute.g)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(attribute.graphs)
+    return graphs
+
+
+def _defined_names(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """Values the nodes define, with those defined inside their subgraphs (any depth)."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.output)
+        for subgraph in _subgraphs(node):
+            names.update(value.name for value in subgraph.input)
+            names.update(init.name for init in subgraph.initializer)
+            names.update(_defined_names(subgraph.node))
+    names.discard("")
+    return names
+
+
+def _rename_in_graph(graph: onnx.GraphProto, renamed: Mapping[str, str]) -> None:
+    """Renames values everywhere in ``graph`` and its subgraphs (inputs, outputs, initializers)."""
+    for node in graph.node:
+        _rename_in_node(node, renamed)
+    for values in (graph.input, graph.output, graph.value_info):
+        for value in values:
+            value.name = renamed.get(value.name, value.name)
+    for init in graph.initializer:
+        init.name = renamed.get(init.name, init.name)
+
+
+def _rename_in_node(node: onnx.NodeProto, renamed: Mapping[str, str]) -> None:
+    for index, name in enumerate(node.input):
+        node.input[index] = renamed.get(name, name)
+    for index, name in enumerate(node.output):
+        node.output[index] = renamed.get(name, name)
+    for subgraph in _subgraphs(node):
+        _rename_in_graph(subgraph, renamed)
+
+
 def _inline_branch(
-    node: onnx.NodeProto, branch: onnx.GraphProto
+    node: onnx.NodeProto, branch: onnx.GraphProto, outer_defined: set[str], taken: set[str]
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The nodes that replace an ``If`` node by one of its branches (outputs renamed by Identity)."""
-    nodes = list(branch.node)
-    for inner, outer in zip(branch.output, node.output, strict=True):
+    """The nodes that replace an ``If`` node by one of its branches (outputs renamed by Identity).
+
+    A branch may define a name that the outer graph also defines (sibling branches of different
+    ``If`` nodes may reuse names, as lexical scoping allows): such names are renamed in the
+    branch, nested subgraphs included. Names the branch reads from the outer scope stay as they
+    are, so they resolve to the same values once the nodes are in the outer graph.
+
+    Args:
+        node: The ``If`` node.
+        branch: The branch taken (not modified).
+        outer_defined: Values defined outside this ``If`` node (graph inputs, initializers, other
+            nodes' outputs, names inside other nodes' subgraphs).
+        taken: Every name in use; new names are added to it.
+    """
+    inlined = onnx.GraphProto()
+    inlined.CopyFrom(branch)
+    defined = _defined_names(inlined.node) | {init.name for init in inlined.initializer}
+    renamed: dict[str, str] = {}
+    for name in sorted(defined & outer_defined):
+        fresh, k = f"{name}_inlined", 1
+        while fresh in taken:
+            fresh, k = f"{name}_inlined{k}", k + 1
+        taken.add(fresh)
+        renamed[name] = fresh
+    if renamed:
+        _rename_in_graph(inlined, renamed)
+    nodes = list(inlined.node)
+    for inner, outer in zip(inlined.output, node.output, strict=True):
         if outer:
             nodes.append(onnx.helper.make_node("Identity", [inner.name], [outer], name=f"{node.name}/{inner.name}"))
-    return nodes, list(branch.initializer)
+    return nodes, list(inlined.initializer)
 
 
-def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray] | None = None) -> PreparedModel:
+def _fix_input_shapes(graph: onnx.GraphProto, fixed_shapes: Mapping[str, Sequence[int | str | None]]) -> None:
+    """Declares the given dims on graph inputs (None keeps the declared dim)."""
+    inputs = {value.name: value for value in graph.input}
+    unknown = sorted(set(fixed_shapes) - set(inputs))
+    if unknown:
+        raise ValueError(f"fixed_shapes: {unknown} are not inputs of the model; its inputs are {list(inputs)}")
+    for name, dims in fixed_shapes.items():
+        tensor = inputs[name].type.tensor_type
+        dims = list(dims)
+        declared = list(tensor.shape.dim) if tensor.HasField("shape") else None
+        if declared is not None and len(declared) != len(dims):
+            raise ValueError(
+                f"fixed_shapes: input {name!r} has rank {len(declared)}, the fixed shape {dims} has {len(dims)}"
+            )
+        for axis, dim in enumerate(dims):
+            if not isinstance(dim, int):
+                continue
+            if dim < 0:
+                raise ValueError(
+                    f"fixed_shapes: input {name!r} dim {axis} is {dim}; dims are >= 0 (or None to keep it)"
+                )
+            if declared is not None and declared[axis].HasField("dim_value") and declared[axis].dim_value != dim:
+                raise ValueError(
+                    f"fixed_shapes: input {name!r} dim {axis} is declared {declared[axis].dim_value}, not {dim}"
+                )
+        if declared is None:
+            for _ in dims:
+                tensor.shape.dim.add()
+        for axis, dim in enumerate(dims):
+            target = tensor.shape.dim[axis]
+            if isinstance(dim, int):
+                target.Clear()
+                target.dim_value = dim
+            elif isinstance(dim, str):
+                target.Clear()
+                target.dim_param = dim
+
+
+def _static_shape_dims(
+    shape_of: tuple[str, int | None, int | None], types: Mapping[str, ValueType]
+) -> list[int | str | None] | None:
+    """The dims a ``Shape`` node outputs, as inference knows them (None: rank unknown)."""
+    source, start, end = shape_of
+    found = types.get(source)
+    if found is None or found.shape is None:
+        return None
+    return list(found.shape[start:end])
+
+
+def prepare_model(
+    model: onnx.ModelProto,
+    fixed_inputs: Mapping[str, np.ndarray] | None = None,
+    fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+) -> PreparedModel:
     """Returns the model made ready for differentiation (see the module docstring).
 
     Args:
         model: The model as exported.
         fixed_inputs: Graph inputs whose values the user fixes for training (e.g. a sample rate
             that chooses an ``If`` branch); they become initializers.
+        fixed_shapes: Graph input shapes the user fixes for training, one entry per axis: an int
+            fixes that dim, None keeps the declared one (e.g. ``{"input": [None, 576]}`` fixes
+            the sample count and keeps the batch dynamic). ``If`` conditions computed from those
+            dims then fold; the prepared model accepts only inputs of these shapes.
 
     Raises:
-        ValueError: A fixed input is not a graph input.
+        ValueError: A fixed input or shape is not a graph input, or a fixed shape contradicts the
+            declared one.
     """
     result = copy.deepcopy(model)
     graph = result.graph
@@ -141,6 +280,9 @@ def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray]
     if unknown:
         raise ValueError(f"fixed_inputs: {unknown} are not inputs of the model; its inputs are {input_names}")
     kept_inputs = [value for value in graph.input if value.name not in fixed]
+    if fixed_shapes:
+        _fix_input_shapes(graph, fixed_shapes)
+        kept_inputs = [value for value in graph.input if value.name not in fixed]
     del graph.input[:]
     graph.input.extend(kept_inputs)
     initializer_names = {init.name for init in graph.initializer}
@@ -163,14 +305,18 @@ def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray]
     while changed:
         changed = False
         types = infer_value_types(result)
+        # Shape nodes left in the graph: output -> (input, start, end), for Gather/Size of them.
+        shape_of: dict[str, tuple[str, int | None, int | None]] = {}
         new_nodes: list[onnx.NodeProto] = []
-        for node in graph.node:
+        taken = used_names(graph)  # and the names inlining creates in this pass
+        for position, node in enumerate(graph.node):
             if _is_onnx(node) and node.op_type == "Constant" and len(node.output) == 1:
                 value = _constant_value(node)
                 if value is not None:
                     constants[node.output[0]] = value
                     graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
-                    if onnx.helper.np_dtype_to_tensor_dtype(value.dtype) in FLOAT_TYPES:
+                    # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight.
+                    if onnx.helper.np_dtype_to_tensor_dtype(value.dtype) in FLOAT_TYPES and value.ndim > 0:
                         candidates.add(node.output[0])
                     changed = True
                     continue
@@ -179,7 +325,10 @@ def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray]
                     "then_branch" if bool(np.asarray(constants[node.input[0]]).reshape(-1)[0]) else "else_branch"
                 )
                 branch = next(attr.g for attr in node.attribute if attr.name == branch_name)
-                inlined, branch_initializers = _inline_branch(node, branch)
+                outer_defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+                outer_defined |= _defined_names(graph.node[position + 1 :])  # earlier ones: new_nodes
+                outer_defined |= _defined_names(new_nodes)
+                inlined, branch_initializers = _inline_branch(node, branch, outer_defined, taken)
                 new_nodes.extend(inlined)
                 graph.initializer.extend(branch_initializers)
                 for init in branch_initializers:
@@ -203,6 +352,16 @@ def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray]
                     graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
                     changed = True
                     continue
+                if node.op_type == "Shape":
+                    start = next((attr.i for attr in node.attribute if attr.name == "start"), None)
+                    end = next((attr.i for attr in node.attribute if attr.name == "end"), None)
+                    shape_of[node.output[0]] = (node.input[0], start, end)
+            partial = _fold_partial_shape(node, shape_of, types, constants)
+            if partial is not None:
+                constants[node.output[0]] = partial
+                graph.initializer.append(onnx.numpy_helper.from_array(partial, node.output[0]))
+                changed = True
+                continue
             foldable = (
                 _is_onnx(node)
                 and node.op_type not in _NOT_FOLDED
@@ -224,13 +383,81 @@ def prepare_model(model: onnx.ModelProto, fixed_inputs: Mapping[str, np.ndarray]
         del graph.node[:]
         graph.node.extend(new_nodes)
 
+    _drop_dead_nodes(graph)
     _drop_unused_initializers(graph)
     converted: tuple[str, ...] = ()
     if any(is_onnx_lstm(node) for node in graph.node):
         already = sum(1 for node in graph.node if _is_lstm_training(node))
         result = convert(result)
         converted = tuple(node.name for node in result.graph.node if _is_lstm_training(node))[already:]
-    return PreparedModel(result, frozenset(candidates), tuple(specialized), converted)
+    # An exponent is a literal of the formula (x ** 2), not a weight; its gradient, log(x), is NaN
+    # wherever the base is negative (an STFT's real part). Named in requires_grad it still trains.
+    candidates -= _only_pow_exponents(result.graph, candidates)
+    remaining = tuple(node.name for node in result.graph.node if _is_onnx(node) and node.op_type == "If")
+    return PreparedModel(result, frozenset(candidates), tuple(specialized), converted, remaining)
+
+
+def _fold_partial_shape(
+    node: onnx.NodeProto,
+    shape_of: Mapping[str, tuple[str, int | None, int | None]],
+    types: Mapping[str, ValueType],
+    constants: Mapping[str, np.ndarray],
+) -> np.ndarray | None:
+    """``Gather(Shape(x), k)`` when dim k of x is static; ``Size(Shape(x))`` when x's rank is known."""
+    if not _is_onnx(node) or not node.input or node.input[0] not in shape_of:
+        return None
+    dims = _static_shape_dims(shape_of[node.input[0]], types)
+    if dims is None:
+        return None
+    if node.op_type == "Size":
+        return np.asarray(len(dims), dtype=np.int64)
+    if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in constants:
+        axis = next((attr.i for attr in node.attribute if attr.name == "axis"), 0)
+        indices = np.asarray(constants[node.input[1]])
+        if axis != 0 or indices.dtype.kind not in "iu" or np.any(indices >= len(dims)) or np.any(indices < -len(dims)):
+            return None
+        picked = [dims[int(index)] for index in indices.reshape(-1)]
+        if not all(isinstance(dim, int) for dim in picked):
+            return None
+        return np.asarray(picked, dtype=np.int64).reshape(indices.shape)
+    return None
+
+
+def _only_pow_exponents(graph: onnx.GraphProto, names: Iterable[str]) -> set[str]:
+    """The values among ``names`` that nodes read only as the exponent of ``Pow``."""
+    uses: dict[str, set[tuple[str, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            uses.setdefault(name, set()).add(
+                (node.op_type if _is_onnx(node) else f"{node.domain}::{node.op_type}", index)
+            )
+    read_in_subgraphs = _subgraph_reads(graph)
+    return {name for name in names if name in uses and uses[name] == {("Pow", 1)} and name not in read_in_subgraphs}
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Removes nodes whose outputs nothing reads (Shape nodes whose uses were folded, say)."""
+    needed = {output.name for output in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output if name):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            for subgraph in _subgraphs(node):
+                needed.update(_subgraph_reads_of(subgraph))
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _subgraph_reads_of(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for inner in graph.node:
+        names.update(inner.input)
+        for subgraph in _subgraphs(inner):
+            names.update(_subgraph_reads_of(subgraph))
+    names.update(output.name for output in graph.output)
+    return names
 
 
 def _is_lstm_training(node: onnx.NodeProto) -> bool:
@@ -248,12 +475,9 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
 
 
 def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Outer-scope values the subgraphs of ``graph``'s nodes read (inputs and outputs, any depth)."""
     names: set[str] = set()
     for node in graph.node:
-        for attribute in node.attribute:
-            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-            for subgraph in subgraphs:
-                for inner in subgraph.node:
-                    names.update(inner.input)
-                names.update(_subgraph_reads(subgraph))
+        for subgraph in _subgraphs(node):
+            names.update(_subgraph_reads_of(subgraph))
     return names

@@ -201,6 +201,7 @@ def build_training_models(
     clip_grad_norm: float | None = None,
     clip_norm_type: float = 2.0,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
+    fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
     ir_version: int = MAX_IR_VERSION,
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
@@ -219,6 +220,9 @@ def build_training_models(
         clip_grad_norm: Clip the global gradient norm to this value (torch's clip_grad_norm_).
         clip_norm_type: The norm's type (2.0 or inf).
         fixed_inputs: Inputs fixed for training (they become constants; may choose If branches).
+        fixed_shapes: Input shapes fixed for training, an int or None (keep) per axis; ``If``
+            conditions computed from those dims fold (``prepare_model``). The training models
+            then take inputs of these shapes only.
         ir_version: The IR version of the written models (10: onnxruntime >= 1.19 loads them).
 
     Returns:
@@ -229,7 +233,7 @@ def build_training_models(
             an empty set of parameters, an op without gradient rule on a parameter's path, a
             target the loss cannot take.
     """
-    prepared = prepare_model(model, fixed_inputs)
+    prepared = prepare_model(model, fixed_inputs, fixed_shapes)
     forward = prepared.model
     prediction = _select_prediction(forward, output)
     for name in extra_outputs:
@@ -300,9 +304,8 @@ def build_training_models(
     # The apply model reads gradients as inputs; in the train step Identity nodes produce them.
     grad_inputs = {name: emitter.fresh(f"{name}.grad") for name in params}
     for name in params:
-        init = next(init for init in graph.initializer if init.name == name)
         for value in (name, grad_inputs[name], *state[name].values()):
-            emitter.set_type(value, init.data_type, tuple(init.dims))
+            emitter.set_type(value, initializers[name].data_type, tuple(initializers[name].dims))
     clip = optimizers_module.ClipGradNorm(clip_grad_norm, clip_norm_type) if clip_grad_norm is not None else None
     update = optimizers_module.add_optimizer_step(
         emitter, optimizer, grad_inputs, state, lr, step, param_groups=param_groups, clip=clip

@@ -32,6 +32,10 @@ section "generated files are up to date (ops/codegen.py --check)"
 make_venv infer ".[infer,test]"
 "$venvs/infer/bin/python" -m ops.codegen --check
 
+section "real models: the silero-vad wheel (its ONNX files; the package itself needs torch, never installed)"
+"$venvs/infer/bin/python" -m pip download -q --no-deps silero-vad==6.2.3 -d "$root/.cache/real-models"
+export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
+
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
 "$venvs/infer/bin/pytest" tests "$@"
 

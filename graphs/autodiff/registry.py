@@ -209,7 +209,8 @@ for _control_flow in ("If", "Loop", "Scan"):
         "",
         _control_flow,
         "Control flow is not differentiated: fix the inputs that decide it for training "
-        "(build_training_models(..., fixed_inputs={name: value}) replaces an If by the branch chosen), "
+        "(build_training_models(..., fixed_inputs={name: value}) replaces an If by the branch chosen; "
+        "fixed_shapes={name: dims} does the same for conditions on input shapes), "
         "or freeze the parameters its subgraphs read.",
     )
 
