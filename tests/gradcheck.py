@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.reference
 import onnxruntime as ort
 import ortlstm.ops
 from onnx import TensorProto, helper
@@ -87,6 +88,10 @@ class Case:
             replace the node in the float64 models after differentiation, so the rule under test
             still differentiates the op itself; the float32 check (the real kernel) confirms that
             the replacement computes the same function.
+        float64_ops: For ops onnxruntime runs in float32 only whose rules also emit such ops (Conv:
+            ConvTranspose and Conv): ``onnx.reference`` ``OpRun`` classes for them. The float64
+            models then run in ``onnx.reference.ReferenceEvaluator`` with these classes, forward
+            and gradient nodes alike; the float32 check runs everything in onnxruntime.
     """
 
     id: str
@@ -99,6 +104,7 @@ class Case:
     loss_outputs: tuple[int, ...] | None = None
     seed: int = 0
     float64_forward: Callable[[onnx.NodeProto], Sequence[onnx.NodeProto]] | None = None
+    float64_ops: tuple[type, ...] = ()
 
 
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
@@ -128,12 +134,28 @@ def _session(model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSes
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+class _ReferenceSession:
+    """``onnx.reference.ReferenceEvaluator`` behind the ``run`` of an InferenceSession."""
+
+    def __init__(self, model: onnx.ModelProto, ops: Sequence[type]) -> None:
+        self._evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=list(ops))
+
+    def run(self, outputs: None, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(value) for value in self._evaluator.run(outputs, dict(feeds))]
+
+
 @dataclasses.dataclass
 class _Built:
     forward: onnx.ModelProto  # outputs: loss
     with_gradients: onnx.ModelProto  # outputs: loss, then one gradient per wrt input
     feeds: dict[str, np.ndarray]
     wrt_names: list[str]
+    reference_ops: tuple[type, ...] = ()  # run in onnx.reference with these ops instead of onnxruntime
+
+    def session(self, model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSession | _ReferenceSession:
+        if self.reference_ops:
+            return _ReferenceSession(model, self.reference_ops)
+        return _session(model, optimize)
 
 
 def build(case: Case, dtype: type = np.float64) -> _Built:
@@ -166,7 +188,8 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
         opset_imports=_opsets(case),
         ir_version=IR_VERSION,
     )
-    values = _session(probe).run(None, feeds)
+    reference_ops = case.float64_ops if dtype_ == np.float64 else ()
+    values = (_ReferenceSession(probe, reference_ops) if reference_ops else _session(probe)).run(None, feeds)
     rng = np.random.default_rng(case.seed)
     loss_nodes, terms, seeds = [], [], {}
     loss_dtype = dtype_
@@ -208,12 +231,12 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
             nodes = list(model.graph.node)  # nodes[0]: the node under test, as the rule left it
             del model.graph.node[:]
             model.graph.node.extend([*substitute(nodes[0]), *nodes[1:]])
-    return _Built(forward, with_gradients, feeds, wrt_names)
+    return _Built(forward, with_gradients, feeds, wrt_names, reference_ops)
 
 
 def analytic_gradients(built: _Built, optimize: bool = False) -> dict[str, np.ndarray]:
     """Each wrt input's gradient from the differentiated model."""
-    values = _session(built.with_gradients, optimize).run(None, built.feeds)
+    values = built.session(built.with_gradients, optimize).run(None, built.feeds)
     # Copies: onnxruntime-training 1.19.2 hands back a graph output that is a graph input (a gradient
     # equal to a loss weight) as a view of the feed, which dies with ``built``.
     return {name: np.array(value, copy=True) for name, value in zip(built.wrt_names, values[1:], strict=True)}
@@ -221,7 +244,7 @@ def analytic_gradients(built: _Built, optimize: bool = False) -> dict[str, np.nd
 
 def numeric_gradients(built: _Built, step: float = FD_STEP) -> dict[str, np.ndarray]:
     """Each wrt input's gradient by central differences of the forward loss (float64)."""
-    session = _session(built.forward)
+    session = built.session(built.forward)
     result = {}
     for name in built.wrt_names:
         base = built.feeds[name]

@@ -12,7 +12,13 @@ Importing this package registers the built-in rules (the ``rules_*`` modules).
 from __future__ import annotations
 
 try:
-    from ortlstm.graphs.autodiff import rules_lstm, rules_math, rules_nn, rules_shape  # registers the rules
+    from ortlstm.graphs.autodiff import (  # registers the rules
+        rules_conv,
+        rules_lstm,
+        rules_math,
+        rules_nn,
+        rules_shape,
+    )
     from ortlstm.graphs.autodiff.backward import Backward, build_backward
     from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
     from ortlstm.graphs.autodiff.registry import (
@@ -24,6 +30,7 @@ try:
     )
 except ModuleNotFoundError:
     from graphs.autodiff import (  # type: ignore[no-redef] # noqa: F401 - registers the rules
+        rules_conv,
         rules_lstm,
         rules_math,
         rules_nn,

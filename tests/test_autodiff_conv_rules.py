@@ -1,0 +1,249 @@
+"""The Conv gradient rule against central finite differences (float64) and in float32, one table.
+
+onnxruntime has no float64 Conv or ConvTranspose kernel, and the rule emits both, so the float64
+rows run in ``onnx.reference.ReferenceEvaluator`` with the NumPy Conv and ConvTranspose below
+(``Case.float64_ops``; onnx's own ConvTranspose mishandles group > 1). The float32 rows run the
+rule's graph in onnxruntime (graph optimizations on and off) against those float64 gradients, and
+``test_numpy_conv_is_onnxruntimes`` pins the NumPy forward to onnxruntime's Conv for every row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.reference
+import onnxruntime as ort
+import pytest
+from gradcheck import Case, build, check_case, check_case_float32, const, wrt
+from onnx import TensorProto, helper
+from onnx.reference.op_run import OpRun
+
+_RNG = np.random.default_rng(21)
+
+
+def _r(*shape: int) -> np.ndarray:
+    return _RNG.standard_normal(shape)
+
+
+def _same_pads(
+    spatial: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], dilations: list[int], upper: bool
+) -> list[int]:
+    """ONNX auto_pad SAME_*: output ceil(in / s); the odd pad goes at the end (UPPER) or the start (LOWER)."""
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        begin = total // 2 if upper else total - total // 2
+        begins.append(begin)
+        ends.append(total - begin)
+    return begins + ends
+
+
+def _windows(start: tuple[int, ...], count: tuple[int, ...], strides: list[int]) -> tuple[slice, ...]:
+    """Batch, channel, then per axis the positions start, start + s, ... (count of them)."""
+    spatial = tuple(slice(b, b + (n - 1) * s + 1, s) for b, n, s in zip(start, count, strides, strict=True))
+    return (slice(None), slice(None), *spatial)
+
+
+class NumpyConv(OpRun):
+    """ai.onnx Conv in float64: y[n, m, o] = b[m] + sum_{c, k} x_pad[n, c, o*s + k*d] w[m, c, k] per group."""
+
+    op_domain = ""
+
+    def _run(  # type: ignore[override]
+        self, x, w, b=None, auto_pad=None, dilations=None, group=None, kernel_shape=None, pads=None, strides=None
+    ):
+        kernel = w.shape[2:]
+        r = len(kernel)
+        strides = list(strides or [1] * r)
+        dilations = list(dilations or [1] * r)
+        group = int(group or 1)
+        mode = auto_pad.decode() if isinstance(auto_pad, bytes) else (auto_pad or "NOTSET")
+        if mode in ("SAME_UPPER", "SAME_LOWER"):
+            pads = _same_pads(x.shape[2:], kernel, strides, dilations, mode == "SAME_UPPER")
+        elif mode == "VALID" or pads is None:
+            pads = [0] * (2 * r)
+        padded = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[i + r]) for i in range(r))])
+        out = tuple((padded.shape[2 + i] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1 for i in range(r))
+        channels, maps = x.shape[1] // group, w.shape[0] // group
+        y = np.zeros((x.shape[0], w.shape[0], *out), dtype=x.dtype)
+        for g in range(group):
+            xg, wg = padded[:, g * channels : (g + 1) * channels], w[g * maps : (g + 1) * maps]
+            for k in np.ndindex(*kernel):
+                start = tuple(k[i] * dilations[i] for i in range(r))
+                patch = xg[_windows(start, out, strides)]
+                y[:, g * maps : (g + 1) * maps] += np.einsum(
+                    "nc...,mc->nm...", patch, wg[(slice(None), slice(None), *k)]
+                )
+        if b is not None:
+            y += b.reshape(1, -1, *([1] * r))
+        return (y,)
+
+
+class NumpyConvTranspose(OpRun):
+    """ai.onnx ConvTranspose in float64 (no auto_pad / output_shape: the rule writes explicit pads)."""
+
+    op_domain = ""
+
+    def _run(  # type: ignore[override]
+        self,
+        x,
+        w,
+        b=None,
+        auto_pad=None,
+        dilations=None,
+        group=None,
+        kernel_shape=None,
+        output_padding=None,
+        output_shape=None,
+        pads=None,
+        strides=None,
+    ):
+        assert output_shape is None, "not written by the rule"
+        assert auto_pad in (None, "NOTSET", b"NOTSET"), "not written by the rule"
+        kernel = w.shape[2:]
+        r = len(kernel)
+        strides = list(strides or [1] * r)
+        dilations = list(dilations or [1] * r)
+        output_padding = list(output_padding or [0] * r)
+        pads = list(pads or [0] * (2 * r))
+        group = int(group or 1)
+        size = x.shape[2:]
+        full = [(size[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + output_padding[i] for i in range(r)]
+        channels, maps = x.shape[1] // group, w.shape[1]
+        y = np.zeros((x.shape[0], maps * group, *full), dtype=x.dtype)
+        for g in range(group):
+            xg, wg = x[:, g * channels : (g + 1) * channels], w[g * channels : (g + 1) * channels]
+            for k in np.ndindex(*kernel):
+                start = tuple(k[i] * dilations[i] for i in range(r))
+                target = (slice(None), slice(g * maps, (g + 1) * maps), *_windows(start, size, strides)[2:])
+                y[target] += np.einsum("nc...,cm->nm...", xg, wg[(slice(None), slice(None), *k)])
+        crop = tuple(slice(pads[i], full[i] - pads[i + r]) for i in range(r))
+        y = y[(slice(None), slice(None), *crop)]
+        if b is not None:
+            y = y + b.reshape(1, -1, *([1] * r))
+        return (y,)
+
+
+# ReferenceEvaluator matches new_ops to nodes by class name.
+_FLOAT64_OPS = (type("Conv", (NumpyConv,), {}), type("ConvTranspose", (NumpyConvTranspose,), {}))
+
+
+def _conv(
+    id: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *, dynamic: bool = False, **attributes: object
+) -> Case:
+    """A Conv row differentiated with respect to X, W and B (when given)."""
+    inputs = [wrt(x, dynamic=dynamic), wrt(w)]
+    if b is not None:
+        inputs.append(wrt(b))
+    return Case(id, "Conv", tuple(inputs), attributes, float64_ops=_FLOAT64_OPS)
+
+
+CASES = [
+    # 1-D (silero's STFT and encoder layers)
+    _conv("1d", _r(2, 3, 7), _r(4, 3, 3), _r(4)),
+    _conv("1d_stride2_pads1", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]),
+    _conv("1d_stride3_remainder", _r(1, 2, 8), _r(3, 2, 3), _r(3), strides=[3]),  # (8-3) % 3 = 2 >= d
+    _conv("1d_dilation2_stride2_asym_pads", _r(2, 2, 9), _r(3, 2, 3), _r(3), strides=[2], dilations=[2], pads=[2, 1]),
+    _conv("1d_group2", _r(2, 4, 7), _r(6, 2, 3), _r(6), group=2, strides=[2], pads=[1, 0]),
+    _conv("1d_depthwise", _r(1, 3, 6), _r(3, 1, 3), None, group=3, pads=[1, 1]),
+    _conv("1d_stft_like_no_bias", _r(2, 1, 16), _r(6, 1, 8), None, strides=[4]),
+    _conv("1d_kernel1", _r(2, 4, 5), _r(1, 4, 1), _r(1)),
+    _conv("1d_same_upper_stride2", _r(1, 2, 7), _r(3, 2, 4), _r(3), auto_pad="SAME_UPPER", strides=[2]),
+    _conv("1d_same_lower_stride_beyond_kernel", _r(1, 2, 8), _r(2, 2, 2), None, auto_pad="SAME_LOWER", strides=[3]),
+    _conv("1d_valid_kernel_shape", _r(1, 2, 6), _r(2, 2, 3), _r(2), auto_pad="VALID", kernel_shape=[3]),
+    # 2-D
+    _conv("2d", _r(1, 2, 5, 4), _r(3, 2, 3, 2), _r(3)),
+    _conv(
+        "2d_strides_dilations_asym_pads",
+        _r(2, 2, 6, 5),
+        _r(3, 2, 2, 2),
+        _r(3),
+        strides=[2, 1],
+        dilations=[1, 2],
+        pads=[1, 0, 0, 1],
+    ),
+    _conv("2d_group2_stride2", _r(1, 4, 5, 5), _r(4, 2, 3, 3), _r(4), group=2, strides=[2, 2], pads=[1, 1, 1, 1]),
+    _conv("2d_same_upper", _r(1, 2, 5, 6), _r(2, 2, 3, 2), None, auto_pad="SAME_UPPER", strides=[2, 3]),
+    # dynamic dims: extents and SAME pads computed at run time
+    _conv("1d_dynamic_stride2_pads1", _r(2, 3, 8), _r(4, 3, 3), _r(4), dynamic=True, strides=[2], pads=[1, 1]),
+    _conv("1d_dynamic_stride3_remainder", _r(1, 2, 8), _r(3, 2, 3), None, dynamic=True, strides=[3]),
+    _conv("1d_dynamic_same_lower", _r(1, 2, 7), _r(2, 2, 3), None, dynamic=True, auto_pad="SAME_LOWER", strides=[2]),
+    _conv("1d_dynamic_group2", _r(2, 4, 7), _r(4, 2, 3), _r(4), dynamic=True, group=2, dilations=[2]),
+    # (onnxruntime refuses SAME with dilations > 1, so SAME rows have none)
+    _conv(
+        "2d_dynamic_same_upper",
+        _r(1, 2, 6, 5),
+        _r(2, 2, 2, 3),
+        _r(2),
+        dynamic=True,
+        auto_pad="SAME_UPPER",
+        strides=[2, 2],
+    ),
+    # only some inputs differentiated: X a constant (the STFT's input), W a constant
+    Case(
+        "1d_weight_only",
+        "Conv",
+        (const(_r(2, 1, 12)), wrt(_r(4, 1, 4)), wrt(_r(4))),
+        {"strides": [2]},
+        float64_ops=_FLOAT64_OPS,
+    ),
+    Case("1d_input_only", "Conv", (wrt(_r(2, 2, 6)), const(_r(3, 2, 3))), {"pads": [1, 1]}, float64_ops=_FLOAT64_OPS),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_conv_gradient_matches_finite_differences(case: Case) -> None:
+    check_case(case)
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["opt_off", "opt_on"])
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_conv_gradient_float32(case: Case, optimize: bool) -> None:
+    check_case_float32(case, optimize)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_numpy_conv_is_onnxruntimes(case: Case) -> None:
+    """The float64 oracle computes onnxruntime's Conv (pads, SAME placement, groups) to float32 accuracy."""
+    names = [f"in{index}" for index in range(len(case.inputs))]
+    values = [item.value for item in case.inputs]
+
+    def model(elem_type: int) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("Conv", names, ["y"], **case.attributes)],
+            "conv",
+            [
+                helper.make_tensor_value_info(name, elem_type, value.shape)
+                for name, value in zip(names, values, strict=True)
+            ],
+            [helper.make_tensor_value_info("y", elem_type, None)],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=10)
+
+    (expected,) = ort.InferenceSession(model(TensorProto.FLOAT).SerializeToString()).run(
+        None, {name: value.astype(np.float32) for name, value in zip(names, values, strict=True)}
+    )
+    reference = onnx.reference.ReferenceEvaluator(model(TensorProto.DOUBLE), new_ops=list(_FLOAT64_OPS))
+    (got,) = reference.run(None, dict(zip(names, values, strict=True)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=case.id)
+
+
+def test_static_geometry_is_one_conv_transpose_and_one_conv() -> None:
+    """With X's spatial dims static, dX and dW are one node each: no run-time shape arithmetic.
+
+    dX is a ConvTranspose with pads and output_padding set, dW a Conv between transposes whose end
+    pad drops the input elements no window reaches.
+    """
+    built = build(_conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), np.float32)
+    forward_count = len(built.forward.graph.node)
+    op_types = [node.op_type for node in built.with_gradients.graph.node[forward_count:]]
+    assert op_types.count("ConvTranspose") == 1, op_types
+    assert op_types.count("Conv") == 1, op_types
+    assert not {"Shape", "Slice", "Pad"} & set(op_types), op_types
+    transpose = next(node for node in built.with_gradients.graph.node if node.op_type == "ConvTranspose")
+    attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in transpose.attribute}
+    assert attributes["pads"] == [1, 1]
+    assert attributes["output_padding"] == [1]  # (8 + 2 - 3) % 2 = 1
+    conv = next(node for node in built.with_gradients.graph.node[forward_count:] if node.op_type == "Conv")
+    attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in conv.attribute}
+    assert attributes["pads"] == [1, 0]  # the end pad less the remainder: dW's extent is the kernel's
