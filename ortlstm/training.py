@@ -1,0 +1,1114 @@
+"""The Trainer: trains an exported model in any onnxruntime, without onnxruntime-training or torch.
+
+It runs the models ``ortlstm.graphs.train_step.build_training_models`` builds (train step, eval,
+gradients, apply) in ``onnxruntime.InferenceSession``s with the ortlstm kernel library, keeps the
+parameters and optimizer state between steps, and offers what onnxruntime-training's Module,
+Optimizer and CheckpointState gave: steps, evaluation, learning-rate schedules, gradient
+accumulation, one-file checkpoints (safetensors) and the trained model in its original form
+(standard ONNX ``LSTM`` nodes), which any onnxruntime runs without ortlstm.
+
+onnxruntime is imported lazily (building models needs only onnx); onnxruntime.training never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
+from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
+
+CHECKPOINT_FORMAT = "ortlstm.trainer/1"
+DIRECTORY_FORMAT = "ortlstm.training-directory/1"
+MODEL_KINDS = ("train_step", "eval", "gradients", "apply")
+ORIGINAL_FILE = "model.onnx"
+MANIFEST_FILE = "training.json"
+STATE_FILE = "state.safetensors"
+
+LearningRate = float | Callable[[int], float]
+"""A constant, or ``schedule(n) -> lr`` for the update that follows ``n`` completed updates."""
+
+
+# ---- the training specification (what build_training_models was given) -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSpec:
+    """Everything that decides the training graphs besides the model; saved with every checkpoint.
+
+    Attributes:
+        loss: The loss.
+        optimizer: The optimizer and its hyperparameters.
+        requires_grad: The trained parameters (resolved: never None).
+        prediction: The model output the loss reads.
+        target: Name of the target input (None when a model output is the loss).
+        extra_outputs: Model outputs a step returns with the loss.
+        param_groups: Per-group optimizer overrides.
+        clip_grad_norm: Maximum global gradient norm, or None.
+        clip_norm_type: The norm's type.
+        stateful: Each LSTM's final state is the next step's initial state (truncated BPTT).
+    """
+
+    loss: losses.Loss
+    optimizer: optimizers.Optimizer
+    requires_grad: tuple[str, ...]
+    prediction: str
+    target: str | None
+    extra_outputs: tuple[str, ...] = ()
+    param_groups: tuple[optimizers.ParamGroup, ...] = ()
+    clip_grad_norm: float | None = None
+    clip_norm_type: float = 2.0
+    stateful: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready description (exact floats: JSON keeps Python's repr)."""
+        loss = {field.name: getattr(self.loss, field.name) for field in dataclasses.fields(self.loss)}
+        for key in ("weight", "pos_weight"):
+            if loss[key] is not None:
+                loss[key] = np.asarray(loss[key]).tolist()
+        optimizer = {field.name: getattr(self.optimizer, field.name) for field in dataclasses.fields(self.optimizer)}
+        return {
+            "loss": loss,
+            "optimizer": {"name": self.optimizer.torch_name, **_listed(optimizer)},
+            "requires_grad": list(self.requires_grad),
+            "prediction": self.prediction,
+            "target": self.target,
+            "extra_outputs": list(self.extra_outputs),
+            "param_groups": [_listed(dataclasses.asdict(group)) for group in self.param_groups],
+            "clip_grad_norm": self.clip_grad_norm,
+            "clip_norm_type": self.clip_norm_type,
+            "stateful": self.stateful,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingSpec:
+        """The inverse of ``to_json``."""
+        optimizer = dict(data["optimizer"])
+        return cls(
+            loss=losses.Loss(**data["loss"]),
+            optimizer=optimizers.optimizer_from_torch(optimizer.pop("name"), **optimizer),
+            requires_grad=tuple(data["requires_grad"]),
+            prediction=data["prediction"],
+            target=data["target"],
+            extra_outputs=tuple(data["extra_outputs"]),
+            param_groups=tuple(optimizers.ParamGroup(**group) for group in data["param_groups"]),
+            clip_grad_norm=data["clip_grad_norm"],
+            clip_norm_type=data["clip_norm_type"],
+            stateful=bool(data.get("stateful", False)),
+        )
+
+
+def _listed(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+def _signature_from_json(data: Mapping[str, Any]) -> TrainStepSignature:
+    fields = {field.name for field in dataclasses.fields(TrainStepSignature)}
+    values = {key: tuple(value) if isinstance(value, list) else value for key, value in data.items() if key in fields}
+    return TrainStepSignature(**values)
+
+
+# ---- graph hash and export ------------------------------------------------------------------------
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _graphs(subgraph)
+
+
+def graph_hash(model: onnx.ModelProto) -> str:
+    """SHA-256 of the model's structure: nodes, names, types and shapes, not tensor values.
+
+    A checkpoint records it, so that its parameters are never loaded into another model; the
+    values are left out because training (and export) changes them.
+    """
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    stripped.ClearField("metadata_props")
+    stripped.ClearField("doc_string")
+    for graph in _graphs(stripped.graph):
+        tensors = list(graph.initializer)
+        for node in graph.node:
+            tensors.extend(attribute.t for attribute in node.attribute if attribute.type == onnx.AttributeProto.TENSOR)
+        for tensor in tensors:
+            for field in ("raw_data", "float_data", "double_data", "int32_data", "int64_data", "uint64_data"):
+                tensor.ClearField(field)
+    return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
+
+
+def _set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
+    kept = [attribute for attribute in node.attribute if not attribute.name.startswith("value")]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(value, node.output[0])))
+
+
+def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The original model with the trained values: standard ops only, no ortlstm needed to run it.
+
+    Each parameter goes back where preparation found it: an initializer of the main graph or of
+    a subgraph (a specialized ``If`` branch), or a ``Constant`` node's value.
+
+    Raises:
+        ValueError: A parameter is found nowhere in the model, or its shape or type differs.
+    """
+    result = onnx.ModelProto()
+    result.CopyFrom(original)
+    places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
+    for graph in _graphs(result.graph):
+        for init in graph.initializer:
+            places.setdefault(init.name, init)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+                places.setdefault(node.output[0], node)
+    missing = sorted(set(params) - set(places))
+    if missing:
+        raise ValueError(
+            f"export: {missing} are neither initializers nor Constant outputs of the original model; "
+            "was the trainer built from a different model?"
+        )
+    for name, value in params.items():
+        place = places[name]
+        before = onnx.numpy_helper.to_array(place) if isinstance(place, onnx.TensorProto) else None
+        if before is not None and (before.shape != value.shape or before.dtype != value.dtype):
+            raise ValueError(
+                f"export: {name!r} is {before.dtype} {list(before.shape)} in the model, "
+                f"the trained value is {value.dtype} {list(value.shape)}"
+            )
+        if isinstance(place, onnx.TensorProto):
+            place.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+        else:
+            _set_constant(place, np.ascontiguousarray(value))
+    return result
+
+
+def _load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file {str(path)!r}")
+    return onnx.load(str(path))
+
+
+def _without_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Drops main-graph initializers no node reads (onnxruntime warns about each one)."""
+    used = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
+    used.update(output.name for output in model.graph.output)
+    kept = [init for init in model.graph.initializer if init.name in used]
+    if len(kept) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+    return model
+
+
+# ---- carried LSTM state (stateful truncated backpropagation through time) ---------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CarriedState:
+    """One LSTM node whose final state becomes its next initial state.
+
+    Attributes:
+        node: The LSTM node's name (or ``lstm_<index>``).
+        initial_h: The graph input that feeds its initial_h (``initial_c`` likewise).
+        initial_c: See ``initial_h``.
+        final_h: The output carrying its Y_h (``final_c``: Y_c) to the next step.
+        final_c: See ``final_h``.
+        sequence: Its input X (the batch size is read from X's shape).
+        layout: The node's layout (0: state ``[num_directions, batch, hidden]``; 1: ``[batch, ...]``).
+        num_directions: 1, or 2 when bidirectional.
+        hidden_size: The node's hidden size.
+        elem_type: The state's ONNX element type.
+    """
+
+    node: str
+    initial_h: str
+    initial_c: str
+    final_h: str
+    final_c: str
+    sequence: str
+    layout: int
+    num_directions: int
+    hidden_size: int
+    elem_type: int
+
+    def shape(self, batch_size: int) -> tuple[int, ...]:
+        """The state's shape for a batch of ``batch_size``."""
+        if self.layout == 0:
+            return (self.num_directions, batch_size, self.hidden_size)
+        return (batch_size, self.num_directions, self.hidden_size)
+
+    @property
+    def batch_axis(self) -> int:
+        """The batch axis of the state (and of X)."""
+        return 1 if self.layout == 0 else 0
+
+
+def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[CarriedState, ...]]:
+    """The model with each main-graph LSTM's initial state fed by new inputs and its final state output.
+
+    Feeding the final state back as the next step's input (a graph input, not a parameter) carries
+    the state without a gradient through the boundary, as torch's ``h.detach()`` does. Whatever fed
+    initial_h/initial_c before (nothing, zeros, an input) is replaced; inputs and nodes left unused
+    are removed.
+
+    Raises:
+        ValueError: The main graph has no ONNX LSTM node.
+    """
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    graph = result.graph
+    taken = {value.name for value in [*graph.input, *graph.output]} | {init.name for init in graph.initializer}
+    taken.update(name for node in graph.node for name in [*node.input, *node.output])
+    initializers = {init.name: init for init in graph.initializer}
+    declared = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+
+    def fresh(base: str) -> str:
+        name, index = base, 1
+        while name in taken:
+            name, index = f"{base}_{index}", index + 1
+        taken.add(name)
+        return name
+
+    outputs = {value.name for value in graph.output}
+    carried: list[CarriedState] = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx"):
+            continue
+        label = node.name or f"lstm_{index}"
+        attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+        direction = attributes.get("direction", b"forward")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        weight = node.input[1]
+        elem_type = initializers[weight].data_type if weight in initializers else declared.get(weight, 0)
+        while len(node.input) < 7:
+            node.input.append("")
+        while len(node.output) < 3:
+            node.output.append("")
+        state = CarriedState(
+            node=label,
+            initial_h=fresh(f"{label}.initial_h"),
+            initial_c=fresh(f"{label}.initial_c"),
+            final_h=node.output[1] or fresh(f"{label}.Y_h"),
+            final_c=node.output[2] or fresh(f"{label}.Y_c"),
+            sequence=node.input[0],
+            layout=int(attributes.get("layout", 0)),
+            num_directions=2 if direction == "bidirectional" else 1,
+            hidden_size=int(attributes["hidden_size"]),
+            elem_type=elem_type or onnx.TensorProto.FLOAT,
+        )
+        node.input[5], node.input[6] = state.initial_h, state.initial_c
+        node.output[1], node.output[2] = state.final_h, state.final_c
+        for name in (state.initial_h, state.initial_c):
+            graph.input.append(onnx.helper.make_tensor_value_info(name, state.elem_type, list(state.shape(None))))  # type: ignore[arg-type]
+        for name in (state.final_h, state.final_c):
+            if name not in outputs:
+                graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+        carried.append(state)
+    if not carried:
+        raise ValueError("stateful=True: the model's main graph has no ONNX LSTM node whose state could be carried")
+    _remove_dead_nodes_and_inputs(graph)
+    return result, tuple(carried)
+
+
+def _remove_dead_nodes_and_inputs(graph: onnx.GraphProto) -> None:
+    needed = {output.name for output in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(node.input)
+            for attribute in node.attribute:
+                for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                    needed.update(name for inner in _graphs(subgraph) for n in inner.node for name in n.input)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    inputs = [value for value in graph.input if value.name in needed]
+    del graph.input[:]
+    graph.input.extend(inputs)
+
+
+# ---- the trainer ------------------------------------------------------------------------------------
+
+
+def _import_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ModuleNotFoundError as error:
+        raise ImportError("the Trainer runs models in onnxruntime: pip install 'ortlstm[infer]'") from error
+    return onnxruntime
+
+
+def _loss_value(value: np.ndarray) -> float | np.ndarray:
+    return float(value.reshape(())) if value.size == 1 else value
+
+
+def _dims_text(shape: Sequence[int | str | None] | None) -> str:
+    return "of unknown shape" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+class Trainer:
+    """Trains a model in onnxruntime: steps, evaluation, schedules, accumulation, checkpoints, export.
+
+    The usual loop::
+
+        trainer = Trainer(onnx.load("model.onnx"), loss=losses.Loss.cross_entropy(),
+                          optimizer=optimizers.AdamW(lr=1e-3))
+        for x, y in batches:
+            loss = trainer.step(x, target=y)
+        trainer.save("run.safetensors")        # parameters, moments, step, spec, graph hash
+        trainer.export("trained.onnx")         # the original model with the trained values
+
+    Parameters and optimizer state live in two sets of onnxruntime-owned buffers: a step reads
+    one set and writes the other through IOBinding, then the two swap (no output is ever bound to
+    its own input). Against ``session.run`` with NumPy feeds and outputs (shared 2-vCPU VM, 1
+    thread, AdamW, three interleaved rounds): 2.46-3.05 vs 2.70-3.18 ms per step at the demo's size
+    (batch 32, 8 steps, 8 inputs, hidden 64, bidirectional); 182-183 vs 177-187 ms at (64, 32,
+    256, 256) bidirectional, where the LSTM kernels dominate. Bitwise the same parameters.
+
+    Attributes:
+        signature: Names of every input and output of the training models.
+        spec: The loss, optimizer and options the models were built with.
+        global_step: Number of optimizer updates done.
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto | str | Path,
+        *,
+        loss: losses.Loss,
+        optimizer: optimizers.Optimizer,
+        lr: LearningRate | None = None,
+        requires_grad: Sequence[str] | None = None,
+        output: str | None = None,
+        target: str = "target",
+        extra_outputs: Sequence[str] = (),
+        param_groups: Sequence[optimizers.ParamGroup] = (),
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float = 2.0,
+        fixed_inputs: Mapping[str, np.ndarray] | None = None,
+        stateful: bool = False,
+        threads: int | None = None,
+    ) -> None:
+        """Builds the training models of ``model``.
+
+        Args:
+            model: The model as exported (a ModelProto or a path), with standard ``LSTM`` nodes.
+            loss: The loss applied to the prediction.
+            optimizer: The optimizer; its ``lr`` is the learning rate unless ``lr`` is given.
+            lr: A constant learning rate, or a schedule ``f(n) -> lr`` called with the number of
+                updates done before the one it serves (0 first), as torch's LR schedulers count.
+            requires_grad: Parameters to train (default: every float initializer reaching the loss).
+            output: The model output the loss reads (needed when the model has several).
+            target: Name given to the target input.
+            extra_outputs: Model outputs ``step`` returns after the loss.
+            param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
+            clip_grad_norm: Clip the global gradient norm to this value.
+            clip_norm_type: The clipping norm's type (2.0 or inf).
+            fixed_inputs: Model inputs fixed for training (they become constants).
+            stateful: Truncated backpropagation through time: each step starts every LSTM of the
+                main graph (each direction) from the final state of the previous step, without a
+                gradient through that boundary (torch's ``h.detach()``); zeros at first and after
+                ``reset_state()``. The batch size must stay the same until a reset.
+            threads: onnxruntime intra-op threads (default: onnxruntime's choice).
+
+        Raises:
+            ValueError: From ``build_training_models``: an unknown output or parameter, a target
+                the loss cannot take, an op without gradient on a parameter's path.
+        """
+        original = _load_model(model)
+        training_model, carried = with_carried_state(original) if stateful else (original, ())
+        if output is None and len(original.graph.output) == 1:
+            output = original.graph.output[0].name
+        carried_outputs = [name for state in carried for name in (state.final_h, state.final_c)]
+        built = build_training_models(
+            training_model,
+            loss=loss,
+            optimizer=optimizer,
+            requires_grad=requires_grad,
+            output=output,
+            target=target,
+            extra_outputs=list(dict.fromkeys([*extra_outputs, *carried_outputs])),
+            param_groups=param_groups,
+            clip_grad_norm=clip_grad_norm,
+            clip_norm_type=clip_norm_type,
+            fixed_inputs=fixed_inputs,
+        )
+        outputs = [value.name for value in built.prepared.model.graph.output]
+        spec = TrainingSpec(
+            loss=loss,
+            optimizer=optimizer,
+            requires_grad=built.signature.params,
+            prediction=output if output is not None else outputs[0],
+            target=built.signature.target,
+            extra_outputs=tuple(extra_outputs),
+            param_groups=tuple(param_groups),
+            clip_grad_norm=clip_grad_norm,
+            clip_norm_type=clip_norm_type,
+            stateful=stateful,
+        )
+        models = {
+            "train_step": built.train_step,
+            "eval": built.eval,
+            "gradients": built.gradients,
+            "apply": built.apply,
+        }
+        self._setup(
+            original, models, built.signature, spec, {**built.initial_params, **built.initial_state}, lr, threads
+        )
+        self._fixed_inputs = {name: np.asarray(value) for name, value in (fixed_inputs or {}).items()}
+
+    def _setup(
+        self,
+        original: onnx.ModelProto,
+        models: Mapping[str, onnx.ModelProto],
+        signature: TrainStepSignature,
+        spec: TrainingSpec,
+        values: Mapping[str, np.ndarray],
+        lr: LearningRate | None,
+        threads: int | None,
+    ) -> None:
+        self.signature = signature
+        self.spec = spec
+        self.global_step = 0
+        self._original = original
+        self._graph_hash = graph_hash(original)
+        self._models = {kind: _without_unused_initializers(models[kind]) for kind in MODEL_KINDS}
+        self._fixed_inputs: dict[str, np.ndarray] = {}
+        self._lr: LearningRate = spec.optimizer.lr if lr is None else lr
+        self._threads = threads
+        self._sessions: dict[str, Any] = {}
+        self._bindings: dict[tuple[str, int], Any] = {}
+        # Parameter or state input -> the output that carries its next value.
+        self._updates: dict[str, str] = dict(zip(signature.params, signature.new_params, strict=True))
+        for name in signature.params:
+            for slot, value in signature.state[name].items():
+                self._updates[value] = signature.new_state[name][slot]
+        self._initial = {name: np.array(values[name]) for name in self._updates}
+        self._buffers: list[dict[str, Any]] | None = None
+        self._current = 0
+        self._accumulated: dict[str, np.ndarray] = {}
+        self._accumulated_batches = 0
+        self.last_grad_norm: float | None = None
+        self._carried = with_carried_state(original)[1] if spec.stateful else ()
+        self._carried_values: dict[str, np.ndarray] | None = None
+        carried_inputs = {name for state in self._carried for name in (state.initial_h, state.initial_c)}
+        self._user_inputs = tuple(name for name in signature.batch_inputs if name not in carried_inputs)
+        inputs = {value.name: value_type_of(value) for value in self._models["eval"].graph.input}
+        self._batch_types = {name: inputs[name] for name in self._user_inputs}
+        self._types: dict[str, ValueType] | None = None
+
+    # ---- construction from files ----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | Path, *, lr: LearningRate | None = None, threads: int | None = None) -> Trainer:
+        """A trainer over the models ``write`` (or ``ortlstm train-step``) put in ``directory``.
+
+        The state comes from ``directory/state.safetensors``.
+
+        Raises:
+            FileNotFoundError: The directory lacks one of its files.
+            ValueError: The files do not belong together.
+        """
+        directory = Path(directory)
+        manifest_path = directory / MANIFEST_FILE
+        if not manifest_path.is_file():
+            raise FileNotFoundError(
+                f"{str(directory)!r} holds no {MANIFEST_FILE}: write one with `ortlstm train-step MODEL.onnx "
+                f"{directory}` or Trainer.write()"
+            )
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != DIRECTORY_FORMAT:
+            raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {DIRECTORY_FORMAT!r}")
+        models = {kind: _load_model(directory / f"{kind}.onnx") for kind in MODEL_KINDS}
+        trainer = cls.__new__(cls)
+        signature = _signature_from_json(manifest["signature"])
+        values: dict[str, np.ndarray] = {}
+        for name in signature.params:
+            init = next(init for init in models["train_step"].graph.input if init.name == name)
+            values[name] = np.zeros(
+                [dim.dim_value for dim in init.type.tensor_type.shape.dim],
+                onnx.helper.tensor_dtype_to_np_dtype(init.type.tensor_type.elem_type),
+            )
+            for slot_input in signature.state[name].values():
+                values[slot_input] = values[name]
+        spec = TrainingSpec.from_json(manifest["spec"])
+        trainer._setup(_load_model(directory / ORIGINAL_FILE), models, signature, spec, values, lr, threads)
+        trainer.load(directory / STATE_FILE)
+        return trainer
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        model: onnx.ModelProto | str | Path,
+        checkpoint: str | Path,
+        *,
+        lr: LearningRate | None = None,
+        threads: int | None = None,
+    ) -> Trainer:
+        """Rebuilds the trainer a checkpoint was saved from (its spec is in the file) and loads it."""
+        metadata, tensors = _read_checkpoint(checkpoint)
+        spec = TrainingSpec.from_json(json.loads(metadata["spec"]))
+        fixed = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.startswith("fixed/")}
+        trainer = cls(
+            model,
+            loss=spec.loss,
+            optimizer=spec.optimizer,
+            lr=lr,
+            requires_grad=spec.requires_grad,
+            output=spec.prediction,
+            target=spec.target or "target",
+            extra_outputs=spec.extra_outputs,
+            param_groups=spec.param_groups,
+            clip_grad_norm=spec.clip_grad_norm,
+            clip_norm_type=spec.clip_norm_type,
+            fixed_inputs=fixed or None,
+            stateful=spec.stateful,
+            threads=threads,
+        )
+        trainer.load(checkpoint)
+        return trainer
+
+    def write(self, directory: str | Path) -> Path:
+        """Writes the original model, the four training models, a manifest and the current state.
+
+        ``Trainer.open(directory)`` reads them back; ``ortlstm export DIR OUT.onnx`` exports them.
+        Returns the directory.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        onnx.save(self._original, str(directory / ORIGINAL_FILE))
+        for kind in MODEL_KINDS:
+            onnx.save(self._models[kind], str(directory / f"{kind}.onnx"))
+        manifest = {
+            "format": DIRECTORY_FORMAT,
+            "graph_sha256": self._graph_hash,
+            "spec": self.spec.to_json(),
+            "signature": _listed(dataclasses.asdict(self.signature)),
+        }
+        (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+        self.save(directory / STATE_FILE)
+        return directory
+
+    # ---- sessions and buffers -------------------------------------------------------------------
+
+    def _session(self, kind: str) -> Any:
+        if kind not in self._sessions:
+            ort = _import_onnxruntime()
+            from ortlstm.ops import session_options
+
+            options = (
+                session_options() if self._threads is None else session_options(intra_op_num_threads=self._threads)
+            )
+            self._sessions[kind] = ort.InferenceSession(
+                self._models[kind].SerializeToString(), options, providers=["CPUExecutionProvider"]
+            )
+        return self._sessions[kind]
+
+    def _store(self) -> list[dict[str, Any]]:
+        """The two buffer sets (onnxruntime-owned), created on first use from the initial values."""
+        if self._buffers is None:
+            ort = _import_onnxruntime()
+
+            def buffer(value: np.ndarray) -> Any:
+                result = ort.OrtValue.ortvalue_from_shape_and_type(list(value.shape), value.dtype, "cpu")
+                result.update_inplace(np.ascontiguousarray(value))
+                return result
+
+            self._buffers = [
+                {name: buffer(value) for name, value in self._initial.items()},
+                {name: buffer(np.zeros_like(value)) for name, value in self._initial.items()},
+            ]
+            self._current = 0
+        return self._buffers
+
+    def _update_binding(self, kind: str) -> Any:
+        """The binding of ``kind`` (train_step or apply) reading the current set, writing the other."""
+        key = (kind, self._current)
+        if key not in self._bindings:
+            buffers = self._store()
+            binding = self._session(kind).io_binding()
+            for name, output in self._updates.items():
+                binding.bind_ortvalue_input(name, buffers[self._current][name])
+                binding.bind_ortvalue_output(output, buffers[1 - self._current][name])
+            self._bindings[key] = binding
+        return self._bindings[key]
+
+    def _read_binding(self, kind: str) -> Any:
+        """A binding of ``kind`` (eval or gradients) reading the current parameters."""
+        binding = self._session(kind).io_binding()
+        buffers = self._store()[self._current]
+        for name in self.signature.params:
+            binding.bind_ortvalue_input(name, buffers[name])
+        return binding
+
+    @staticmethod
+    def _run(session: Any, binding: Any, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
+        """Binds the feeds and the outputs onnxruntime allocates, runs, returns those outputs."""
+        keep = {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+        for name, value in keep.items():
+            binding.bind_cpu_input(name, value)
+        for name in outputs:
+            binding.bind_output(name, "cpu")
+        session.run_with_iobinding(binding)
+        # get_outputs() lists every bound output in binding order; the ones asked for were bound last.
+        values = binding.get_outputs()
+        return [value.numpy() for value in list(values)[len(values) - len(outputs) :]]
+
+    # ---- feeds ------------------------------------------------------------------------------------
+
+    def _batch_feeds(
+        self, batch: Sequence[Any], named: Mapping[str, Any], target: Any, where: str, carry: bool = True
+    ) -> dict[str, np.ndarray]:
+        names = self._user_inputs
+        if len(batch) > len(names):
+            raise ValueError(f"{where}: {len(batch)} positional inputs, but the model has {len(names)}: {list(names)}")
+        feeds: dict[str, np.ndarray] = {}
+        for name, value in zip(names, batch, strict=False):
+            feeds[name] = np.asarray(value)
+        for name, value in named.items():
+            if name not in names:
+                raise ValueError(f"{where}: {name!r} is not an input of the model; its inputs are {list(names)}")
+            if name in feeds:
+                raise ValueError(f"{where}: input {name!r} given both by position and by name")
+            feeds[name] = np.asarray(value)
+        missing = [name for name in names if name not in feeds]
+        if missing:
+            raise ValueError(
+                f"{where}: missing batch input(s) {missing}; the model's inputs are {list(names)} "
+                "(pass them in that order, or by name)"
+            )
+        sizes: dict[str, int] = {}
+        for name in names:
+            declared = self._batch_types[name]
+            value = feeds[name]
+            if declared is None:
+                continue
+            expected_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(declared.elem_type))
+            rank_ok = declared.shape is None or len(declared.shape) == value.ndim
+            dims_ok = rank_ok and (
+                declared.shape is None
+                or all(
+                    not isinstance(d, int) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True)
+                )
+            )
+            if value.dtype != expected_dtype or not dims_ok:
+                raise ValueError(
+                    f"{where}: input {name!r} must be {expected_dtype} {_dims_text(declared.shape)}, "
+                    f"got {value.dtype} {list(value.shape)}"
+                )
+            for dim, actual in zip(declared.shape or (), value.shape, strict=False):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, actual)
+        spec = self.spec
+        if self._carried:
+            feeds.update(self._carried_feeds(sizes, where, carry))
+        if not spec.loss.needs_target:
+            if target is not None:
+                raise ValueError(f"{where}: the loss is the model output {spec.prediction!r}; it takes no target")
+            return feeds
+        if target is None:
+            raise ValueError(f"{where}: the loss {spec.loss.kind} needs target=... (the labels of this batch)")
+        target_array = np.asarray(target)
+        if target_array.dtype == np.int32:
+            target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
+        prediction = self._prediction()
+        if prediction is not None and prediction.shape is not None:
+            prediction = ValueType(
+                prediction.elem_type, tuple(sizes.get(d, d) if isinstance(d, str) else d for d in prediction.shape)
+            )
+        target_elem = (
+            onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
+        )
+        losses.check_target(
+            spec.loss,
+            prediction,
+            ValueType(target_elem, tuple(target_array.shape)),
+            prediction_name=spec.prediction,
+            target_name=spec.target or "target",
+        )
+        feeds[spec.target] = target_array  # type: ignore[index]
+        return feeds
+
+    def _value_type(self, name: str) -> ValueType | None:
+        if self._types is None:
+            self._types = infer_value_types(self._models["eval"])
+        return self._types.get(name)
+
+    def _prediction(self) -> ValueType | None:
+        return self._value_type(self.spec.prediction)
+
+    def _carried_feeds(self, sizes: Mapping[str, int], where: str, carry: bool) -> dict[str, np.ndarray]:
+        """The initial state of each carried LSTM: the last final state, or zeros."""
+        feeds: dict[str, np.ndarray] = {}
+        for state in self._carried:
+            sequence = self._value_type(state.sequence)
+            dim = None if sequence is None or sequence.shape is None else sequence.shape[state.batch_axis]
+            batch_size = sizes.get(dim) if isinstance(dim, str) else dim
+            if batch_size is None:
+                raise ValueError(
+                    f"{where}: stateful: the batch size of LSTM {state.node!r} (axis {state.batch_axis} of its input "
+                    f"{state.sequence!r}) does not follow from the model's input shapes"
+                )
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(state.elem_type)
+            zeros = np.zeros(state.shape(batch_size), dtype)
+            for name in (state.initial_h, state.initial_c):
+                value = self._carried_values.get(name) if carry and self._carried_values is not None else None
+                if value is not None and value.shape != zeros.shape:
+                    raise ValueError(
+                        f"{where}: stateful: the batch has {batch_size} rows, the carried state of LSTM "
+                        f"{state.node!r} {value.shape[state.batch_axis]}; call reset_state() when the batch changes"
+                    )
+                feeds[name] = zeros if value is None else value
+        return feeds
+
+    def _keep_carried(self, named: Mapping[str, np.ndarray]) -> None:
+        if self._carried:
+            self._carried_values = {}
+            for state in self._carried:
+                self._carried_values[state.initial_h] = named[state.final_h]
+                self._carried_values[state.initial_c] = named[state.final_c]
+
+    def reset_state(self, rows: Sequence[int] | np.ndarray | None = None) -> None:
+        """Zeros the carried LSTM state (stateful trainers): all of it, or the given batch rows.
+
+        Raises:
+            RuntimeError: The trainer is not stateful.
+        """
+        if not self._carried:
+            raise RuntimeError("reset_state(): the trainer carries no state; build it with stateful=True")
+        if rows is None or self._carried_values is None:
+            self._carried_values = None
+            return
+        for state in self._carried:
+            for name in (state.initial_h, state.initial_c):
+                value = self._carried_values[name].copy()
+                index: tuple[Any, ...] = (slice(None), rows) if state.batch_axis == 1 else (rows,)
+                value[index] = 0
+                self._carried_values[name] = value
+
+    @property
+    def carried_state(self) -> dict[str, np.ndarray]:
+        """The state the next step starts from, by initial_h/initial_c input (empty: zeros)."""
+        return {name: value.copy() for name, value in (self._carried_values or {}).items()}
+
+    def learning_rate(self, update: int | None = None) -> float:
+        """The learning rate of update ``update`` (1-based; default: the next one)."""
+        done = self.global_step if update is None else update - 1
+        return float(self._lr(done)) if callable(self._lr) else float(self._lr)
+
+    def _scalars(self, lr: float | None) -> dict[str, np.ndarray]:
+        value = self.learning_rate() if lr is None else float(lr)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"learning rate must be a finite number >= 0, got {value}")
+        return {
+            self.signature.lr: np.asarray(value, dtype=np.float64),
+            self.signature.step: np.asarray(self.global_step + 1, dtype=np.int64),
+        }
+
+    # ---- training ---------------------------------------------------------------------------------
+
+    def step(self, *batch: Any, target: Any = None, lr: float | None = None, **named: Any) -> Any:
+        """One optimizer update on a batch.
+
+        Args:
+            *batch: The model's inputs, in order (or by name as keywords).
+            target: The labels (omitted for ``Loss.output()``).
+            lr: The learning rate of this update (default: the trainer's constant or schedule).
+            **named: Model inputs by name.
+
+        Returns:
+            The loss (a float when it is one number), or ``(loss, *extra_outputs)`` when the
+            trainer was asked for extra outputs.
+
+        Raises:
+            ValueError: A missing or unknown input, a target of the wrong type or shape.
+            RuntimeError: Gradients were accumulated and not applied.
+        """
+        if self._accumulated_batches:
+            raise RuntimeError(
+                f"step(): gradients of {self._accumulated_batches} batch(es) are accumulated; "
+                "call apply() (or zero_grad()) first"
+            )
+        feeds = self._batch_feeds(batch, named, target, "step()")
+        feeds.update(self._scalars(lr))
+        signature = self.signature
+        outputs = [signature.loss, *signature.extra_outputs, *([signature.grad_norm] if signature.grad_norm else [])]
+        values = self._run(self._session("train_step"), self._update_binding("train_step"), feeds, outputs)
+        self._advance()
+        named_values = dict(zip(outputs, values, strict=True))
+        if signature.grad_norm:
+            self.last_grad_norm = float(named_values[signature.grad_norm].reshape(()))
+        self._keep_carried(named_values)
+        return self._result([named_values[name] for name in [signature.loss, *self.spec.extra_outputs]])
+
+    def _advance(self) -> None:
+        self._current = 1 - self._current
+        self.global_step += 1
+
+    @staticmethod
+    def _result(values: list[np.ndarray]) -> Any:
+        loss = _loss_value(values[0])
+        return loss if len(values) == 1 else (loss, *values[1:])
+
+    def evaluate(self, *batch: Any, target: Any = None, outputs: Sequence[str] | None = None, **named: Any) -> Any:
+        """The loss (and model outputs) on a batch, with training-mode Dropout off; no update.
+
+        A stateful trainer's LSTMs start from zeros here, and the carried state is left alone.
+
+        Args:
+            *batch: The model's inputs, in order (or by name as keywords).
+            target: The labels (omitted for ``Loss.output()``).
+            outputs: Model outputs to return after the loss (default: the trainer's extra outputs).
+            **named: Model inputs by name.
+
+        Returns:
+            The loss, or ``(loss, *outputs)``.
+        """
+        wanted = list(self.spec.extra_outputs if outputs is None else outputs)
+        available = [value.name for value in self._models["eval"].graph.output]
+        unknown = [name for name in wanted if name not in available]
+        if unknown:
+            raise ValueError(f"evaluate(): {unknown} are not outputs of the model; it has {available[1:]}")
+        feeds = self._batch_feeds(batch, named, target, "evaluate()", carry=False)
+        outputs = [self.signature.loss, *wanted]
+        values = self._run(self._session("eval"), self._read_binding("eval"), feeds, outputs)
+        return self._result(values)
+
+    def accumulate(self, *batch: Any, target: Any = None, **named: Any) -> Any:
+        """Adds this batch's parameter gradients to the accumulated ones; ``apply()`` updates.
+
+        As calling ``loss.backward()`` once per micro-batch in torch: the gradients of each
+        micro-batch's loss are summed (in float, in call order). With a mean loss over equal
+        micro-batches, k accumulations are k times the gradient of the concatenated batch; scale
+        the loss or the learning rate as in torch.
+
+        Returns:
+            As ``step``: the micro-batch's loss, or ``(loss, *extra_outputs)``.
+        """
+        feeds = self._batch_feeds(batch, named, target, "accumulate()")
+        signature = self.signature
+        grads = [signature.grads[name] for name in signature.params]
+        wanted = [signature.loss, *signature.extra_outputs, *grads]
+        values = self._run(self._session("gradients"), self._read_binding("gradients"), feeds, wanted)
+        named_values = dict(zip(wanted, values, strict=True))
+        for name in signature.params:
+            grad = named_values[signature.grads[name]]
+            if name in self._accumulated:
+                self._accumulated[name] += grad
+            else:
+                self._accumulated[name] = grad.copy()
+        self._accumulated_batches += 1
+        self._keep_carried(named_values)
+        return self._result([named_values[name] for name in [signature.loss, *self.spec.extra_outputs]])
+
+    def apply(self, lr: float | None = None) -> None:
+        """One optimizer update from the accumulated gradients, which are then cleared.
+
+        Raises:
+            RuntimeError: Nothing was accumulated.
+        """
+        if not self._accumulated_batches:
+            raise RuntimeError("apply(): no gradients accumulated; call accumulate(...) first")
+        signature = self.signature
+        feeds = {signature.grads[name]: self._accumulated[name] for name in signature.params}
+        feeds.update(self._scalars(lr))
+        outputs = [signature.grad_norm] if signature.grad_norm else []
+        values = self._run(self._session("apply"), self._update_binding("apply"), feeds, outputs)
+        self._advance()
+        if signature.grad_norm:
+            self.last_grad_norm = float(values[0].reshape(()))
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Discards the accumulated gradients."""
+        self._accumulated = {}
+        self._accumulated_batches = 0
+
+    # ---- state --------------------------------------------------------------------------------------
+
+    def _values(self) -> dict[str, np.ndarray]:
+        if self._buffers is None:
+            return {name: value.copy() for name, value in self._initial.items()}
+        return {name: value.numpy() for name, value in self._buffers[self._current].items()}
+
+    @property
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Copies of the trained parameters' current values, by their names in the model."""
+        values = self._values()
+        return {name: values[name] for name in self.signature.params}
+
+    @property
+    def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
+        """Copies of the optimizer state: parameter -> slot (torch's names) -> value."""
+        values = self._values()
+        return {
+            name: {slot: values[value] for slot, value in self.signature.state[name].items()}
+            for name in self.signature.params
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Writes the whole training state to one safetensors file.
+
+        Tensors: ``param/NAME``, ``state/NAME/SLOT``, ``fixed/NAME`` for fixed inputs and
+        ``carried/INPUT`` for a stateful trainer's carried LSTM state;
+        metadata: the format, the global step, the learning rate (when constant), the spec (loss,
+        optimizer with its hyperparameters, options) as JSON and the graph hash.
+
+        Raises:
+            RuntimeError: Gradients are accumulated but not applied.
+        """
+        from safetensors.numpy import save_file
+
+        if self._accumulated_batches:
+            raise RuntimeError("save(): accumulated gradients are not applied; call apply() or zero_grad() first")
+        tensors = {f"param/{name}": value for name, value in self.parameters.items()}
+        for name, slots in self.optimizer_state.items():
+            tensors.update({f"state/{name}/{slot}": value for slot, value in slots.items()})
+        tensors.update({f"fixed/{name}": value for name, value in self._fixed_inputs.items()})
+        tensors.update({f"carried/{name}": value for name, value in (self._carried_values or {}).items()})
+        metadata = {
+            "format": CHECKPOINT_FORMAT,
+            "global_step": str(self.global_step),
+            "lr": "schedule" if callable(self._lr) else repr(float(self._lr)),
+            "spec": json.dumps(self.spec.to_json()),
+            "graph_sha256": self._graph_hash,
+        }
+        path = Path(path)
+        save_file({key: np.ascontiguousarray(value) for key, value in tensors.items()}, str(path), metadata=metadata)
+        return path
+
+    def load(self, path: str | Path, *, check_graph: bool = True) -> None:
+        """Restores parameters, optimizer state and the global step from ``save``'s file.
+
+        Args:
+            path: The checkpoint.
+            check_graph: Refuse a checkpoint saved for a model of another structure.
+
+        Raises:
+            ValueError: The file is not a checkpoint of this model and spec, or a tensor is missing
+                or of another shape or type.
+        """
+        metadata, tensors = _read_checkpoint(path)
+        if check_graph and metadata.get("graph_sha256") != self._graph_hash:
+            raise ValueError(
+                f"{path}: the checkpoint was saved for another model (graph hash "
+                f"{metadata.get('graph_sha256', '?')[:12]}, this trainer's model {self._graph_hash[:12]}); "
+                "load(..., check_graph=False) skips this check"
+            )
+        # The optimizer's lr is only the default of the lr input: a resumed run may change it.
+        saved_spec = _without_lr(json.loads(metadata["spec"]))
+        current_spec = _without_lr(self.spec.to_json())
+        differing = sorted(key for key in current_spec if saved_spec.get(key) != current_spec[key])
+        if differing:
+            details = "; ".join(
+                f"{key}: saved {saved_spec.get(key)!r}, here {current_spec[key]!r}" for key in differing
+            )
+            raise ValueError(f"{path}: the checkpoint was saved with another training spec ({details})")
+        values: dict[str, np.ndarray] = {}
+        signature = self.signature
+        for name in signature.params:
+            values[name] = tensors.get(f"param/{name}")
+            for slot, value in signature.state[name].items():
+                values[value] = tensors.get(f"state/{name}/{slot}")
+        missing = [name for name, value in values.items() if value is None]
+        if missing:
+            raise ValueError(f"{path}: the checkpoint lacks {missing}")
+        current = self._initial
+        for name, value in values.items():
+            if value.shape != current[name].shape or value.dtype != current[name].dtype:
+                raise ValueError(
+                    f"{path}: {name!r} is {value.dtype} {list(value.shape)} in the checkpoint, "
+                    f"the model expects {current[name].dtype} {list(current[name].shape)}"
+                )
+        if self._buffers is None:
+            self._initial = {name: np.array(value) for name, value in values.items()}
+        else:
+            for name, value in values.items():
+                self._buffers[self._current][name].update_inplace(np.ascontiguousarray(value))
+        self.global_step = int(metadata["global_step"])
+        carried = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.startswith("carried/")}
+        self._carried_values = carried or None
+        if not self._fixed_inputs:
+            self._fixed_inputs = {key.split("/", 1)[1]: v for key, v in tensors.items() if key.startswith("fixed/")}
+        self.zero_grad()
+
+    def export(self, path: str | Path | None = None) -> onnx.ModelProto:
+        """The original model with the trained parameters (standard ops; runs without ortlstm).
+
+        Writes it to ``path`` when given.
+        """
+        model = export_trained_model(self._original, self.parameters)
+        if path is not None:
+            onnx.save(model, str(path))
+        return model
+
+
+def _without_lr(spec: dict[str, Any]) -> dict[str, Any]:
+    spec["optimizer"] = {key: value for key, value in spec["optimizer"].items() if key != "lr"}
+    return spec
+
+
+def _read_checkpoint(path: str | Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file {str(path)!r}")
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    except Exception as error:
+        raise ValueError(f"{path}: not a safetensors file ({error})") from error
+    if metadata.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not an ortlstm Trainer checkpoint (format {metadata.get('format')!r})")
+    return metadata, tensors
+
+
+def export_directory(
+    directory: str | Path, output: str | Path, checkpoint: str | Path | None = None
+) -> onnx.ModelProto:
+    """Writes the trained original model of a training directory (``ortlstm export``).
+
+    Args:
+        directory: Written by ``ortlstm train-step`` or ``Trainer.write``.
+        output: Where to write the model.
+        checkpoint: The state to export (default: ``directory/state.safetensors``).
+
+    Raises:
+        FileNotFoundError: The directory or checkpoint is missing.
+        ValueError: The checkpoint belongs to another model.
+    """
+    directory = Path(directory)
+    original_path = directory / ORIGINAL_FILE
+    if not original_path.is_file():
+        raise FileNotFoundError(
+            f"{str(directory)!r} holds no {ORIGINAL_FILE}: is it a directory written by `ortlstm train-step`?"
+        )
+    original = onnx.load(str(original_path))
+    metadata, tensors = _read_checkpoint(checkpoint if checkpoint is not None else directory / STATE_FILE)
+    if metadata.get("graph_sha256") != graph_hash(original):
+        raise ValueError(f"the checkpoint was saved for another model than {original_path}")
+    params = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.startswith("param/")}
+    model = export_trained_model(original, params)
+    onnx.save(model, str(output))
+    return model
