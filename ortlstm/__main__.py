@@ -1,4 +1,4 @@
-"""Command line: ``ortlstm demo``, ``ortlstm convert``, ``ortlstm artifacts`` (also ``python -m ortlstm``)."""
+"""Command line (also ``python -m ortlstm``): ``demo``, ``convert``, ``train-step``, ``export``, ``artifacts``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import ortlstm
 
 _LOSSES = ("CrossEntropyLoss", "MSELoss", "BCEWithLogitsLoss", "L1Loss")
 _OPTIMIZERS = ("AdamW", "SGD")
+# train-step: command-line names -> ortlstm.graphs.losses.Loss constructors / torch.optim names.
+_TRAIN_LOSSES = {
+    "cross_entropy": "cross_entropy",
+    "nll_loss": "nll_loss",
+    "mse_loss": "mse_loss",
+    "l1_loss": "l1_loss",
+    "bce_with_logits": "binary_cross_entropy_with_logits",
+    "output": "output",
+}
+_TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="train a bidirectional LSTM digit classifier in ONNX Runtime, end to end",
-        description="Builds a bidirectional LSTM classifier in PyTorch, exports it with torch.onnx.export, "
-        "converts it with ortlstm and trains it with onnxruntime-training on scikit-learn's handwritten digits "
-        "(each image read row by row as an 8-step sequence). Prints the held-out accuracy and writes a plot.",
+        description="Builds a bidirectional LSTM classifier as an ONNX model (standard LSTM node, initialized as "
+        "torch initializes nn.LSTM and nn.Linear) and trains it in plain onnxruntime with the ortlstm Trainer "
+        "(AdamW) on scikit-learn's handwritten digits (each image read row by row as an 8-step sequence); no "
+        "torch needed. Prints the held-out accuracy, writes the trained model and checks that onnxruntime without "
+        "the ortlstm library reproduces it, and writes a plot. --runtime onnxruntime-training takes the older "
+        "path: a PyTorch model exported with torch.onnx.export, trained with onnxruntime-training.",
     )
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=32)
@@ -31,10 +44,71 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     demo.add_argument("--plot", type=Path, default=Path("ortlstm_demo.png"), help="PNG of loss and accuracy")
+    demo.add_argument(
+        "--runtime",
+        choices=("onnxruntime", "onnxruntime-training"),
+        default="onnxruntime",
+        help="onnxruntime: the ortlstm Trainer, no torch (default); onnxruntime-training: torch export + "
+        "onnxruntime-training 1.19.2",
+    )
+    demo.add_argument(
+        "--output",
+        type=Path,
+        default=Path("ortlstm_demo.onnx"),
+        help="the trained model, standard ONNX ops (--runtime onnxruntime only)",
+    )
+
+    chars = commands.add_parser(
+        "demo-chars",
+        help="train a character-level LSTM language model with stateful truncated BPTT, then sample from it",
+        description="Trains a character-level LSTM on Python's own reference documentation (pydoc_data) in plain "
+        "onnxruntime, carrying each stream's LSTM state from one window to the next without a gradient through "
+        "the boundary (Trainer(stateful=True)); exports the model and samples text from it in onnxruntime "
+        "without the ortlstm library.",
+    )
+    chars.add_argument("--steps", type=int, default=400)
+    chars.add_argument("--seq-length", type=int, default=64, help="window (truncation) length")
+    chars.add_argument("--streams", type=int, default=32, help="parallel streams (the batch)")
+    chars.add_argument("--hidden-size", type=int, default=128)
+    chars.add_argument("--learning-rate", type=float, default=0.005)
+    chars.add_argument("--temperature", type=float, default=0.7)
+    chars.add_argument("--seed", type=int, default=0)
+    chars.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    chars.add_argument("--output", type=Path, default=Path("ortlstm_chars.onnx"), help="the trained model")
 
     convert = commands.add_parser("convert", help="rewrite a model's ONNX LSTM nodes into ortlstm LSTMTraining")
     convert.add_argument("input", type=Path)
     convert.add_argument("output", type=Path)
+
+    train_step = commands.add_parser(
+        "train-step",
+        help="write the training models of a model (plain onnxruntime, no training build) and its initial state",
+        description="Builds the train-step, eval, gradients and apply models of MODEL (any onnxruntime runs them "
+        "with the ortlstm library) and writes them to DIR with the original model, training.json and the "
+        "initial state (state.safetensors). Train with ortlstm.training.Trainer.open(DIR); export the result "
+        "with `ortlstm export DIR OUT.onnx`.",
+    )
+    train_step.add_argument("model", type=Path)
+    train_step.add_argument("directory", type=Path)
+    train_step.add_argument("--loss", choices=tuple(_TRAIN_LOSSES), required=True)
+    train_step.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
+    train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
+    train_step.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
+    train_step.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
+    train_step.add_argument(
+        "--requires-grad", nargs="+", default=None, metavar="NAME", help="default: every float initializer on the loss"
+    )
+    train_step.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
+    train_step.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
+    train_step.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME")
+
+    export = commands.add_parser(
+        "export",
+        help="write the trained model of a train-step directory (standard ONNX ops, runs without ortlstm)",
+    )
+    export.add_argument("directory", type=Path)
+    export.add_argument("output", type=Path)
+    export.add_argument("--checkpoint", type=Path, default=None, help="default: DIR/state.safetensors")
 
     artifacts = commands.add_parser("artifacts", help="generate onnxruntime-training artifacts for a model")
     artifacts.add_argument("model", type=Path)
@@ -50,6 +124,8 @@ def _demo(args: argparse.Namespace) -> int:
     from ortlstm.demo import run_demo
 
     result = run_demo(
+        runtime=args.runtime,
+        output=args.output,
         epochs=args.epochs,
         batch_size=args.batch_size,
         hidden_size=args.hidden_size,
@@ -59,8 +135,37 @@ def _demo(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     print(f"held-out accuracy: {result.test_accuracy:.1%} ({result.seconds:.0f} s)")
+    if result.plain_accuracy is not None:
+        where = f"trained model: {result.model}; " if result.model is not None else ""
+        print(f"{where}onnxruntime without ortlstm: held-out accuracy {result.plain_accuracy:.1%}")
     if result.plot is not None:
         print(f"loss and accuracy curves: {result.plot}")
+    if not result.plain_reproduces:
+        print(
+            "ortlstm demo: error: the exported model does not reproduce the trained model's accuracy",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _demo_chars(args: argparse.Namespace) -> int:
+    from ortlstm.char_lm import run_char_lm
+
+    result = run_char_lm(
+        steps=args.steps,
+        seq_length=args.seq_length,
+        streams=args.streams,
+        hidden_size=args.hidden_size,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        threads=args.threads,
+        temperature=args.temperature,
+        output=args.output,
+    )
+    for text in result.samples:
+        print(f"--- sample (temperature {args.temperature}):\n{text}")
+    print(f"trained model: {result.model} ({result.seconds:.0f} s)")
     return 0
 
 
@@ -73,6 +178,48 @@ def _convert(args: argparse.Namespace) -> int:
     onnx.save(converted, str(args.output))
     count = sum(node.op_type == "LSTMTraining" for node in converted.graph.node)
     print(f"{args.output}: {count} LSTM node(s) in the main graph now run as ortlstm.LSTMTraining")
+    return 0
+
+
+def _train_step(args: argparse.Namespace) -> int:
+    from ortlstm.graphs import losses, optimizers
+    from ortlstm.training import MANIFEST_FILE, Trainer
+
+    if (args.directory / MANIFEST_FILE).exists():
+        raise ValueError(
+            f"{args.directory} already holds training models ({MANIFEST_FILE}); choose another directory "
+            "or delete that one"
+        )
+    hyperparameters = {
+        name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
+    }
+    optimizer = optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters)
+    trainer = Trainer(
+        args.model,
+        loss=getattr(losses.Loss, _TRAIN_LOSSES[args.loss])(),
+        optimizer=optimizer,
+        requires_grad=args.requires_grad,
+        output=args.output,
+        target=args.target,
+        extra_outputs=args.extra_outputs,
+        clip_grad_norm=args.clip_grad_norm,
+    )
+    trainer.write(args.directory)
+    signature = trainer.signature
+    feeds = [*signature.batch_inputs, *([signature.target] if signature.target else [])]
+    print(f"{args.directory}: train_step.onnx, eval.onnx, gradients.onnx, apply.onnx, model.onnx, training.json, ")
+    print(f"  state.safetensors (step 0) for {len(signature.params)} parameter(s): {', '.join(signature.params)}")
+    print(f"  batch feeds: {', '.join(feeds)}; {type(optimizer).__name__} lr {optimizer.lr:g}")
+    print(f"train: ortlstm.training.Trainer.open({str(args.directory)!r})")
+    print(f"export: ortlstm export {args.directory} OUT.onnx")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ortlstm.training import export_directory
+
+    export_directory(args.directory, args.output, args.checkpoint)
+    print(f"{args.output}: the original model with the trained parameters (standard ONNX ops)")
     return 0
 
 
@@ -108,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         The process exit status.
     """
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    handlers = {"demo": _demo, "convert": _convert, "artifacts": _artifacts}
+    handlers = {
+        "demo": _demo,
+        "demo-chars": _demo_chars,
+        "convert": _convert,
+        "train-step": _train_step,
+        "export": _export,
+        "artifacts": _artifacts,
+    }
     try:
         return handlers[args.command](args)
     except (ImportError, ValueError, FileNotFoundError) as error:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Sets up the training environment (onnxruntime-training-cpu 1.19.2, torch CPU, scikit-learn,
-# matplotlib and ortlstm, in .venvs/train, reused when present) and runs the main job,
-# `ortlstm demo`: a bidirectional LSTM classifier exported from PyTorch, converted and trained in
-# ONNX Runtime. Extra arguments go to `ortlstm demo` (see `ortlstm demo --help`).
+# Sets up the torch-free demo environment (the newest onnxruntime, scikit-learn, matplotlib, tqdm
+# and ortlstm, in .venvs/demo, reused when present) and runs the main job, `ortlstm demo`: a
+# bidirectional LSTM digit classifier built as an ONNX model and trained in plain onnxruntime by the
+# ortlstm Trainer, then checked in onnxruntime without the ortlstm library. Extra arguments go to
+# `ortlstm demo` (see `ortlstm demo --help`); the older torch + onnxruntime-training path is
+# `pip install '.[demo-training]'` and `ortlstm demo --runtime onnxruntime-training`.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="$root/.venvs/train"
+venv="$root/.venvs/demo"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite, from a fresh clone: the README's test command and what
 # CI runs. Three virtual environments under .venvs/ (reused when present):
-#   infer     newest onnxruntime           release build, full suite
+#   infer     newest onnxruntime + the torch-free demo's deps       release build, full suite
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
 # plus the drift check of the generated files. Usage: bash scripts/test.sh [pytest args...]
@@ -29,7 +29,7 @@ make_venv() {  # name, pip install arguments...
 section() { printf '\n=== %s ===\n' "$*"; }
 
 section "generated files are up to date (ops/codegen.py --check)"
-make_venv infer ".[infer,test]"
+make_venv infer ".[demo,test]"
 "$venvs/infer/bin/python" -m ops.codegen --check
 
 section "real models: the silero-vad wheel (its ONNX files; the package itself needs torch, never installed)"
@@ -40,7 +40,7 @@ section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; 
 "$venvs/infer/bin/pytest" tests "$@"
 
 section "tests: onnxruntime-training-cpu"
-make_venv train ".[demo,test]"
+make_venv train ".[demo-training,test]"
 # The parity tests also load the trained models in plain onnxruntime, from the infer environment.
 ORTLSTM_INFERENCE_PYTHON="$venvs/infer/bin/python" "$venvs/train/bin/pytest" tests "$@"
 

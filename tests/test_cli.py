@@ -3,8 +3,10 @@
 Every command runs in a subprocess of this interpreter (``sys.executable -m ortlstm``) from a
 temporary directory, so the checkout's ``ortlstm/`` directory cannot shadow the installed
 package. Covered: ``--version``, ``--help``, ``convert`` (a hand-built model, and the error
-path), ``artifacts`` (the install hint without the training build, the four files with it) and
-``demo`` (one short epoch, training build only).
+path), ``train-step`` and ``export`` (the plain-onnxruntime training directory, trained by the
+Trainer and exported; their errors), ``artifacts`` (the install hint without the training build,
+the four files with it) and ``demo`` (one short epoch: the torch-free default, and
+``--runtime onnxruntime-training`` in the training build).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = ortlstm_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     assert result.stdout.startswith("usage: ortlstm")
-    for command in ("demo", "convert", "artifacts"):
+    for command in ("demo", "demo-chars", "convert", "train-step", "export", "artifacts"):
         assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), f"{command} missing:\n{result.stdout}"
 
 
@@ -160,6 +162,96 @@ def test_convert_missing_input_fails_with_message(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# train-step and export
+
+
+def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_path: Path) -> None:
+    from ortlstm.training import Trainer
+
+    rng = np.random.default_rng(7)
+    lstm_model(tmp_path / "model.onnx", rng)
+    result = ortlstm_cli(
+        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "adamw", "--lr", "0.05",
+        "--weight-decay", "0", "--requires-grad", "W", "R", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    assert "for 2 parameter(s): W, R" in result.stdout, describe(result)
+    assert "batch feeds: X, target; AdamW lr 0.05" in result.stdout, describe(result)
+    names = ("train_step", "eval", "gradients", "apply", "model")
+    for name in names:
+        assert (tmp_path / "run" / f"{name}.onnx").is_file(), name
+    assert (tmp_path / "run" / "state.safetensors").is_file()
+
+    trainer = Trainer.open(tmp_path / "run", threads=1)
+    assert trainer.spec.optimizer.weight_decay == 0.0
+    x = rng.standard_normal((SEQ_LENGTH, BATCH_SIZE, INPUT_SIZE)).astype(np.float32)
+    target = np.zeros((2, BATCH_SIZE, HIDDEN_SIZE), np.float32)
+    first = trainer.step(x, target=target)
+    for _ in range(3):
+        last = trainer.step(x, target=target)
+    assert last < first
+    trainer.save(tmp_path / "run" / "state.safetensors")
+
+    result = ortlstm_cli("export", "run", "trained.onnx", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.startswith("trained.onnx: the original model with the trained parameters")
+    trained = onnx.load(str(tmp_path / "trained.onnx"))
+    assert [node.op_type for node in trained.graph.node] == ["LSTM"]
+    (actual,) = ort.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"X": x}
+    )
+    _, expected = trainer.evaluate(x, target=target, outputs=["Y_h"])
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+    weights = {init.name: numpy_helper.to_array(init) for init in trained.graph.initializer}
+    np.testing.assert_array_equal(weights["W"], trainer.parameters["W"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--requires-grad", "W", "Q"], r"requires_grad: \['Q'\] are not initializers"),
+        (["--output", "Y"], r"output 'Y' is not an output of the model; its outputs are \['Y_h'\]"),
+        (["--lr", "-1"], r"Invalid learning rate: -1.0"),
+    ],
+    ids=["unknown_parameter", "unknown_output", "negative_lr"],
+)
+def test_train_step_errors_say_what_is_wrong(tmp_path: Path, args: list[str], message: str) -> None:
+    lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
+    result = ortlstm_cli(
+        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "sgd", *args, cwd=tmp_path
+    )
+    assert result.returncode == 1, describe(result)
+    assert result.stderr.startswith("ortlstm train-step: error:"), describe(result)
+    assert re.search(message, result.stderr), describe(result)
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_step_refuses_to_overwrite_and_export_needs_a_directory(tmp_path: Path) -> None:
+    lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
+    args = ["train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "sgd"]
+    assert ortlstm_cli(*args, cwd=tmp_path).returncode == 0
+    result = ortlstm_cli(*args, cwd=tmp_path)
+    assert result.returncode == 1, describe(result)
+    assert "run already holds training models (training.json); choose another directory" in result.stderr
+
+    result = ortlstm_cli(
+        "train-step", "missing.onnx", "other", "--loss", "mse_loss", "--optimizer", "sgd", cwd=tmp_path
+    )
+    assert result.returncode == 1, describe(result)
+    assert "no model file 'missing.onnx'" in result.stderr, describe(result)
+
+    (tmp_path / "empty").mkdir()
+    result = ortlstm_cli("export", "empty", "out.onnx", cwd=tmp_path)
+    assert result.returncode == 1, describe(result)
+    assert "'empty' holds no model.onnx: is it a directory written by `ortlstm train-step`?" in result.stderr
+    result = ortlstm_cli("export", "run", "out.onnx", "--checkpoint", "nothing.safetensors", cwd=tmp_path)
+    assert result.returncode == 1, describe(result)
+    assert "no checkpoint file 'nothing.safetensors'" in result.stderr, describe(result)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+# ---------------------------------------------------------------------------------------------
 # artifacts
 
 # The training environment has no inference-only onnxruntime, so there the command runs with
@@ -204,18 +296,79 @@ def test_artifacts_writes_the_four_files(tmp_path: Path) -> None:
 # demo
 
 
-@needs_training
+# A finder that refuses torch (sys.modules['torch'] = None would break scipy, which probes it).
+_WITHOUT_TORCH = """
+import importlib.abc, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'torch':
+            raise ModuleNotFoundError(f'{name} is blocked by the test')
+sys.meta_path.insert(0, NoTorch())
+sys.argv[0] = 'ortlstm'
+from ortlstm.__main__ import main
+status = main()
+assert 'torch' not in sys.modules
+sys.exit(status)
+"""
+
+
 def test_demo_one_epoch(tmp_path: Path) -> None:
-    """The whole user path at a small size: export, convert, artifacts, train one epoch, plot."""
+    """The torch-free default: build, train one epoch with the Trainer, export, check, plot."""
+    for module in ("sklearn", "matplotlib", "tqdm"):
+        pytest.importorskip(module, reason="the demo's dependencies: pip install 'ortlstm[demo]'")
+    plot, model = tmp_path / "curves.png", tmp_path / "trained.onnx"
+    # torch made unimportable: the default path must never need it, even where it is installed.
+    command = [
+        sys.executable, "-c", _WITHOUT_TORCH,
+        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", str(plot), "--output", str(model),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+    assert result.returncode == 0, describe(result)
+    assert "with the ortlstm Trainer" in result.stdout
+    match = re.search(r"^held-out accuracy: (\d+\.\d)% \(\d+ s\)$", result.stdout, re.MULTILINE)
+    assert match, describe(result)
+    assert re.search(r"^epoch  1: train accuracy \d+\.\d%, held-out accuracy \d+\.\d%$", result.stdout, re.MULTILINE)
+    plain = re.search(rf"^trained model: {re.escape(str(model))}; onnxruntime without ortlstm: held-out accuracy "
+                      r"(\d+\.\d)%$", result.stdout, re.MULTILINE)  # fmt: skip
+    assert plain, describe(result)
+    assert abs(float(plain[1]) - float(match[1])) <= 0.3
+    assert f"loss and accuracy curves: {plot}" in result.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trained = onnx.load(str(model))
+    assert {node.op_type for node in trained.graph.node} == {"Transpose", "LSTM", "Flatten", "Gemm"}
+
+
+def test_demo_chars_trains_statefully_and_samples(tmp_path: Path) -> None:
+    """The character-LM demo at a tiny size: stateful TBPTT steps, held-out loss, two samples."""
+    pytest.importorskip("tqdm", reason="the demo's dependencies: pip install 'ortlstm[demo]'")
+    result = ortlstm_cli(
+        "demo-chars", "--steps", "12", "--hidden-size", "16", "--seq-length", "8", "--streams", "4",
+        "--output", "chars.onnx", cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    assert "stateful truncated BPTT" in result.stdout
+    assert re.search(r"^step   12: loss \d+\.\d{3} \(\d+\.\d\d bits per character\)$", result.stdout, re.MULTILINE)
+    assert re.search(r"^held-out loss: \d+\.\d{3}", result.stdout, re.MULTILINE), describe(result)
+    samples = re.findall(r"^--- sample \(temperature 0\.7\):\n(.+)", result.stdout, re.MULTILINE)
+    assert [sample[:4] for sample in samples] == ["The ", "def "], describe(result)
+    assert onnx.load(str(tmp_path / "chars.onnx")).graph.node[1].op_type == "LSTM"
+
+
+@needs_training
+def test_demo_training_runtime_one_epoch(tmp_path: Path) -> None:
+    """The older path at a small size: torch export, convert, artifacts, one epoch, plot."""
     pytest.importorskip("torch")  # the training environment also has the demo's scikit-learn and matplotlib
     plot = tmp_path / "curves.png"
     result = ortlstm_cli(
-        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", plot, cwd=tmp_path, timeout=COMMAND_TIMEOUT
-    )
+        "demo", "--runtime", "onnxruntime-training", "--epochs", "1", "--hidden-size", "16", "--plot", plot,
+        cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+    )  # fmt: skip
     assert result.returncode == 0, describe(result)
+    assert "torch.onnx.export" in result.stdout
     match = re.search(r"^held-out accuracy: (\d+\.\d)% \(\d+ s\)$", result.stdout, re.MULTILINE)
     assert match, describe(result)
     assert 0.0 <= float(match[1]) <= 100.0
     assert re.search(r"^epoch  1: train accuracy \d+\.\d%, held-out accuracy \d+\.\d%$", result.stdout, re.MULTILINE)
+    assert "onnxruntime without ortlstm" not in result.stdout
     assert f"loss and accuracy curves: {plot}" in result.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
