@@ -5,13 +5,20 @@ embedding or linear layer, a two-layer bidirectional LSTM, a linear head; TorchS
 exports, the latter optimized or not), the batches of 20 steps, and torch's loss and parameters
 after every step. ``ortlstm.graphs.build_training_models`` builds the train step from the export,
 onnxruntime runs it on the same batches with the same learning-rate schedule, and every trained
-parameter must match torch's after every step, to float32 tolerance. Nothing here imports torch.
+parameter must match torch's after every step, to float32 tolerance. The scenarios
+(tests/torch_scenarios.py): loss on every step's output (a per-step tagger) or on h_n, padded
+batches, batch_first, frozen parameters, initial_h / initial_c as torch parameters, a batch size
+that changes from step to step; SGD (momentum with nesterov or dampening), Adam, AdamW, clipping,
+parameter groups (no weight decay on biases). Nothing here imports torch, and a child process
+proves that training needs neither torch nor onnxruntime.training.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +94,7 @@ def train(path: Path) -> Run:
         requires_grad=config["trainable"],
         target=config["target"],
         clip_grad_norm=config["clip_grad_norm"],
+        param_groups=[optimizers.ParamGroup(**group) for group in config.get("param_groups", ())],
     )
     signature = built.signature
     session = ort.InferenceSession(
@@ -118,7 +126,7 @@ def train(path: Path) -> Run:
 
 
 def test_recordings_exist() -> None:
-    assert len(RECORDINGS) >= 10, "run tests/recordings/record_training.py (needs torch) to record them"
+    assert len(RECORDINGS) >= 25, "run tests/recordings/record_training.py (needs torch) to record them"
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
@@ -152,3 +160,123 @@ def test_every_trained_parameter_moved(path: Path) -> None:
     for name, value in run.params[-1].items():
         change = float(np.max(np.abs(value - run.initial[name])))
         assert change > MIN_TRAINED_CHANGE, f"{run.recording.name}: {name} moved only {change:.3g}"
+
+
+# Run as a child with torch and onnxruntime.training unimportable, as where they are not installed:
+# builds the train step of a recording's model and runs two steps in onnxruntime. Every attempt to
+# import them is recorded with the module that tried (onnxruntime-training's own `import onnxruntime`
+# probes for onnxruntime.training and carries on without it).
+_NO_TORCH_SCRIPT = """
+import importlib.abc
+import json
+import sys
+
+BLOCKED = ("torch", "onnxruntime.training")
+attempts = []
+
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == blocked or name.startswith(blocked + ".") for blocked in BLOCKED):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_globals.get("__name__", "").startswith(
+                ("importlib", "_frozen_importlib")
+            ):
+                frame = frame.f_back
+            attempts.append([name, frame.f_globals.get("__name__") if frame is not None else None])
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Block())
+
+import numpy as np
+import onnx
+
+import ortlstm.graphs
+from ortlstm.graphs import build_training_models, losses, optimizers
+
+import onnxruntime as ort
+from ortlstm.ops import session_options
+
+recording, result = sys.argv[1], sys.argv[2]
+with np.load(recording) as data:
+    arrays = {key: data[key] for key in data.files}
+config = json.loads(arrays["config"].tobytes().decode())
+built = build_training_models(
+    onnx.load_from_string(arrays["model"].tobytes()),
+    loss=losses.Loss.cross_entropy() if config["loss"] == "cross_entropy" else losses.Loss.mse_loss(),
+    optimizer=optimizers.optimizer_from_torch(config["optimizer"]["name"], **config["optimizer"]["kwargs"]),
+    requires_grad=config["trainable"],
+    target=config["target"],
+)
+signature = built.signature
+session = ort.InferenceSession(
+    built.train_step.SerializeToString(), session_options(intra_op_num_threads=1), providers=["CPUExecutionProvider"]
+)
+params, state = dict(built.initial_params), dict(built.initial_state)
+state_inputs = [signature.state[name][slot] for name in signature.params for slot in signature.state[name]]
+state_outputs = [signature.new_state[name][slot] for name in signature.params for slot in signature.state[name]]
+saved = {}
+for step in range(2):
+    feeds = {name: arrays[f"batch/{step}/{name}"] for name in signature.batch_inputs}
+    feeds[signature.target] = arrays[f"batch/{step}/{config['target']}"]
+    feeds.update(params)
+    feeds.update(state)
+    feeds[signature.lr] = np.asarray(config["lr_schedule"][step], dtype=np.float64)
+    feeds[signature.step] = np.asarray(step + 1, dtype=np.int64)
+    values = session.run([signature.loss, *signature.new_params, *state_outputs], feeds)
+    count = len(signature.params)
+    params = dict(zip(signature.params, values[1 : 1 + count]))
+    state = dict(zip(state_inputs, values[1 + count :]))
+    saved[f"loss/{step}"] = values[0]
+    saved.update({f"param/{step}/{name}": value for name, value in params.items()})
+np.savez(result, **saved)
+print(json.dumps({
+    "attempts": attempts,
+    "torch": "torch" in sys.modules,
+    "onnxruntime.training": "onnxruntime.training" in sys.modules,
+    "onnxruntime": ort.__version__,
+    "graphs": ortlstm.graphs.__file__,
+}))
+"""
+
+
+def test_training_needs_no_torch(tmp_path: Path) -> None:
+    """The train step builds and runs where torch and onnxruntime.training cannot be imported.
+
+    The child's cwd is outside the checkout: from its root, `import ortlstm` would find the source
+    folder, not the install. In an onnxruntime-training environment (which has torch), the child
+    makes both unimportable; the only attempt allowed is onnxruntime's own probe.
+    """
+    path = next(path for path in RECORDINGS if path.stem == "tokens_seq_first_y-torchscript-AdamW")
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH_SCRIPT, str(path), str(tmp_path / "result.npz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, f"child failed (rc={result.returncode}):\n{result.stderr[-3000:]}"
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["torch"] is False, report
+    assert report["onnxruntime.training"] is False, report
+    importers = {importer for _, importer in report["attempts"]}
+    assert all(importer and importer.startswith("onnxruntime.") for importer in importers), (
+        f"something other than onnxruntime's own probe tried to import torch / onnxruntime.training: {report}"
+    )
+    recording = load(path)
+    rtol, atol = TOLERANCES[np.dtype(np.float32)]
+    with np.load(tmp_path / "result.npz") as data:
+        for step in range(2):
+            np.testing.assert_allclose(data[f"loss/{step}"], recording.arrays["losses"][step], rtol=rtol, atol=atol)
+            for name in recording.config["trainable"]:
+                np.testing.assert_allclose(
+                    data[f"param/{step}/{name}"],
+                    recording.arrays[f"param/{name}"][step],
+                    rtol=rtol,
+                    atol=atol,
+                    err_msg=f"{name} after step {step + 1}",
+                )

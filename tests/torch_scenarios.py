@@ -2,9 +2,10 @@
 
 An input layer (embedding of tokens or linear of features), a two-layer bidirectional LSTM and a
 linear head, in the scenarios the parity tests train (loss on every step or on h_n, padded
-batches, batch_first, frozen parameters); their batches; their export; and the pairing of an
-exported model's initializers with the torch parameters they were made from (exporters rename,
-transpose and re-lay out LSTM weights). Imports torch: only for environments that have it.
+batches, batch_first, frozen parameters, a trainable initial state, a batch size that changes
+from step to step); their batches; their export; and the pairing of an exported model's
+initializers with the torch parameters they were made from (exporters rename, transpose and
+re-lay out LSTM weights). Imports torch: only for environments that have it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ CLASSES = 4
 BATCH = 4
 SEQ_LENGTH = 6
 MAX_PADDED_LENGTH = 8  # padded batches have 2..8 steps, each sequence 1..steps valid ones
+MAX_DYNAMIC_BATCH = 6  # a dynamic-batch scenario draws each batch's size from 1..6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,9 @@ class Scenario:
     batch_first: bool = False
     padded: bool = False  # pack_padded_sequence with per-sequence lengths; the step count varies per batch
     frozen: tuple[str, ...] = ()  # torch parameter names not trained
+    # initial_h / initial_c as parameters h0 / c0 [num_layers * 2, 1, H], expanded to the batch
+    trainable_state: bool = False
+    dynamic_batch: bool = False  # every batch has its own size, from 1 to MAX_DYNAMIC_BATCH
 
     def __post_init__(self) -> None:
         if self.padded and not self.reads_h_n:
@@ -62,6 +67,22 @@ SCENARIOS = [
         frozen=("input_layer.weight", "lstm.weight_hh_l0", "lstm.weight_hh_l0_reverse"),
     ),
 ]
+# Scenarios only the train step (build_training_models) trains: onnxruntime-training's generator
+# cannot train initial_h / initial_c, so tests/test_training_parity.py keeps to SCENARIOS.
+TRAIN_STEP_SCENARIOS = [
+    *SCENARIOS,
+    Scenario("tokens_trainable_state_y", tokens=True, loss="cross_entropy", trainable_state=True),
+    Scenario("tokens_dynamic_batch_y", tokens=True, loss="cross_entropy", dynamic_batch=True),
+    Scenario(
+        "features_batch_first_trainable_state_dynamic_batch_h_n",
+        tokens=False,
+        loss="mse",
+        reads_h_n=True,
+        batch_first=True,
+        trainable_state=True,
+        dynamic_batch=True,
+    ),
+]
 
 
 class Net(torch.nn.Module):
@@ -80,15 +101,26 @@ class Net(torch.nn.Module):
             INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, batch_first=scenario.batch_first
         )
         self.head = torch.nn.Linear(2 * HIDDEN_SIZE, CLASSES)
+        if scenario.trainable_state:
+            # Created last, so the other parameters start as without them. Small, random and
+            # distinct: pairing matches initializers by value.
+            self.h0 = torch.nn.Parameter(0.3 * torch.randn(2 * self.lstm.num_layers, 1, HIDDEN_SIZE))
+            self.c0 = torch.nn.Parameter(0.3 * torch.randn(2 * self.lstm.num_layers, 1, HIDDEN_SIZE))
+        else:
+            self.h0 = self.c0 = None
 
     def forward(self, x, lengths=None):
         """Logits: per step (flattened to rows for cross entropy), or per sequence from h_n."""
         inputs = self.input_layer(x)
+        state = None
+        if self.h0 is not None:
+            batch = x.shape[0 if self.batch_first else 1]
+            state = (self.h0.expand(-1, batch, -1), self.c0.expand(-1, batch, -1))
         if lengths is not None:
             inputs = torch.nn.utils.rnn.pack_padded_sequence(
                 inputs, lengths, batch_first=self.batch_first, enforce_sorted=False
             )
-        y, (h_n, _) = self.lstm(inputs)
+        y, (h_n, _) = self.lstm(inputs, state)
         if self.reads_h_n:
             return self.head(torch.cat([h_n[-2], h_n[-1]], dim=1))
         out = self.head(y)
@@ -98,15 +130,16 @@ class Net(torch.nn.Module):
 def make_batch(scenario: Scenario, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Model inputs and the loss's labels / target, keyed by their ONNX input names."""
     steps = int(rng.integers(2, MAX_PADDED_LENGTH + 1)) if scenario.padded else SEQ_LENGTH
-    shape = (BATCH, steps) if scenario.batch_first else (steps, BATCH)
+    batch_size = int(rng.integers(1, MAX_DYNAMIC_BATCH + 1)) if scenario.dynamic_batch else BATCH
+    shape = (batch_size, steps) if scenario.batch_first else (steps, batch_size)
     if scenario.tokens:
         batch = {"x": rng.integers(0, VOCAB, shape, dtype=np.int64)}
     else:
         batch = {"x": rng.standard_normal((*shape, FEATURES)).astype(np.float32)}
     if scenario.padded:
-        batch["lengths"] = rng.integers(1, steps + 1, BATCH, dtype=np.int64)
+        batch["lengths"] = rng.integers(1, steps + 1, batch_size, dtype=np.int64)
     if scenario.reads_h_n:
-        out_shape: tuple[int, ...] = (BATCH, CLASSES)
+        out_shape: tuple[int, ...] = (batch_size, CLASSES)
     else:
         out_shape = (*shape, CLASSES)
     if scenario.loss == "cross_entropy":
@@ -139,8 +172,21 @@ def export(
     kwargs: dict = {"dynamo": exporter == "dynamo"}
     if exporter == "dynamo" and not optimize:
         kwargs["optimize"] = False
+    step_axis, batch_axis = (1, 0) if scenario.batch_first else (0, 1)
+    axes: dict[str, dict[int, str]] = {name: {} for name in inputs}
     if scenario.padded:  # the step count varies per batch
-        kwargs["dynamic_axes"] = {"x": {1 if scenario.batch_first else 0: "steps"}}
+        axes["x"][step_axis] = "steps"
+    if scenario.dynamic_batch:
+        axes["x"][batch_axis] = "batch"
+        if "lengths" in axes:
+            axes["lengths"][0] = "batch"
+    if any(axes.values()) and exporter == "dynamo":
+        dims = {label: torch.export.Dim(label) for named in axes.values() for label in named.values()}
+        kwargs["dynamic_shapes"] = {
+            name: {axis: dims[label] for axis, label in named.items()} or None for name, named in axes.items()
+        }
+    elif any(axes.values()):
+        kwargs["dynamic_axes"] = {name: named for name, named in axes.items() if named}
     torch.onnx.export(
         net,
         tuple(torch.from_numpy(value) for value in inputs.values()),
