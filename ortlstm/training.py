@@ -12,11 +12,13 @@ onnxruntime is imported lazily (building models needs only onnx); onnxruntime.tr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +367,16 @@ def _dims_text(shape: Sequence[int | str | None] | None) -> str:
     return "of unknown shape" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def float64_disabled_optimizers(values: Iterable[np.ndarray]) -> list[str]:
+    """Graph optimizations to turn off for a model with these parameter values.
+
+    onnxruntime-training 1.19.2 fuses MatMul(A, Transpose(B)) into com.microsoft FusedMatMul,
+    which has no float64 kernel there: a float64 model with that pattern (torch's unoptimized
+    dynamo export writes it for every Linear) would fail to load. Harmless elsewhere.
+    """
+    return ["MatmulTransposeFusion"] if any(np.asarray(value).dtype == np.float64 for value in values) else []
+
+
 class Trainer:
     """Trains a model in onnxruntime: steps, evaluation, schedules, accumulation, checkpoints, export.
 
@@ -508,6 +520,7 @@ class Trainer:
         self._accumulated: dict[str, np.ndarray] = {}
         self._accumulated_batches = 0
         self.last_grad_norm: float | None = None
+        self.last_import: OrtTrainingImport | None = None
         self._carried = with_carried_state(original)[1] if spec.stateful else ()
         self._carried_values: dict[str, np.ndarray] | None = None
         carried_inputs = {name for state in self._carried for name in (state.initial_h, state.initial_c)}
@@ -619,7 +632,10 @@ class Trainer:
                 session_options() if self._threads is None else session_options(intra_op_num_threads=self._threads)
             )
             self._sessions[kind] = ort.InferenceSession(
-                self._models[kind].SerializeToString(), options, providers=["CPUExecutionProvider"]
+                self._models[kind].SerializeToString(),
+                options,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=float64_disabled_optimizers(self._initial.values()),
             )
         return self._sessions[kind]
 
@@ -1051,6 +1067,185 @@ class Trainer:
             self._fixed_inputs = {key.split("/", 1)[1]: v for key, v in tensors.items() if key.startswith("fixed/")}
         self.zero_grad()
 
+    # ---- from onnxruntime-training -------------------------------------------------------------------
+
+    @classmethod
+    def from_onnxruntime_training_checkpoint(
+        cls,
+        model: onnx.ModelProto | str | Path,
+        checkpoint: Any,
+        *,
+        loss: losses.Loss,
+        optimizer: optimizers.Optimizer | None = None,
+        lr: LearningRate | None = None,
+        requires_grad: Sequence[str] | None = None,
+        threads: int | None = None,
+        **options: Any,
+    ) -> Trainer:
+        """A trainer that continues a run of the onnxruntime-training path (``generate_artifacts``).
+
+        Args:
+            model: The model given to ``ortlstm.graphs.generate_artifacts`` (standard ``LSTM``
+                nodes); the checkpoint's parameters are its initializers, by name.
+            checkpoint: A checkpoint file written by ``CheckpointState.save_checkpoint(state, path,
+                include_optimizer_state=True)`` (without it: parameters only), or the live
+                ``CheckpointState`` (saved to a temporary file with its optimizer state).
+            loss: The loss (onnxruntime-training's checkpoint does not record it).
+                ``LossType.CrossEntropyLoss`` is ``losses.Loss.cross_entropy()``.
+            optimizer: Default: ``AdamW(lr=the checkpoint's initial lr, eps=1e-6,
+                weight_decay=0.0)``, torch's AdamW with the hyperparameters of
+                onnxruntime-training's ``OptimType.AdamW`` (whose update rule differs: see
+                ``load_onnxruntime_training_checkpoint``).
+            lr: A constant or a schedule (default: the optimizer's lr). The checkpoint holds only
+                the optimizer's initial learning rate, not one set later.
+            requires_grad: Default: the checkpoint's trained parameters.
+            threads: onnxruntime intra-op threads.
+            **options: Other ``Trainer`` arguments (``output``, ``target``, ``param_groups``,
+                ``clip_grad_norm``, ...).
+
+        Returns:
+            The trainer, its parameters, moments and step loaded; ``last_import`` says what was
+            carried over and what was not.
+        """
+        with _ort_training_checkpoint_file(checkpoint) as path:
+            content = read_onnxruntime_training_checkpoint(path)
+            original = _load_model(model)
+            if requires_grad is None:
+                order = [init.name for init in original.graph.initializer]
+                requires_grad = [name for name in order if name in content.parameters]
+                requires_grad += [name for name in content.parameters if name not in requires_grad]
+            if optimizer is None:
+                initial_lr = content.initial_lr if content.initial_lr is not None else 1e-3
+                optimizer = optimizers.AdamW(lr=initial_lr, eps=ORT_TRAINING_ADAMW_EPS, weight_decay=0.0)
+            trainer = cls(
+                original, loss=loss, optimizer=optimizer, lr=lr, requires_grad=requires_grad, threads=threads, **options
+            )
+            trainer._import_ort_training(content, str(path))
+        return trainer
+
+    def load_onnxruntime_training_checkpoint(self, checkpoint: Any) -> OrtTrainingImport:
+        """Loads an onnxruntime-training ``CheckpointState`` (file or object) into this trainer.
+
+        What is carried over:
+
+        - every parameter this trainer trains, by name, bitwise (all must be in the checkpoint,
+          and every parameter the checkpoint trained must be trained here);
+        - with Adam or AdamW here, and a checkpoint saved with ``include_optimizer_state=True``:
+          the first and second moments (onnxruntime-training's ``momentum0`` / ``momentum1`` are
+          torch's ``exp_avg`` / ``exp_avg_sq``, measured equal) and the step count, which becomes
+          ``global_step``.
+
+        What cannot be: onnxruntime-training's AdamW (``OptimType.AdamW``) is the Hugging Face
+        flavour (``adam_mode=1``): ``p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)``,
+        and weight decay after the update, where torch divides ``sqrt(v)`` (not eps) by
+        ``sqrt(1 - beta2^t)`` and decays first. The trainer follows torch, so the run continues
+        from the same parameters and moments on a slightly different trajectory (most in the first
+        steps, where ``eps / sqrt(1 - beta2^t)`` is large; the two rules converge as t grows). A
+        learning rate set with ``set_learning_rate`` or a scheduler is not in the file (only the
+        initial one), nor is the loss. SGD here keeps no state from onnxruntime-training (its SGD
+        has none); torch's momentum buffer starts empty. amsgrad's ``max_exp_avg_sq`` starts at
+        ``exp_avg_sq``. Frozen parameters in the checkpoint are left as the model has them.
+
+        onnxruntime.training is imported only when ``checkpoint`` is a ``CheckpointState``
+        object; a file is read with the flatbuffers classes that plain onnxruntime ships.
+
+        Returns:
+            What was carried over and what was not (also kept as ``last_import``).
+
+        Raises:
+            ValueError: A parameter is missing or has another shape or type; the checkpoint
+                trained a parameter this trainer does not; accumulated gradients are pending.
+        """
+        if self._accumulated_batches:
+            raise RuntimeError("load_onnxruntime_training_checkpoint(): accumulated gradients are not applied")
+        with _ort_training_checkpoint_file(checkpoint) as path:
+            content = read_onnxruntime_training_checkpoint(path)
+            return self._import_ort_training(content, str(path))
+
+    def _import_ort_training(self, content: OrtTrainingCheckpoint, where: str) -> OrtTrainingImport:
+        signature = self.signature
+        missing = [name for name in signature.params if name not in content.parameters]
+        if missing:
+            raise ValueError(
+                f"{where}: the onnxruntime-training checkpoint lacks the parameters {missing} this trainer trains "
+                f"(it has {sorted(content.parameters)}); was it saved for another model?"
+            )
+        untrained = [name for name in content.parameters if name not in signature.params]
+        if untrained:
+            raise ValueError(
+                f"{where}: the checkpoint trained {untrained}, which this trainer keeps constant (their trained "
+                "values would be lost); build it with requires_grad naming them"
+            )
+        values: dict[str, np.ndarray] = {name: content.parameters[name] for name in signature.params}
+        for name in signature.params:  # every slot is set: what is not carried restarts at zeros
+            values.update({value: np.zeros_like(self._initial[value]) for value in signature.state[name].values()})
+        notes: list[str] = []
+        carried: dict[str, tuple[str, ...]] = {}
+        slots_here = {slot for name in signature.params for slot in signature.state[name]}
+        if not content.moments:
+            if slots_here:
+                notes.append(
+                    "optimizer state: the checkpoint has none (save it with CheckpointState.save_checkpoint(state, "
+                    "path, include_optimizer_state=True)); moments start at zeros"
+                )
+        elif not {"exp_avg", "exp_avg_sq"} <= slots_here:
+            notes.append(
+                f"optimizer state: the checkpoint's AdamW moments are not carried: {self.spec.optimizer.torch_name} "
+                "here does not keep them"
+            )
+        else:
+            for name in signature.params:
+                moments = content.moments.get(name, {})
+                slots = signature.state[name]
+                taken = []
+                for slot, moment in _ORT_TRAINING_MOMENTS.items():
+                    if slot in slots and moment in moments:
+                        values[slots[slot]] = moments[moment]
+                        taken.append(slot)
+                carried[name] = tuple(taken)
+                left = sorted(set(slots) - set(taken))
+                if left:
+                    notes.append(f"optimizer state of {name!r}: {left} not in the checkpoint, start at zeros")
+            if any("max_exp_avg_sq" in slots for slots in carried.values()):
+                notes.append("amsgrad: max_exp_avg_sq starts at exp_avg_sq (onnxruntime-training keeps no maximum)")
+            notes.append(
+                "update rule: onnxruntime-training's AdamW is the Hugging Face flavour (eps not bias-corrected, "
+                "weight decay after the update); this trainer follows torch, so the trajectory differs slightly"
+            )
+        current = self._initial
+        for name, value in values.items():
+            if value.shape != current[name].shape or value.dtype != current[name].dtype:
+                raise ValueError(
+                    f"{where}: {name!r} is {value.dtype} {list(value.shape)} in the checkpoint, "
+                    f"the model expects {current[name].dtype} {list(current[name].shape)}"
+                )
+        self._assign(values)
+        if content.step is not None:
+            self.global_step = content.step
+        else:
+            notes.append("step: the checkpoint has no optimizer step (saved without optimizer state); global_step is 0")
+            self.global_step = 0
+        notes.append("learning rate: only the initial one is in the checkpoint; pass lr= to continue a schedule")
+        self._carried_values = None
+        self.zero_grad()
+        self.last_import = OrtTrainingImport(
+            parameters=tuple(signature.params),
+            optimizer_state=carried,
+            global_step=self.global_step,
+            initial_lr=content.initial_lr,
+            properties=dict(content.properties),
+            not_carried=tuple(notes),
+        )
+        return self.last_import
+
+    def _assign(self, values: Mapping[str, np.ndarray]) -> None:
+        """Sets parameters and optimizer state (by input name) in the current buffer set."""
+        if self._buffers is None:
+            self._initial.update({name: np.array(value) for name, value in values.items()})
+        else:
+            for name, value in values.items():
+                self._buffers[self._current][name].update_inplace(np.ascontiguousarray(value))
+
     def export(self, path: str | Path | None = None) -> onnx.ModelProto:
         """The original model with the trained parameters (standard ops; runs without ortlstm).
 
@@ -1112,3 +1307,166 @@ def export_directory(
     model = export_trained_model(original, params)
     onnx.save(model, str(output))
     return model
+
+
+# ---- onnxruntime-training checkpoints ---------------------------------------------------------------
+
+ORT_TRAINING_ADAMW_EPS = 1e-6
+"""The eps of onnxruntime-training's ``OptimType.AdamW`` (onnxblock's AdamW default; torch's is 1e-8)."""
+
+# torch's Adam/AdamW state slot -> onnxruntime-training's AdamW moment (measured: same definitions).
+_ORT_TRAINING_MOMENTS = {"exp_avg": "momentum0", "exp_avg_sq": "momentum1", "max_exp_avg_sq": "momentum1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class OrtTrainingCheckpoint:
+    """The content of an onnxruntime-training checkpoint file (``CheckpointState.save_checkpoint``).
+
+    Attributes:
+        parameters: The trained parameters, by name.
+        frozen: The frozen parameters, by name.
+        moments: Per parameter, its optimizer state by onnxruntime-training's names
+            (AdamW: ``momentum0``, ``momentum1``); empty when saved without optimizer state.
+        step: The optimizer's step count (updates done), or None without optimizer state.
+        initial_lr: The optimizer's initial learning rate, or None without optimizer state.
+        properties: The user properties (``CheckpointState.properties``).
+    """
+
+    parameters: dict[str, np.ndarray]
+    frozen: dict[str, np.ndarray]
+    moments: dict[str, dict[str, np.ndarray]]
+    step: int | None
+    initial_lr: float | None
+    properties: dict[str, int | float | str]
+
+
+@dataclasses.dataclass(frozen=True)
+class OrtTrainingImport:
+    """What ``Trainer.load_onnxruntime_training_checkpoint`` carried over.
+
+    Attributes:
+        parameters: The parameters loaded (bitwise).
+        optimizer_state: Per parameter, the torch state slots filled from the checkpoint.
+        global_step: The trainer's step count afterwards (the checkpoint's optimizer step).
+        initial_lr: The checkpoint's initial learning rate, if it has one.
+        properties: The checkpoint's user properties (e.g. an epoch a loop stored there).
+        not_carried: What was not carried over, or differs from here on, in words.
+    """
+
+    parameters: tuple[str, ...]
+    optimizer_state: dict[str, tuple[str, ...]]
+    global_step: int
+    initial_lr: float | None
+    properties: dict[str, int | float | str]
+    not_carried: tuple[str, ...]
+
+
+def _fbs_tensor(tensor: Any, path: Path) -> tuple[str, np.ndarray]:
+    """One flatbuffers ``fbs.Tensor`` of a checkpoint as (name, array): inline or external data."""
+    name = tensor.Name().decode()
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.DataType())).newbyteorder("<")
+    dims = [int(tensor.Dims(index)) for index in range(tensor.DimsLength())]
+    size = math.prod(dims) * dtype.itemsize
+    offset = tensor.ExternalDataOffset()
+    if offset >= 0:
+        # Large checkpoints keep tensor bytes in "<checkpoint>.data", at the tensor's offset.
+        external = Path(str(path) + ".data")
+        with open(external, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(size)
+    else:
+        data = tensor.RawDataAsNumpy().tobytes() if tensor.RawDataLength() else b""
+    if len(data) != size:
+        raise ValueError(f"{path}: tensor {name!r} {dims} has {len(data)} bytes of data, expected {size}")
+    return name, np.frombuffer(data, dtype=dtype).astype(dtype.newbyteorder("="), copy=True).reshape(dims)
+
+
+def read_onnxruntime_training_checkpoint(path: str | Path) -> OrtTrainingCheckpoint:
+    """Reads an onnxruntime-training checkpoint file (flatbuffers, format version 1 or 2).
+
+    Uses the flatbuffers classes of the checkpoint schema that onnxruntime ships
+    (``onnxruntime.tools.ort_format_model``), so plain onnxruntime reads it: onnxruntime.training
+    is not imported.
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Not a checkpoint, a nominal checkpoint (no parameter values), or more than one
+            optimizer group.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no onnxruntime-training checkpoint file {str(path)!r} (CheckpointState.save_checkpoint writes one)"
+        )
+    try:
+        from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint
+    except ImportError as error:
+        raise ImportError(
+            "reading an onnxruntime-training checkpoint needs onnxruntime (its bundled flatbuffers schema) "
+            "and the flatbuffers package"
+        ) from error
+    buffer = path.read_bytes()
+    try:
+        root = Checkpoint.Checkpoint.GetRootAs(buffer, 0)
+        module = root.ModuleState()
+    except Exception as error:
+        raise ValueError(f"{path}: not an onnxruntime-training checkpoint ({error})") from error
+    if module is None:
+        raise ValueError(f"{path}: the checkpoint holds no module state (parameters)")
+    if module.IsNominalState():
+        raise ValueError(
+            f"{path}: a nominal checkpoint (generate_artifacts(..., nominal_checkpoint=True)) holds no parameter "
+            "values; save the state of a loaded run instead"
+        )
+    parameters = dict(_fbs_tensor(module.RequiresGradParams(i), path) for i in range(module.RequiresGradParamsLength()))
+    frozen = dict(_fbs_tensor(module.FrozenParams(i), path) for i in range(module.FrozenParamsLength()))
+    groups = root.OptimizerGroupsLength()
+    if groups > 1:
+        raise ValueError(f"{path}: {groups} optimizer groups; only one (onnxruntime-training's group0) is supported")
+    moments: dict[str, dict[str, np.ndarray]] = {}
+    step = initial_lr = None
+    if groups == 1:
+        group = root.OptimizerGroups(0)
+        step = int(group.Step())
+        # Stored as float32: its shortest repr is the value the user wrote (1e-3, not 0.0010000000474974513).
+        initial_lr = float(str(np.float32(group.InitialLearningRate())))
+        for index in range(group.OptimizerStatesLength()):
+            state = group.OptimizerStates(index)
+            moments[state.ParamName().decode()] = dict(
+                _fbs_tensor(state.Momentums(j), path) for j in range(state.MomentumsLength())
+            )
+    properties: dict[str, int | float | str] = {}
+    bag = root.PropertyBag()
+    if bag is not None:
+        for index in range(bag.IntsLength()):
+            properties[bag.Ints(index).Name().decode()] = int(bag.Ints(index).Value())
+        for index in range(bag.FloatsLength()):
+            properties[bag.Floats(index).Name().decode()] = float(bag.Floats(index).Value())
+        for index in range(bag.StringsLength()):
+            properties[bag.Strings(index).Name().decode()] = bag.Strings(index).Value().decode()
+    return OrtTrainingCheckpoint(parameters, frozen, moments, step, initial_lr, properties)
+
+
+@contextlib.contextmanager
+def _ort_training_checkpoint_file(checkpoint: Any) -> Iterator[Path]:
+    """A path to the checkpoint: the given one, or a live ``CheckpointState`` saved to a temporary file."""
+    if isinstance(checkpoint, (str, Path)):
+        yield Path(checkpoint)
+        return
+    try:
+        from onnxruntime.training.api import CheckpointState
+    except ImportError as error:
+        raise TypeError(
+            f"checkpoint must be a path or an onnxruntime.training.api.CheckpointState, got {type(checkpoint).__name__}"
+        ) from error
+    if not isinstance(checkpoint, CheckpointState):
+        raise TypeError(
+            f"checkpoint must be a path or an onnxruntime.training.api.CheckpointState, got {type(checkpoint).__name__}"
+        )
+    with tempfile.TemporaryDirectory(prefix="ortlstm-ort-training-") as directory:
+        path = Path(directory) / "checkpoint"
+        try:
+            CheckpointState.save_checkpoint(checkpoint, str(path), include_optimizer_state=True)
+        except Exception:  # no Optimizer was ever created over this state: parameters only
+            CheckpointState.save_checkpoint(checkpoint, str(path))
+        yield path

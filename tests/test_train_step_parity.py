@@ -29,6 +29,8 @@ from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import build_training_models
 from ortlstm.ops import session_options
 
+from ortlstm.training import float64_disabled_optimizers
+
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "train_step").glob("*.npz"))
 
 # Through 20 optimizer steps of a two-layer LSTM; observed differences: float32 a few 1e-7.
@@ -101,6 +103,7 @@ def train(path: Path) -> Run:
         built.train_step.SerializeToString(),
         session_options(intra_op_num_threads=1),
         providers=["CPUExecutionProvider"],
+        disabled_optimizers=float64_disabled_optimizers(built.initial_params.values()),
     )
     params = dict(built.initial_params)
     state = dict(built.initial_state)

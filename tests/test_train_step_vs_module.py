@@ -38,7 +38,8 @@ MIN_TRAINED_CHANGE = 1e-3
 CASES = [
     "tokens_seq_first_y-torchscript-AdamW",
     "tokens_seq_first_y-dynamo-AdamW",
-    "features_batch_first_y-dynamo_unoptimized-AdamW",
+    "tokens_frozen_embedding_R0_h_n-dynamo_unoptimized-AdamW",
+    "features_padded_batch_first_h_n-torchscript-AdamW",
     "tokens_padded_h_n-torchscript-AdamW",
     "tokens_frozen_embedding_R0_h_n-dynamo-AdamW",
     "tokens_dynamic_batch_y-torchscript-AdamW",

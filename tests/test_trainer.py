@@ -361,7 +361,7 @@ def test_export_is_the_original_model_with_trained_values() -> None:
 @pytest.mark.parametrize(
     "path",
     [path for path in RECORDINGS if "frozen" in path.stem and "torchscript" in path.stem]
-    + [path for path in RECORDINGS if path.stem.startswith("features_batch_first_y-dynamo_unoptimized")],
+    + [path for path in RECORDINGS if path.stem == "tokens_seq_first_y-dynamo_unoptimized-AdamW"],
     ids=lambda p: p.stem,
 )
 def test_export_of_torch_exports_matches_the_trainer(path: Path) -> None:
