@@ -83,7 +83,15 @@ def render_header() -> str:
     ]
     for op in schema.OPS:
         lines += ["", *_render_op_namespace(op)]
-    lines += ["", *_render_attribute_namespace(), "", "}  // namespace ortlstm::schema", ""]
+    lines += [
+        "",
+        *_render_attribute_namespace(),
+        "",
+        *_render_limits_namespace(),
+        "",
+        "}  // namespace ortlstm::schema",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -232,14 +240,50 @@ def _render_attribute_namespace() -> list[str]:
     for op in others:
         if op.attributes != first.attributes:
             raise ValueError(f"{op.name} and {first.name} must declare the same attributes: the header shares them")
-    lines = ["// Attribute names shared by both ops, and the defaults the schema declares.", "namespace attr {"]
+    types = [attr_type.name for attr_type in schema.AttrType]
+    lines = [
+        "// Attribute names shared by both ops, their types, the values the kernels accept (completing",
+        '// "expected ...") and the defaults the schema declares.',
+        "namespace attr {",
+        f"enum class Type : int {{ {', '.join(_cpp_type(attr_type) for attr_type in schema.AttrType)} }};",
+        "// ONNX's spelling of each Type, for messages.",
+        f"inline constexpr const char* kTypeNames[] = {{{_strings(types)}}};",
+        "inline constexpr const char* TypeName(Type type) { return kTypeNames[static_cast<int>(type)]; }",
+    ]
     for attr in first.attributes:
         name = cpp_enumerator(attr.name)
         lines.append(f'inline constexpr char {name}[] = "{attr.name}";')
+        lines.append(f"inline constexpr Type {name}Type = Type::{_cpp_type(attr.type)};")
+        lines.append(f"inline constexpr char {name}Accepts[] = {json.dumps(attr.accepts)};")
         if attr.default is not None:
             lines.append(_cpp_default(f"{name}Default", attr))
-    lines.append("}  // namespace attr")
+    lines += [
+        "struct Spec {",
+        "  const char* name;",
+        "  Type type;",
+        "};",
+        "// Every attribute, in the spec's order.",
+        "inline constexpr Spec kAll[] = {"
+        + ", ".join(f"{{{cpp_enumerator(attr.name)}, {cpp_enumerator(attr.name)}Type}}" for attr in first.attributes)
+        + "};",
+        "}  // namespace attr",
+    ]
     return lines
+
+
+def _render_limits_namespace() -> list[str]:
+    return [
+        "// Size limits the kernels enforce: docs/ops.md, section Refused.",
+        "namespace limits {",
+        f"inline constexpr std::int64_t kBlasDim = {schema.BLAS_DIM_LIMIT};",
+        f"inline constexpr std::int64_t kMaxHiddenSize = {schema.MAX_HIDDEN_SIZE};",
+        f"inline constexpr std::int64_t kMaxBufferElements = {schema.MAX_BUFFER_ELEMENTS};",
+        "}  // namespace limits",
+    ]
+
+
+def _cpp_type(attr_type: schema.AttrType) -> str:
+    return "k" + attr_type.name.capitalize()
 
 
 def _cpp_default(constant: str, attr: schema.AttrSpec) -> str:
@@ -284,12 +328,23 @@ def _render_op_docs(op: schema.OpSpec) -> list[str]:
                 f"{_yes_no(port.optional)} | {_yes_no(port.differentiable)} | {_cell(port.doc)} |"
             )
         lines.append("")
-    lines += ["### Attributes", "", "| Name | Type | Default | Required | Description |", "|---|---|---|---|---|"]
+    lines += [
+        "### Attributes",
+        "",
+        "Any other value, or a value of another type, is refused when the session is created.",
+        "",
+        "| Name | Type | Default | Required | Accepts | Description |",
+        "|---|---|---|---|---|---|",
+    ]
     for attr in op.attributes:
         default = "" if attr.default is None else f"`{json.dumps(attr.default)}`"
         lines.append(
-            f"| `{attr.name}` | {attr.type.value} | {default} | {_yes_no(attr.required)} | {_cell(attr.doc)} |"
+            f"| `{attr.name}` | {attr.type.value} | {default} | {_yes_no(attr.required)} | {_cell(attr.accepts)} | "
+            f"{_cell(attr.doc)} |"
         )
+    if op.refusals:
+        lines += ["", "### Refused", "", f"{op.name} refuses, with a message naming the attribute or input:", ""]
+        lines += [f"- {refusal}" for refusal in op.refusals]
     lines += ["", "### Type constraints", "", "| Type | Allowed types | Description |", "|---|---|---|"]
     for constraint in op.type_constraints:
         allowed = ", ".join(f"`{allowed_type}`" for allowed_type in constraint.allowed_types)

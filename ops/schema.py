@@ -28,6 +28,31 @@ DIM_DOCS: dict[str, str] = {
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 """Values of the `direction` attribute, as in ONNX LSTM."""
 
+ACTIVATIONS = (
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+    "Affine",
+    "LeakyRelu",
+    "ThresholdedRelu",
+    "ScaledTanh",
+    "HardSigmoid",
+    "Elu",
+    "Softsign",
+    "Softplus",
+)
+"""Names the `activations` attribute takes, ONNX spelling (kernels_cpp/lstm/activation.cc's table)."""
+
+BLAS_DIM_LIMIT = 2**31 - 1
+"""Largest dimension or leading dimension BLAS takes: its sizes are 32-bit ints."""
+
+MAX_HIDDEN_SIZE = (BLAS_DIM_LIMIT + 1) // 8 - 1
+"""Largest `hidden_size`: B's width, 8*hidden_size, must stay within ``BLAS_DIM_LIMIT``."""
+
+MAX_BUFFER_ELEMENTS = (2**63 - 1) // 8
+"""Most elements one tensor or scratch buffer of the ops may hold: 2**63 bytes of float64, so that
+no byte count, index or pointer difference computed from a shape can wrap."""
+
 _DIM_EXPRESSION = re.compile(r"^(?:(?P<factor>[1-9][0-9]*)\*)?(?P<name>[a-z_]+)$")
 
 
@@ -109,6 +134,9 @@ class AttrSpec:
             effective default depends on other attributes (documented in ``doc``) or there is none.
         required: Whether a node must carry the attribute.
         doc: Meaning, for the generated reference.
+        accepts: The values the kernels accept, completing "expected ...": anything else, and a
+            value of another type than ``type``, is refused when the session is created. The C++
+            messages quote it (``k<Name>Accepts`` in the generated header) and docs/ops.md lists it.
     """
 
     name: str
@@ -116,6 +144,7 @@ class AttrSpec:
     default: AttrValue | None
     required: bool
     doc: str
+    accepts: str
 
     def __post_init__(self) -> None:
         """A required attribute with a default would be contradictory in an ONNX schema."""
@@ -151,6 +180,8 @@ class OpSpec:
         outputs: Outputs in node order.
         attributes: Attributes, in documentation order.
         type_constraints: Type parameters used by the ports.
+        refusals: Every other rule by which the kernels refuse a node or a call, beyond each
+            attribute's type and ``accepts``, one Markdown sentence each, for docs/ops.md.
     """
 
     name: str
@@ -161,6 +192,7 @@ class OpSpec:
     outputs: tuple[PortSpec, ...]
     attributes: tuple[AttrSpec, ...]
     type_constraints: tuple[TypeConstraintSpec, ...]
+    refusals: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Catches inconsistent specs at import time, before any generated file is written."""
@@ -304,6 +336,7 @@ _LSTM_ATTRIBUTES = (
         default=None,
         required=True,
         doc="Number of neurons in the hidden layer. Required here, unlike in ONNX LSTM.",
+        accepts=f"an integer in [1, {MAX_HIDDEN_SIZE}]",
     ),
     AttrSpec(
         name="direction",
@@ -311,6 +344,7 @@ _LSTM_ATTRIBUTES = (
         default="forward",
         required=False,
         doc="`forward`, `reverse` or `bidirectional`. Bidirectional makes num_directions 2.",
+        accepts=f"one of {', '.join(DIRECTIONS)}",
     ),
     AttrSpec(
         name="activations",
@@ -321,6 +355,10 @@ _LSTM_ATTRIBUTES = (
             "Activation functions f, g, h (one triple per direction), ONNX spelling, case-insensitive. "
             "Default: `Sigmoid, Tanh, Tanh` for each direction."
         ),
+        accepts=(
+            f"3*num_directions names, each one of {', '.join(ACTIVATIONS)} (any case); on onnxruntime older "
+            "than 1.25 only together with `activations_csv`"
+        ),
     ),
     AttrSpec(
         name="activation_alpha",
@@ -328,6 +366,10 @@ _LSTM_ATTRIBUTES = (
         default=None,
         required=False,
         doc="Alpha of the activations that take one (e.g. LeakyRelu), in activation order. Default per ONNX LSTM.",
+        accepts=(
+            "at most one value per activation that takes an alpha (Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, "
+            "HardSigmoid, Elu); for LSTMGrad, LeakyRelu and Elu as f or g need alpha >= 0 (not negative, not NaN)"
+        ),
     ),
     AttrSpec(
         name="activation_beta",
@@ -335,6 +377,7 @@ _LSTM_ATTRIBUTES = (
         default=None,
         required=False,
         doc="Beta of the activations that take one (e.g. ScaledTanh), in activation order. Default per ONNX LSTM.",
+        accepts="at most one value per activation that takes a beta (Affine, ScaledTanh, HardSigmoid)",
     ),
     # Not an ONNX LSTM attribute. The custom-op C API of onnxruntime before 1.25 cannot read a
     # string-list attribute, so a kernel there would never see `activations`; builders write both.
@@ -348,6 +391,10 @@ _LSTM_ATTRIBUTES = (
             "onnxruntime older than 1.25 cannot read string-list attributes. If both are set they must agree "
             "(case-insensitive)."
         ),
+        accepts=(
+            "the names `activations` accepts, separated by commas; the same names as `activations` (any case) "
+            "when both are set"
+        ),
     ),
     AttrSpec(
         name="clip",
@@ -355,6 +402,7 @@ _LSTM_ATTRIBUTES = (
         default=None,
         required=False,
         doc="Cell clip threshold: gate pre-activations are clipped to [-clip, clip]. Default: no clipping.",
+        accepts="a positive finite threshold",
     ),
     AttrSpec(
         name="input_forget",
@@ -362,6 +410,7 @@ _LSTM_ATTRIBUTES = (
         default=0,
         required=False,
         doc="1 couples the input and forget gates (f_t = 1 - i_t).",
+        accepts="0 or 1",
     ),
     AttrSpec(
         name="layout",
@@ -369,10 +418,31 @@ _LSTM_ATTRIBUTES = (
         default=0,
         required=False,
         doc="0: seq_length first, the layout=0 shapes. 1: batch_size moves to the first axis, the layout=1 shapes.",
+        accepts="0 or 1",
     ),
 )
 
 _SEQ = ("seq_length", "num_directions", "batch_size", "hidden_size")
+
+# What both kernels refuse beyond each attribute's type and `accepts` (docs/ops.md lists these).
+_SESSION_REFUSALS = (
+    "When the session is created: a node without `hidden_size`; an attribute of another type than its "
+    "declared one (`attribute direction: expected STRING, got INT`); a value outside the attribute's "
+    "*Accepts*; `activation_alpha` or `activation_beta` with more values than the activations take; "
+    "`activations` and `activations_csv` that disagree; on onnxruntime older than 1.25, a node that sets "
+    "`activations` without `activations_csv` (its custom-op API cannot read string lists).",
+)
+_RUN_REFUSALS = (
+    "When run, before any work: X of a rank other than 3; X whose seq_length*batch_size, "
+    f"seq_length*4*hidden_size, batch_size or input_size exceeds {BLAS_DIM_LIMIT} (BLAS takes 32-bit sizes), "
+    "or for which [seq_length, num_directions, batch_size, 4*hidden_size] (IOFC and the gate scratch) or "
+    f"[batch_size, 4*hidden_size] (one step's gates) would hold more than {MAX_BUFFER_ELEMENTS} elements, the "
+    "largest buffers either op forms. Products of dims are checked before they are formed, so nothing wraps and "
+    "a zero dim lets no other through.",
+    "When run: an input whose shape differs from its row in the tables for X's dims and the attributes "
+    "(`direction`, `hidden_size`, `layout`); a `sequence_lens` value outside [0, seq_length]; element types "
+    "outside the type constraints (onnxruntime's own message).",
+)
 _STATE = ("num_directions", "batch_size", "hidden_size")
 
 LSTM_TRAINING = OpSpec(
@@ -512,6 +582,7 @@ the state at each sequence's last valid step.""",
     ),
     attributes=_LSTM_ATTRIBUTES,
     type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+    refusals=(*_SESSION_REFUSALS, *_RUN_REFUSALS),
 )
 
 
@@ -589,6 +660,13 @@ peephole LSTM would be wrong.""",
     ),
     attributes=_LSTM_ATTRIBUTES,
     type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+    refusals=(
+        *_SESSION_REFUSALS,
+        "When the session is created: LeakyRelu or Elu as f or g (gate or cell activation) with a negative or NaN "
+        "alpha. Such an alpha maps negative and positive inputs onto the same outputs, so LSTMGrad cannot recover "
+        "the derivative from the stashed activated gates; h takes any alpha, and LSTMTraining accepts them all.",
+        *_RUN_REFUSALS,
+    ),
 )
 
 OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)

@@ -304,6 +304,53 @@ def test_message_of_a_node_without_name() -> None:
         _session_from_model(model)
 
 
+# Attributes of another type than the spec declares. The C API (version 19) has no type query:
+# the kernel probes each getter, and string lists show only where it can read them (>= 1.25).
+_STRINGS_SEEN = (
+    "STRINGS" if READS_STRING_LISTS else "another type (not INT, FLOAT, STRING or a non-empty INTS, FLOATS)"
+)
+_WRONG_TYPES = [
+    ("hidden_size", 5.0, "FLOAT"),
+    ("hidden_size", [5], "INTS"),
+    ("hidden_size", "5", "STRING"),
+    ("direction", 2, "INT"),
+    ("direction", ["reverse"], _STRINGS_SEEN),
+    ("activations", "Sigmoid,Tanh,Tanh", "STRING"),
+    ("activations", [1, 2, 3], "INTS"),
+    ("activation_alpha", 0.5, "FLOAT"),
+    ("activation_alpha", [1, 2], "INTS"),
+    ("activation_beta", "1.0", "STRING"),
+    ("activation_beta", 1, "INT"),
+    ("activations_csv", ["Sigmoid", "Tanh", "Tanh"], _STRINGS_SEEN),
+    ("activations_csv", 3, "INT"),
+    ("clip", 1, "INT"),
+    ("clip", [1.0], "FLOATS"),
+    ("input_forget", 1.0, "FLOAT"),
+    ("layout", "1", "STRING"),
+    ("layout", [0.0], "FLOATS"),
+]
+
+
+def test_wrong_types_cover_every_attribute() -> None:
+    for op in OPS:
+        assert {name for name, _, _ in _WRONG_TYPES} == set(schema.attribute_names(schema.op_by_name(op)))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "actual"),
+    [pytest.param(name, value, actual, id=f"{name}_{actual.split()[0]}") for name, value, actual in _WRONG_TYPES],
+)
+@pytest.mark.parametrize("op", OPS)
+def test_attribute_of_wrong_type(op: str, name: str, value: object, actual: str) -> None:
+    """Refused by name when the session is created, not read as absent (direction=2 once ran forward)."""
+    expected = schema.attribute(schema.op_by_name(op), name).type.name
+    attributes = {"hidden_size": HIDDEN_SIZE, name: value}  # hidden_size's own cases overwrite it
+    model = _raw_model(op, _required(op), attributes)
+    message = f"{op} node 'raw': attribute {name}: expected {expected}, got {actual}"
+    with pytest.raises(RuntimeException, match=re.escape(message)):
+        _session_from_model(model)
+
+
 # LSTMGrad derives f' and g' from the stashed activated gates, so f and g must be invertible.
 _GATE_ALPHA_ERRORS = [
     pytest.param(
@@ -681,26 +728,34 @@ _BLAS_LIMIT = 2**31 - 1
         pytest.param(
             (2**16, 2**16, 0),
             1,
-            "X: seq_length*batch_size=4294967296, seq_length*4*hidden_size=262144, input_size=0",
+            "X: seq_length*batch_size=4294967296, seq_length*4*hidden_size=262144, batch_size=65536, input_size=0",
             id="rows",
         ),
         pytest.param(
             (2**29, 1, 0),
             2,
-            "X: seq_length*batch_size=536870912, seq_length*4*hidden_size=4294967296, input_size=0",
+            "X: seq_length*batch_size=536870912, seq_length*4*hidden_size=4294967296, batch_size=1, input_size=0",
             id="gates",
         ),
         pytest.param(
             (3, 1, 0),
             MAX_HIDDEN_SIZE,
-            f"X: seq_length*batch_size=3, seq_length*4*hidden_size={3 * 4 * MAX_HIDDEN_SIZE}, input_size=0",
+            f"X: seq_length*batch_size=3, seq_length*4*hidden_size={3 * 4 * MAX_HIDDEN_SIZE}, batch_size=1, "
+            "input_size=0",
             id="hidden",
         ),
         pytest.param(
             (0, 1, 2**31),
             1,
-            "X: seq_length*batch_size=0, seq_length*4*hidden_size=0, input_size=2147483648",
+            "X: seq_length*batch_size=0, seq_length*4*hidden_size=0, batch_size=1, input_size=2147483648",
             id="input",
+        ),
+        # seq_length = 0 must not let a batch_size through that no GEMM takes.
+        pytest.param(
+            (0, 2**31, 0),
+            1,
+            "X: seq_length*batch_size=0, seq_length*4*hidden_size=0, batch_size=2147483648, input_size=0",
+            id="batch",
         ),
     ],
 )
@@ -713,6 +768,103 @@ def test_dims_beyond_blas(op: str, x_shape: tuple[int, int, int], hidden_size: i
     session = _session(op, inputs, {"hidden_size": hidden_size})
     with pytest.raises(InvalidArgument, match=re.escape(expected)):
         session.run(None, _feeds(inputs))
+
+
+# Shapes whose dim products pass 64 bits. A check that wrapped once passed X of shape
+# [2**62, 0, 1] (seq_length*4*hidden_size = 2**64 -> 0) and the kernel looped over 2**62 empty steps,
+# so these run in a child with a timeout: a hang fails the test instead of stalling the suite.
+# X is an OrtValue (numpy makes no such arrays); the other inputs only need to exist.
+
+_OVERFLOW_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import onnxruntime as ort
+    sys.path.insert(0, {tests!r})
+    import op_runner
+
+    for case, (op, inputs, x_shape, attributes) in json.loads({cases!r}).items():
+        session = op_runner.session(op, inputs, ["Ht"] if op == "LSTMTraining" else ["dX"], np.float32, attributes)
+        feeds = {{name: ort.OrtValue.ortvalue_from_numpy(np.zeros((1, 1, 0), np.float32)) for name in inputs}}
+        feeds["X"] = ort.OrtValue.ortvalue_from_shape_and_type(x_shape, np.float32)
+        start = time.perf_counter()
+        try:
+            session.run_with_ort_values(None, feeds)
+            message = "no error"
+        except Exception as error:
+            message = str(error)
+        print(json.dumps({{case: [message, time.perf_counter() - start]}}), flush=True)
+    """
+)
+
+_BLAS_MESSAGE = (
+    "X: seq_length*batch_size={}, seq_length*4*hidden_size={}, batch_size={}, input_size={}: each must be at most "
+    "2147483647, the largest dimension BLAS accepts"
+)
+_BUFFER_LIMIT = (2**63 - 1) // 8
+_OVERFLOWS = {
+    # id: (X shape, attributes, message after the node prefix)
+    "seq_2**62": ((2**62, 0, 1), {"hidden_size": 1}, _BLAS_MESSAGE.format(0, 2**64, 0, 1)),
+    "seq_2**61_hidden_2": ((2**61, 0, 1), {"hidden_size": 2}, _BLAS_MESSAGE.format(0, 2**64, 0, 1)),
+    "seq_2**63-1": ((2**63 - 1, 0, 1), {"hidden_size": 1}, _BLAS_MESSAGE.format(0, 4 * (2**63 - 1), 0, 1)),
+    "seq_2**62_layout_1": ((0, 2**62, 1), {"hidden_size": 1, "layout": 1}, _BLAS_MESSAGE.format(0, 2**64, 0, 1)),
+    "batch_2**62": ((0, 2**62, 1), {"hidden_size": 1}, _BLAS_MESSAGE.format(0, 0, 2**62, 1)),
+    "batch_2**62_input_2**62": ((0, 2**62, 2**62), {"hidden_size": 1}, _BLAS_MESSAGE.format(0, 0, 2**62, 2**62)),
+    "seq_and_input_2**40": ((2**40, 0, 2**40), {"hidden_size": 1}, _BLAS_MESSAGE.format(0, 2**42, 0, 2**40)),
+    # Within BLAS's sizes, but IOFC would need more than 2**63 bytes as float64.
+    "iofc_elements": (
+        (1, 2**31 - 1, 0),
+        {"hidden_size": MAX_HIDDEN_SIZE, "direction": "bidirectional"},
+        "X: [seq_length, num_directions, batch_size, 4*hidden_size] (IOFC and the gate scratch) would hold "
+        f"{2 * (2**31 - 1) * 4 * MAX_HIDDEN_SIZE} elements, more than {_BUFFER_LIMIT}, the most one buffer may hold "
+        "(2**63 bytes of float64)",
+    ),
+    # seq_length = 0 zeroes IOFC, but a step's gate gradients are still formed.
+    "step_elements": (
+        (0, 2**31 - 1, 0),
+        {"hidden_size": MAX_HIDDEN_SIZE},
+        "X: [batch_size, 4*hidden_size] (one step's gates) would hold "
+        f"{(2**31 - 1) * 4 * MAX_HIDDEN_SIZE} elements, more than {_BUFFER_LIMIT}, the most one buffer may hold "
+        "(2**63 bytes of float64)",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def overflow_results() -> dict[str, tuple[str, float]]:
+    """(message, seconds) of every _OVERFLOWS case in both ops, from one child process."""
+    cases = {
+        f"{op}-{case}": (op, list(_required(op)), x_shape, attributes)
+        for op in OPS
+        for case, (x_shape, attributes, _) in _OVERFLOWS.items()
+    }
+    script = _OVERFLOW_SCRIPT.format(tests=str(Path(__file__).parent), cases=json.dumps(cases))
+    try:
+        # cwd outside the checkout: from its root, `import ortlstm` would find the source folder.
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=tempfile.gettempdir(),
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"a shape was not refused: the child hung; it printed {error.stdout!r}")
+    assert result.returncode == 0, f"child crashed (rc={result.returncode}): {result.stderr[-3000:]}"
+    results: dict[str, tuple[str, float]] = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("{"):
+            results.update({case: (message, seconds) for case, (message, seconds) in json.loads(line).items()})
+    return results
+
+
+@pytest.mark.parametrize("case", list(_OVERFLOWS))
+@pytest.mark.parametrize("op", OPS)
+def test_dims_overflowing_64_bits(overflow_results: dict[str, tuple[str, float]], op: str, case: str) -> None:
+    message, seconds = overflow_results[f"{op}-{case}"]
+    assert f"{_node(op)}{_OVERFLOWS[case][2]}" in message
+    assert seconds < 1.0, f"refused after {seconds:.2f} s"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,20 +46,56 @@ inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB"
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true, true, true};
 }  // namespace lstm_grad
 
-// Attribute names shared by both ops, and the defaults the schema declares.
+// Attribute names shared by both ops, their types, the values the kernels accept (completing
+// "expected ...") and the defaults the schema declares.
 namespace attr {
+enum class Type : int { kInt, kFloat, kString, kInts, kFloats, kStrings };
+// ONNX's spelling of each Type, for messages.
+inline constexpr const char* kTypeNames[] = {"INT", "FLOAT", "STRING", "INTS", "FLOATS", "STRINGS"};
+inline constexpr const char* TypeName(Type type) { return kTypeNames[static_cast<int>(type)]; }
 inline constexpr char kHiddenSize[] = "hidden_size";
+inline constexpr Type kHiddenSizeType = Type::kInt;
+inline constexpr char kHiddenSizeAccepts[] = "an integer in [1, 268435455]";
 inline constexpr char kDirection[] = "direction";
+inline constexpr Type kDirectionType = Type::kString;
+inline constexpr char kDirectionAccepts[] = "one of forward, reverse, bidirectional";
 inline constexpr char kDirectionDefault[] = "forward";
 inline constexpr char kActivations[] = "activations";
+inline constexpr Type kActivationsType = Type::kStrings;
+inline constexpr char kActivationsAccepts[] = "3*num_directions names, each one of Relu, Tanh, Sigmoid, Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu, Softsign, Softplus (any case); on onnxruntime older than 1.25 only together with `activations_csv`";
 inline constexpr char kActivationAlpha[] = "activation_alpha";
+inline constexpr Type kActivationAlphaType = Type::kFloats;
+inline constexpr char kActivationAlphaAccepts[] = "at most one value per activation that takes an alpha (Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, Elu); for LSTMGrad, LeakyRelu and Elu as f or g need alpha >= 0 (not negative, not NaN)";
 inline constexpr char kActivationBeta[] = "activation_beta";
+inline constexpr Type kActivationBetaType = Type::kFloats;
+inline constexpr char kActivationBetaAccepts[] = "at most one value per activation that takes a beta (Affine, ScaledTanh, HardSigmoid)";
 inline constexpr char kActivationsCsv[] = "activations_csv";
+inline constexpr Type kActivationsCsvType = Type::kString;
+inline constexpr char kActivationsCsvAccepts[] = "the names `activations` accepts, separated by commas; the same names as `activations` (any case) when both are set";
 inline constexpr char kClip[] = "clip";
+inline constexpr Type kClipType = Type::kFloat;
+inline constexpr char kClipAccepts[] = "a positive finite threshold";
 inline constexpr char kInputForget[] = "input_forget";
+inline constexpr Type kInputForgetType = Type::kInt;
+inline constexpr char kInputForgetAccepts[] = "0 or 1";
 inline constexpr std::int64_t kInputForgetDefault = 0;
 inline constexpr char kLayout[] = "layout";
+inline constexpr Type kLayoutType = Type::kInt;
+inline constexpr char kLayoutAccepts[] = "0 or 1";
 inline constexpr std::int64_t kLayoutDefault = 0;
+struct Spec {
+  const char* name;
+  Type type;
+};
+// Every attribute, in the spec's order.
+inline constexpr Spec kAll[] = {{kHiddenSize, kHiddenSizeType}, {kDirection, kDirectionType}, {kActivations, kActivationsType}, {kActivationAlpha, kActivationAlphaType}, {kActivationBeta, kActivationBetaType}, {kActivationsCsv, kActivationsCsvType}, {kClip, kClipType}, {kInputForget, kInputForgetType}, {kLayout, kLayoutType}};
 }  // namespace attr
+
+// Size limits the kernels enforce: docs/ops.md, section Refused.
+namespace limits {
+inline constexpr std::int64_t kBlasDim = 2147483647;
+inline constexpr std::int64_t kMaxHiddenSize = 268435455;
+inline constexpr std::int64_t kMaxBufferElements = 1152921504606846975;
+}  // namespace limits
 
 }  // namespace ortlstm::schema

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "generated/op_schema.h"
+
 namespace ortlstm {
 namespace {
 
@@ -20,12 +22,12 @@ std::string JoinStrings(const std::vector<std::string>& items) {
 }  // namespace
 
 std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
+  namespace attr = schema::attr;
   LstmConfig cfg;
   if (!raw.hidden_size) return "attribute hidden_size is required (a positive integer) but is missing";
   // 8*hidden_size (B's width) must stay an int for BLAS.
-  constexpr int64_t kMaxHiddenSize = (int64_t{1} << 31) / 8 - 1;
-  if (*raw.hidden_size <= 0 || *raw.hidden_size > kMaxHiddenSize) {
-    return "attribute hidden_size: expected an integer in [1, " + std::to_string(kMaxHiddenSize) + "], got " +
+  if (*raw.hidden_size <= 0 || *raw.hidden_size > schema::limits::kMaxHiddenSize) {
+    return std::string("attribute hidden_size: expected ") + attr::kHiddenSizeAccepts + ", got " +
            std::to_string(*raw.hidden_size);
   }
   cfg.hidden_size = *raw.hidden_size;
@@ -38,7 +40,7 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   } else if (direction == "bidirectional") {
     cfg.direction = Direction::kBidirectional;
   } else {
-    return "attribute direction: expected one of forward, reverse, bidirectional, got '" + direction + "'";
+    return std::string("attribute direction: expected ") + attr::kDirectionAccepts + ", got '" + direction + "'";
   }
   cfg.num_directions = cfg.direction == Direction::kBidirectional ? 2 : 1;
 
@@ -93,18 +95,19 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
 
   if (raw.clip) {
     if (!(*raw.clip > 0.0f) || std::isinf(*raw.clip)) {
-      return "attribute clip: expected a positive finite threshold, got " + std::to_string(*raw.clip);
+      return std::string("attribute clip: expected ") + attr::kClipAccepts + ", got " + std::to_string(*raw.clip);
     }
     cfg.clip = *raw.clip;
   }
   const int64_t input_forget = raw.input_forget.value_or(0);
   if (input_forget != 0 && input_forget != 1) {
-    return "attribute input_forget: expected 0 or 1, got " + std::to_string(input_forget);
+    return std::string("attribute input_forget: expected ") + attr::kInputForgetAccepts + ", got " +
+           std::to_string(input_forget);
   }
   cfg.input_forget = input_forget == 1;
   cfg.layout = raw.layout.value_or(0);
   if (cfg.layout != 0 && cfg.layout != 1) {
-    return "attribute layout: expected 0 or 1, got " + std::to_string(cfg.layout);
+    return std::string("attribute layout: expected ") + attr::kLayoutAccepts + ", got " + std::to_string(cfg.layout);
   }
   *config = cfg;
   return "";

@@ -1,5 +1,6 @@
 // Dimensions of one LSTM call and the index arithmetic of every tensor layout. The adapter fills
-// LstmDims after validating all shapes; the math trusts it. This file holds the project's one
+// LstmDims after validating all shapes (ort/lstm_validation.cc, which also bounds every product of
+// dims below, so none of them can overflow int64); the math trusts it. This file holds the project's one
 // memory-layout diagram; other files point here.
 //
 //   T = seq_length, N = batch_size, I = input_size, H = hidden_size, D = num_directions

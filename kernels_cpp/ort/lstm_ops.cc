@@ -136,7 +136,13 @@ bool InferDims(OrtShapeInferContext* ctx, InferredDims* dims) {
   return true;
 }
 
-InferDim Times(int64_t factor, const InferDim& dim) { return Known(dim.value >= 0 ? factor * dim.value : -1); }
+// factor*dim, unknown when dim is or when the product would not fit (hidden_size comes straight
+// from the node here, before the kernel has checked its range).
+InferDim Times(int64_t factor, const InferDim& dim) {
+  int64_t product = -1;
+  if (dim.value < 0 || __builtin_mul_overflow(factor, dim.value, &product)) return Known(-1);
+  return Known(product);
+}
 
 InferShape SequenceShapeOf(const InferredDims& d, const InferDim& width) {
   if (d.layout == 1) return {d.batch_size, d.seq_length, d.num_directions, width};

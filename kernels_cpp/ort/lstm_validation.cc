@@ -6,8 +6,81 @@
 #include <cstdint>
 #include <sstream>
 
+#include "common/checked_math.h"
+
 namespace ortlstm::ort {
 namespace {
+
+namespace limits = schema::limits;
+// blas.h passes sizes to BLAS as int.
+static_assert(limits::kBlasDim == INT_MAX, "ops/schema.py BLAS_DIM_LIMIT must be the largest int");
+// With batch_size and hidden_size in range, the [2, batch_size, hidden_size] state buffers fit
+// whatever seq_length is; the larger buffers are checked per call (ValidateSizes).
+static_assert(2 * limits::kBlasDim * limits::kMaxHiddenSize <= limits::kMaxBufferElements,
+              "state buffers must fit by the attribute and BLAS limits alone");
+
+// A product of dims as the message shows it.
+struct Quantity {
+  const char* label;  // e.g. "seq_length*4*hidden_size"
+  std::vector<int64_t> factors;
+};
+
+// The exact value of a product of dims, also when it exceeds 64 bits (for messages only).
+std::string ProductText(const std::vector<int64_t>& factors) {
+  unsigned __int128 product = 1;
+  for (const int64_t factor : factors) {
+    if (factor < 0) return "a negative value";
+    if (__builtin_mul_overflow(product, static_cast<unsigned __int128>(factor), &product)) return "more than 2**128";
+  }
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(product % 10)));
+    product /= 10;
+  } while (product != 0);
+  return digits;
+}
+
+// Refuses dims that BLAS's 32-bit sizes, or any buffer the ops form, cannot hold. Every product
+// goes through CheckedProduct, so none wraps (X of shape [2**62, 0, 1] once passed as
+// seq_length*4*hidden_size = 0 and looped over 2**62 empty steps).
+std::string ValidateSizes(const LstmDims& d) {
+  // Each of these is a GEMM dimension or leading dimension somewhere (lstm/lstm_dims.h). batch_size
+  // is bounded on its own because seq_length = 0 zeroes seq_length*batch_size; seq_length is
+  // bounded by seq_length*4*hidden_size, as hidden_size >= 1.
+  const Quantity blas[] = {
+      {"seq_length*batch_size", {d.seq_length, d.batch_size}},
+      {"seq_length*4*hidden_size", {d.seq_length, 4, d.hidden_size}},
+      {"batch_size", {d.batch_size}},
+      {"input_size", {d.input_size}},
+  };
+  bool fits = true;
+  for (const Quantity& quantity : blas) fits = fits && CheckedProduct(quantity.factors, limits::kBlasDim).has_value();
+  if (!fits) {
+    std::ostringstream msg;
+    msg << "X: ";
+    for (const Quantity& quantity : blas) {
+      msg << (&quantity == blas ? "" : ", ") << quantity.label << "=" << ProductText(quantity.factors);
+    }
+    msg << ": each must be at most " << limits::kBlasDim << ", the largest dimension BLAS accepts";
+    return msg.str();
+  }
+  // The largest buffers either op forms; every other output or scratch buffer is smaller or has
+  // the shape of an input. A window of gate gradients holds at least one step even when
+  // seq_length = 0 (lstm_backward.cc), hence the second.
+  const Quantity buffers[] = {
+      {"[seq_length, num_directions, batch_size, 4*hidden_size] (IOFC and the gate scratch)",
+       {d.seq_length, d.num_directions, d.batch_size, 4, d.hidden_size}},
+      {"[batch_size, 4*hidden_size] (one step's gates)", {d.batch_size, 4, d.hidden_size}},
+  };
+  for (const Quantity& buffer : buffers) {
+    if (!CheckedProduct(buffer.factors, limits::kMaxBufferElements)) {
+      return std::string("X: ") + buffer.label + " would hold " + ProductText(buffer.factors) +
+             " elements, more than " + std::to_string(limits::kMaxBufferElements) +
+             ", the most one buffer may hold (2**63 bytes of float64)";
+    }
+  }
+  return "";
+}
 
 struct Dim {
   const char* label;  // ONNX dim name or expression, e.g. "4*hidden_size"
@@ -73,16 +146,9 @@ std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, Lst
   d.batch_size = config.layout == 0 ? in.X.shape[1] : in.X.shape[0];
   d.input_size = in.X.shape[2];
 
-  // BLAS takes 32-bit dimensions and leading dimensions.
+  // Before any product of dims is formed below or in the math.
+  if (std::string error = ValidateSizes(d); !error.empty()) return error;
   const int64_t width = d.GateWidth();
-  if (d.seq_length * d.batch_size > INT_MAX || d.seq_length * width > INT_MAX || d.input_size > INT_MAX ||
-      width > INT_MAX) {
-    std::ostringstream msg;
-    msg << "X: seq_length*batch_size=" << d.seq_length * d.batch_size << ", seq_length*4*hidden_size="
-        << d.seq_length * width << ", input_size=" << d.input_size << ": each must be at most " << INT_MAX
-        << ", the largest dimension BLAS accepts";
-    return msg.str();
-  }
 
   const std::string directions_label =
       std::string("num_directions(direction=") +

@@ -84,12 +84,61 @@ std::optional<std::vector<std::string>> ReadStrings(const OrtKernelInfo* info, c
 #endif
 }
 
-// Whether the node has attribute `name` of any type. The C API before 1.25 has no presence test,
-// so this asks for a string and tells "missing" from "another type" by ORT's message.
-bool AttributeExists(const OrtKernelInfo* info, const char* name) {
+// What the C API can tell of attribute `name`. It has no presence or type query (version 19), so
+// this asks each getter in turn: "missing" shows in ORT's message, the scalar getters fail on an
+// attribute of another type, but the list getters return an empty list for one, so a list is seen
+// only when it is not empty (string lists only where they can be read at all, onnxruntime >= 1.25).
+struct AttributeProbe {
+  bool present = false;
+  std::optional<schema::attr::Type> type;  // present but nullopt: an empty list, or a type none reads
+};
+
+AttributeProbe ProbeAttribute(const OrtKernelInfo* info, const char* name) {
+  using Type = schema::attr::Type;
+  int64_t int_value = 0;
+  const std::string error = Consume(Api().KernelInfoGetAttribute_int64(info, name, &int_value));
+  if (error.empty()) return {true, Type::kInt};
+  if (error.find("No attribute") != std::string::npos) return {false, std::nullopt};
+  float float_value = 0.0f;
+  if (Consume(Api().KernelInfoGetAttribute_float(info, name, &float_value)).empty()) return {true, Type::kFloat};
   size_t size = 0;
-  const std::string error = Consume(Api().KernelInfoGetAttribute_string(info, name, nullptr, &size));
-  return error.empty() || error.find("No attribute") == std::string::npos;
+  if (Consume(Api().KernelInfoGetAttribute_string(info, name, nullptr, &size)).empty()) return {true, Type::kString};
+  size = 0;
+  if (Consume(Api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)).empty() && size > 0) {
+    return {true, Type::kInts};
+  }
+  size = 0;
+  if (Consume(Api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size)).empty() && size > 0) {
+    return {true, Type::kFloats};
+  }
+  if (const auto strings = ReadStrings(info, name); strings && !strings->empty()) return {true, Type::kStrings};
+  return {true, std::nullopt};
+}
+
+bool IsList(schema::attr::Type type) {
+  using Type = schema::attr::Type;
+  return type == Type::kInts || type == Type::kFloats || type == Type::kStrings;
+}
+
+// "" when every attribute the node sets has its declared type (ops/schema.py), else a message
+// naming the first that does not. Without this a getter of the declared type would fail on it and
+// the attribute would read as absent: `direction` given as an INT ran as forward.
+std::string CheckAttributeTypes(const OrtKernelInfo* info) {
+  for (const schema::attr::Spec& spec : schema::attr::kAll) {
+    const AttributeProbe probe = ProbeAttribute(info, spec.name);
+    if (!probe.present || probe.type == spec.type) continue;
+    std::string got;
+    if (probe.type) {
+      got = schema::attr::TypeName(*probe.type);
+    } else if (IsList(spec.type)) {
+      continue;  // an empty list of any type reads as an empty list of the declared one
+    } else {
+      got = std::string("another type (not INT, FLOAT, STRING or a non-empty INTS, FLOATS") +
+            (CanReadStringArrays() ? " or STRINGS)" : ")");
+    }
+    return std::string("attribute ") + spec.name + ": expected " + schema::attr::TypeName(spec.type) + ", got " + got;
+  }
+  return "";
 }
 
 std::vector<std::string> SplitCommaList(const std::string& text) {
@@ -243,6 +292,7 @@ std::string NodeName(const OrtKernelInfo* info) {
 
 std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw) {
   namespace attr = schema::attr;
+  if (std::string error = CheckAttributeTypes(info); !error.empty()) return error;
   raw->hidden_size = ReadInt(info, attr::kHiddenSize);
   raw->direction = ReadString(info, attr::kDirection);
   raw->activation_alpha = ReadFloats(info, attr::kActivationAlpha);
@@ -268,7 +318,7 @@ std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw
   }
   raw->activations = listed ? listed : from_joined;
   if (!listed && from_joined) raw->activations_attribute = attr::kActivationsCsv;
-  if (!raw->activations && !CanReadStringArrays() && AttributeExists(info, attr::kActivations)) {
+  if (!raw->activations && !CanReadStringArrays() && ProbeAttribute(info, attr::kActivations).present) {
     return std::string("attribute activations cannot be read by custom-op kernels on onnxruntime older than 1.25 ") +
            "(its C API has no string-list attribute reader), and ignoring it would compute with the wrong "
            "activations. Also give the same names as the string attribute activations_csv, e.g. "
