@@ -109,6 +109,10 @@ def render_docs() -> str:
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
         f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}.",
         "",
+        "A NumPy reference implementation of both ops (`ortlstm.reference`, for onnx's `ReferenceEvaluator`) and",
+        "conformance test data in ONNX's node-test layout (tests/conformance/data) with a runner for any backend:",
+        "[reference.md](reference.md).",
+        "",
         "## Dims",
         "",
         "Shapes use the ONNX LSTM dim names. A shape entry `4*hidden_size` stacks the four gates i, o, f, c.",

@@ -365,10 +365,14 @@ _LSTM_ATTRIBUTES = (
         type=AttrType.FLOATS,
         default=None,
         required=False,
-        doc="Alpha of the activations that take one (e.g. LeakyRelu), in activation order. Default per ONNX LSTM.",
+        doc=(
+            "Alpha of the activations that take one (Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, HardSigmoid, "
+            "Elu): each takes the next value, in activation order; once the list runs out, the default (LeakyRelu "
+            "0.01, HardSigmoid 0.2, Elu 1, others 0). Surplus values are ignored, as in onnxruntime's LSTM, so a "
+            "list with one value per activation works."
+        ),
         accepts=(
-            "at most one value per activation that takes an alpha (Affine, LeakyRelu, ThresholdedRelu, ScaledTanh, "
-            "HardSigmoid, Elu); for LSTMGrad, LeakyRelu and Elu as f or g need alpha >= 0 (not negative, not NaN)"
+            "any list of floats; for LSTMGrad, LeakyRelu and Elu as f or g need alpha >= 0 (not negative, not NaN)"
         ),
     ),
     AttrSpec(
@@ -376,8 +380,11 @@ _LSTM_ATTRIBUTES = (
         type=AttrType.FLOATS,
         default=None,
         required=False,
-        doc="Beta of the activations that take one (e.g. ScaledTanh), in activation order. Default per ONNX LSTM.",
-        accepts="at most one value per activation that takes a beta (Affine, ScaledTanh, HardSigmoid)",
+        doc=(
+            "Beta of the activations that take one (Affine, ScaledTanh, HardSigmoid), read like `activation_alpha` "
+            "by its own cursor; default HardSigmoid 0.5, others 0. Surplus values are ignored."
+        ),
+        accepts="any list of floats",
     ),
     # Not an ONNX LSTM attribute. The custom-op C API of onnxruntime before 1.25 cannot read a
     # string-list attribute, so a kernel there would never see `activations`; builders write both.
@@ -401,16 +408,18 @@ _LSTM_ATTRIBUTES = (
         type=AttrType.FLOAT,
         default=None,
         required=False,
-        doc="Cell clip threshold: gate pre-activations are clipped to [-clip, clip]. Default: no clipping.",
-        accepts="a positive finite threshold",
+        doc=(
+            "Cell clip threshold: gate pre-activations are clipped to [-clip, clip]. Default (and +inf): no clipping."
+        ),
+        accepts="a positive threshold (+inf clips nothing)",
     ),
     AttrSpec(
         name="input_forget",
         type=AttrType.INT,
         default=0,
         required=False,
-        doc="1 couples the input and forget gates (f_t = 1 - i_t).",
-        accepts="0 or 1",
+        doc="1 couples the input and forget gates (f_t = 1 - i_t); as in onnxruntime's LSTM, any nonzero value does.",
+        accepts="any integer",
     ),
     AttrSpec(
         name="layout",
@@ -428,8 +437,7 @@ _SEQ = ("seq_length", "num_directions", "batch_size", "hidden_size")
 _SESSION_REFUSALS = (
     "When the session is created: a node without `hidden_size`; an attribute of another type than its "
     "declared one (`attribute direction: expected STRING, got INT`); a value outside the attribute's "
-    "*Accepts*; `activation_alpha` or `activation_beta` with more values than the activations take; "
-    "`activations` and `activations_csv` that disagree; on onnxruntime older than 1.25, a node that sets "
+    "*Accepts*; `activations` and `activations_csv` that disagree; on onnxruntime older than 1.25, a node that sets "
     "`activations` without `activations_csv` (its custom-op API cannot read string lists).",
 )
 _RUN_REFUSALS = (

@@ -77,34 +77,20 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
     if (spec.beta_count > 0 && next_beta < betas.size()) act.beta = betas[next_beta++];
     parsed[k] = act;
   }
-  if (next_alpha < alphas.size()) {
-    std::ostringstream msg;
-    msg << "attribute activation_alpha: the activations [" << JoinStrings(names) << "] take " << next_alpha
-        << " alpha value(s), got " << alphas.size();
-    return msg.str();
-  }
-  if (next_beta < betas.size()) {
-    std::ostringstream msg;
-    msg << "attribute activation_beta: the activations [" << JoinStrings(names) << "] take " << next_beta
-        << " beta value(s), got " << betas.size();
-    return msg.str();
-  }
+  // Values past those the activations take are ignored, as onnxruntime's LSTM does: exporters write
+  // one alpha and one beta per activation, whether it reads them or not.
   for (int64_t d = 0; d < cfg.num_directions; ++d) {
     cfg.activations[d] = DirectionActivations{parsed[3 * d], parsed[3 * d + 1], parsed[3 * d + 2]};
   }
 
   if (raw.clip) {
-    if (!(*raw.clip > 0.0f) || std::isinf(*raw.clip)) {
+    if (!(*raw.clip > 0.0f)) {
       return std::string("attribute clip: expected ") + attr::kClipAccepts + ", got " + std::to_string(*raw.clip);
     }
-    cfg.clip = *raw.clip;
+    if (!std::isinf(*raw.clip)) cfg.clip = *raw.clip;  // +inf clips nothing, as in onnxruntime's LSTM
   }
-  const int64_t input_forget = raw.input_forget.value_or(0);
-  if (input_forget != 0 && input_forget != 1) {
-    return std::string("attribute input_forget: expected ") + attr::kInputForgetAccepts + ", got " +
-           std::to_string(input_forget);
-  }
-  cfg.input_forget = input_forget == 1;
+  // Any nonzero value couples the gates, as in onnxruntime's LSTM.
+  cfg.input_forget = raw.input_forget.value_or(0) != 0;
   cfg.layout = raw.layout.value_or(0);
   if (cfg.layout != 0 && cfg.layout != 1) {
     return std::string("attribute layout: expected ") + attr::kLayoutAccepts + ", got " + std::to_string(cfg.layout);
