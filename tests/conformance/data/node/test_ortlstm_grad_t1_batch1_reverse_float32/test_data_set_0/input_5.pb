@@ -1,0 +1,1 @@
+B	initial_cJ….·Ωtåy?W}cæ
