@@ -23,11 +23,17 @@ import onnx
 import onnx.numpy_helper
 
 try:
-    from ortlstm.graphs.convert import MAX_IR_VERSION, convert, is_onnx_lstm
+    from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
     from ortlstm.graphs.gradient import import_training_runtime, register_gradient
     from ortlstm.ops import library_path, schema, session_options
 except ModuleNotFoundError:
-    from graphs.convert import MAX_IR_VERSION, convert, is_onnx_lstm  # type: ignore[no-redef]
+    from graphs.convert import (  # type: ignore[no-redef]
+        MAIN_GRAPH,
+        MAX_IR_VERSION,
+        convert,
+        is_onnx_lstm,
+        lstm_locations,
+    )
     from graphs.gradient import import_training_runtime, register_gradient  # type: ignore[no-redef]
     from ops import library_path, schema, session_options  # type: ignore[no-redef]
 
@@ -132,6 +138,32 @@ def _check_trainable(model: onnx.ModelProto, requires_grad: Sequence[str]) -> No
         raise ValueError(f"requires_grad: {blocked} feed an LSTM's initial_h, initial_c or P. {_UNTRAINABLE_REASON}")
 
 
+def _check_generator_inputs(model: onnx.ModelProto, requires_grad: Sequence[str] | None, kwargs: dict) -> None:
+    """Refuses, before onnxruntime-training runs, what its generator would fail on deep inside."""
+    nested = [node for node in lstm_locations(model) if node.where != MAIN_GRAPH]
+    if nested:
+        places = ", ".join(f"{node.name or '(unnamed)'!r} in {node.where}" for node in nested)
+        raise ValueError(
+            f"LSTMs inside subgraphs or functions: {places}. onnxruntime-training's generator differentiates the "
+            "main graph only. Inline the functions (onnx.inliner.inline_local_functions) and export without "
+            "control flow around the LSTMs, or train with ortlstm.training.Trainer, which differentiates "
+            "subgraphs' LSTMs too."
+        )
+    if requires_grad is not None and len(requires_grad) == 0:
+        raise ValueError(
+            "requires_grad is empty: there is nothing to train. Name the initializers to train "
+            "(ortlstm.graphs.lstm_parameters(model) lists each LSTM's W, R, B), or pass None to train every float "
+            "initializer."
+        )
+    outputs = [output.name for output in model.graph.output]
+    if len(outputs) > 1 and not kwargs.get("loss_input_names"):
+        raise ValueError(
+            f"the model has {len(outputs)} outputs {outputs} and the loss would receive all of them. Name the "
+            f"output(s) the loss reads: loss_input_names=[{outputs[0]!r}] (ortlstm artifacts: --loss-input "
+            f"{outputs[0]})."
+        )
+
+
 def lstm_parameters(model: onnx.ModelProto) -> list[dict[str, str]]:
     """The W, R, B (and P) value names of each LSTM / LSTMTraining node of the main graph.
 
@@ -181,8 +213,11 @@ def generate_artifacts(
 
     Raises:
         ImportError: onnxruntime-training is not installed.
-        ValueError: A parameter name is not an initializer, or the model cannot be converted.
+        ValueError: A parameter name is not an initializer, the model cannot be converted, an LSTM
+            sits in a subgraph or function, ``requires_grad`` is empty, or the model has several
+            outputs and no ``loss_input_names``.
     """
+    _check_generator_inputs(model, requires_grad, kwargs)
     import_training_runtime()
     artifacts_module = importlib.import_module("onnxruntime.training.artifacts")
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model

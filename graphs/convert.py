@@ -12,6 +12,7 @@ imports onnxruntime.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 
 import onnx
@@ -26,6 +27,8 @@ except ModuleNotFoundError:
 # onnxruntime-training 1.19 loads models up to this IR version.
 MAX_IR_VERSION = 10
 _ONNX_DOMAINS = ("", "ai.onnx")
+MAIN_GRAPH = "main graph"
+_QUANTIZED_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")
 _SUPPORTED_ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
 
 
@@ -34,28 +37,67 @@ def is_onnx_lstm(node: onnx.NodeProto) -> bool:
     return node.op_type == "LSTM" and node.domain in _ONNX_DOMAINS
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and every subgraph nested in its nodes' attributes, depth first."""
-    yield graph
+@dataclasses.dataclass(frozen=True)
+class ConvertedNode:
+    """One LSTM node that ``convert`` rewrote, and where it sits.
+
+    Attributes:
+        name: The LSTMTraining node's name (the LSTM's own unless another node took it).
+        where: ``"main graph"``, or the path to a subgraph or function, e.g. ``"main graph > If node
+            'select' then_branch"`` or ``"function local::encoder"``.
+    """
+
+    name: str
+    where: str
+
+
+def _graphs(graph: onnx.GraphProto, where: str = MAIN_GRAPH) -> Iterator[tuple[str, onnx.GraphProto]]:
+    """The graph and every subgraph nested in its nodes' attributes, depth first, with their paths."""
+    yield where, graph
     for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from _graphs(subgraph)
+        yield from _subgraphs(node, where)
+
+
+def _subgraphs(node: onnx.NodeProto, where: str) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for attribute in node.attribute:
+        inner = f"{where} > {node.op_type} node {node.name!r} {attribute.name}"
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            yield from _graphs(attribute.g, inner)
+        elif attribute.type == onnx.AttributeProto.GRAPHS:
+            for k, subgraph in enumerate(attribute.graphs):
+                yield from _graphs(subgraph, f"{inner}[{k}]")
 
 
 def _all_node_lists(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.GraphProto | onnx.FunctionProto]]:
-    for graph in _graphs(model.graph):
-        yield f"graph {graph.name!r}", graph
+    yield from _graphs(model.graph)
     for function in model.functions:
-        yield f"function {function.domain}::{function.name}", function
+        where = f"function {function.domain}::{function.name}"
+        yield where, function
         for node in function.node:
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    for graph in _graphs(attribute.g):
-                        yield f"graph {graph.name!r}", graph
+            yield from _subgraphs(node, where)
+
+
+def lstm_locations(model: onnx.ModelProto) -> list[ConvertedNode]:
+    """Every ONNX LSTM and ortlstm LSTMTraining node of ``model`` (main graph, subgraphs, functions)."""
+    return [
+        ConvertedNode(node.name, where)
+        for where, container in _all_node_lists(model)
+        for node in container.node
+        if is_onnx_lstm(node) or (node.domain, node.op_type) == (schema.LSTM_TRAINING.domain, schema.LSTM_TRAINING.name)
+    ]
+
+
+def _quantized_lstms(model: onnx.ModelProto) -> list[ConvertedNode]:
+    return [
+        ConvertedNode(node.name, where)
+        for where, container in _all_node_lists(model)
+        for node in container.node
+        if (node.domain, node.op_type) == _QUANTIZED_LSTM
+    ]
+
+
+def _describe(nodes: list[ConvertedNode]) -> str:
+    return ", ".join(f"{node.name or '(unnamed)'!r} in {node.where}" for node in nodes)
 
 
 def _used_names(model: onnx.ModelProto) -> set[str]:
@@ -90,7 +132,7 @@ class _NameSource:
 
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     found: dict[str, onnx.TensorProto] = {}
-    for graph in _graphs(model.graph):
+    for _, graph in _graphs(model.graph):
         found.update({init.name: init for init in graph.initializer})
         for node in graph.node:
             if node.op_type == "Constant" and node.domain in _ONNX_DOMAINS and node.output:
@@ -169,6 +211,8 @@ def _add_opset(container: onnx.ModelProto | onnx.FunctionProto) -> None:
 def convert(model: onnx.ModelProto) -> onnx.ModelProto:
     """Returns a copy of ``model`` with every ONNX ``LSTM`` node replaced by ``LSTMTraining``.
 
+    :func:`convert_with_report` does the same and also says which nodes it converted, and where.
+
     The converted model computes the same outputs (check with onnxruntime and
     ``ortlstm.ops.session_options()``), is differentiable by onnxruntime-training once
     :func:`ortlstm.graphs.register_gradient` ran, and has an IR version onnxruntime 1.19 loads.
@@ -180,13 +224,31 @@ def convert(model: onnx.ModelProto) -> onnx.ModelProto:
         The converted model (``model`` is not modified).
 
     Raises:
-        ValueError: The model has no LSTM node, an LSTM whose hidden_size cannot be determined,
-            or LSTM weights of an element type other than float32/float64.
+        ValueError: The model has no LSTM node (also when its only LSTMs are quantized), an LSTM
+            whose hidden_size cannot be determined, or LSTM weights of an element type other than
+            float32/float64.
+    """
+    return convert_with_report(model)[0]
+
+
+def convert_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[ConvertedNode]]:
+    """Like :func:`convert`, and returns the converted nodes with where each sits.
+
+    com.microsoft ``DynamicQuantizeLSTM`` nodes (int8 weights, written by onnxruntime's
+    quantization tools) are not converted: a quantized LSTM is not trainable. A model whose only
+    LSTMs are quantized is refused with that explanation; in a model that also has float LSTMs,
+    the quantized ones stay as they are (``quantized_lstms(model)`` lists them).
+
+    Returns:
+        ``(converted model, converted nodes in graph order)``.
+
+    Raises:
+        ValueError: As :func:`convert`.
     """
     result = copy.deepcopy(model)
     names = _NameSource(_used_names(result))
     constants = _initializers(result)
-    converted = 0
+    converted: list[ConvertedNode] = []
     for where, container in _all_node_lists(result):
         nodes = list(container.node)
         if not any(is_onnx_lstm(node) for node in nodes):
@@ -194,20 +256,33 @@ def convert(model: onnx.ModelProto) -> onnx.ModelProto:
         del container.node[:]
         for node in nodes:
             if is_onnx_lstm(node):
-                container.node.append(_convert_node(node, where, names, constants))
-                converted += 1
+                new_node = _convert_node(node, where, names, constants)
+                container.node.append(new_node)
+                converted.append(ConvertedNode(new_node.name, where))
             else:
                 container.node.append(node)
         if isinstance(container, onnx.FunctionProto):
             _add_opset(container)
-    if converted == 0:
+    if not converted:
+        quantized = _quantized_lstms(model)
+        if quantized:
+            raise ValueError(
+                f"the model's LSTMs are quantized (com.microsoft DynamicQuantizeLSTM: {_describe(quantized)}). "
+                "Quantized LSTMs are not trainable: their int8 weights have no gradient. Train the float model the "
+                "quantized one was made from (its ONNX LSTM nodes convert), then quantize the trained model again."
+            )
         raise ValueError(
             "the model has no ONNX LSTM node to convert (looked in the main graph, subgraphs and functions). "
             "Export the LSTM as an ONNX LSTM op: torch.onnx.export of nn.LSTM does this."
         )
     _add_opset(result)
     result.ir_version = min(result.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
-    return result
+    return result, converted
+
+
+def quantized_lstms(model: onnx.ModelProto) -> list[ConvertedNode]:
+    """The com.microsoft ``DynamicQuantizeLSTM`` nodes of ``model``, which ``convert`` leaves alone."""
+    return _quantized_lstms(model)
 
 
 def lstm_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:

@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     artifacts.add_argument("--frozen", nargs="+", default=[], metavar="NAME")
     artifacts.add_argument("--loss", choices=_LOSSES, default="CrossEntropyLoss")
     artifacts.add_argument("--optimizer", choices=_OPTIMIZERS, default="AdamW")
+    artifacts.add_argument(
+        "--loss-input", nargs="+", default=None, metavar="NAME", help="the output(s) the loss reads (several outputs)"
+    )
     return parser
 
 
@@ -172,12 +175,15 @@ def _demo_chars(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     import onnx
 
-    from ortlstm.graphs import convert
+    from ortlstm.graphs.convert import convert_with_report, quantized_lstms
 
-    converted = convert(onnx.load(str(args.input)))
+    converted, nodes = convert_with_report(onnx.load(str(args.input)))
     onnx.save(converted, str(args.output))
-    count = sum(node.op_type == "LSTMTraining" for node in converted.graph.node)
-    print(f"{args.output}: {count} LSTM node(s) in the main graph now run as ortlstm.LSTMTraining")
+    print(f"{args.output}: {len(nodes)} LSTM node(s) now run as ortlstm.LSTMTraining:")
+    for node in nodes:
+        print(f"  {node.name!r} in {node.where}")
+    for node in quantized_lstms(converted):
+        print(f"  not converted: DynamicQuantizeLSTM {node.name!r} in {node.where} (quantized LSTMs are not trainable)")
     return 0
 
 
@@ -239,6 +245,7 @@ def _artifacts(args: argparse.Namespace) -> int:
         loss=getattr(ort_artifacts.LossType, args.loss),
         optimizer=getattr(ort_artifacts.OptimType, args.optimizer),
         artifact_directory=args.directory,
+        **({"loss_input_names": args.loss_input} if args.loss_input else {}),
     )
     for path in (result.training_model, result.eval_model, result.optimizer_model, result.checkpoint):
         print(path)
