@@ -1,16 +1,20 @@
-# Chooses the CBLAS that kernels_cpp/common/blas.cc calls and provides it as the target
-# ortlstm::blas. The backend is told to the sources by one macro:
+# Chooses the CBLAS backends that kernels_cpp/common/blas*.cc call and provides them as the
+# target ortlstm::blas. Each backend linked is told to the sources by one macro; when two are
+# linked, common/blas.cc picks one per process at run time (ChooseBlas: by CPU vendor, or
+# ORTLSTM_BLAS_BACKEND=mkl|openblas).
 #
-#   ORTLSTM_BLAS=mkl (default on x86-64)  oneMKL, sequential, linked statically from the
-#       mkl-static and mkl-include wheels (build requirements in pyproject.toml, found through
-#       the build's Python), so the installed library needs no BLAS at run time. Its packed GEMM
-#       (cblas_?gemm_pack/compute) lets the time loop reuse R in the BLAS's internal layout
-#       instead of re-packing it at every step. Sources get ORTLSTM_BLAS_MKL=1.
-#   ORTLSTM_BLAS=scipy-openblas32 (default elsewhere, e.g. aarch64)  OpenBLAS from the
-#       scipy-openblas32 wheel, also a runtime dependency there. Sources get
+#   ORTLSTM_BLAS=mkl+scipy-openblas32 (default on x86-64)  both of the next two: oneMKL on Intel
+#       CPUs, OpenBLAS on others (AMD: faster there, docs/benchmarks.md).
+#   ORTLSTM_BLAS=mkl  oneMKL only, sequential, linked statically from the mkl-static and
+#       mkl-include wheels (build requirements in pyproject.toml, found through the build's
+#       Python), so it needs nothing at run time. Its packed GEMM (cblas_?gemm_pack/compute) lets
+#       the time loop reuse R in the BLAS's internal layout instead of re-packing it at every step.
+#       Sources get ORTLSTM_BLAS_MKL=1.
+#   ORTLSTM_BLAS=scipy-openblas32 (default elsewhere, e.g. aarch64)  OpenBLAS only, from the
+#       scipy-openblas32 wheel (shared; a runtime dependency too). Sources get
 #       ORTLSTM_BLAS_PREFIX_SCIPY=1 and call scipy_cblas_*.
 #   ORTLSTM_BLAS=system  find_package(BLAS) plus a cblas.h; pick a vendor with BLA_VENDOR.
-#       Sources call cblas_*.
+#       Sources get ORTLSTM_BLAS_SYSTEM=1 and call cblas_*.
 #
 # Without a packed GEMM (OpenBLAS, system) the kernels run the ordinary GEMM at every step.
 #
@@ -19,18 +23,29 @@
 # site-packages when it comes from a wheel (used for the installed RUNPATH), else empty.
 
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
-  set(_ortlstm_default_blas "mkl")
+  set(_ortlstm_default_blas "mkl+scipy-openblas32")
 else()
   set(_ortlstm_default_blas "scipy-openblas32")
 endif()
-set(ORTLSTM_BLAS "${_ortlstm_default_blas}" CACHE STRING "BLAS backend: mkl, scipy-openblas32 or system")
-set_property(CACHE ORTLSTM_BLAS PROPERTY STRINGS mkl scipy-openblas32 system)
+set(ORTLSTM_BLAS "${_ortlstm_default_blas}" CACHE STRING
+    "BLAS backend: mkl+scipy-openblas32 (chosen at run time), mkl, scipy-openblas32 or system")
+set_property(CACHE ORTLSTM_BLAS PROPERTY STRINGS mkl+scipy-openblas32 mkl scipy-openblas32 system)
 
 add_library(ortlstm_blas INTERFACE)
 add_library(ortlstm::blas ALIAS ortlstm_blas)
 set(ORTLSTM_BLAS_SITE_RELATIVE_LIBDIR "")
+set(ORTLSTM_BLAS_DESCRIPTION "")
 
-if(ORTLSTM_BLAS STREQUAL "mkl")
+if(ORTLSTM_BLAS STREQUAL "mkl+scipy-openblas32")
+  set(_ortlstm_blas_parts mkl scipy-openblas32)
+elseif(ORTLSTM_BLAS MATCHES "^(mkl|scipy-openblas32|system)$")
+  set(_ortlstm_blas_parts "${ORTLSTM_BLAS}")
+else()
+  message(FATAL_ERROR
+    "ORTLSTM_BLAS='${ORTLSTM_BLAS}': expected mkl+scipy-openblas32, mkl, scipy-openblas32 or system")
+endif()
+
+if("mkl" IN_LIST _ortlstm_blas_parts)
   # The wheels put their files under <prefix>/lib and <prefix>/include; their recorded file
   # lists say where that prefix is, also inside pip's isolated build environments.
   execute_process(
@@ -59,8 +74,9 @@ print(directory_of("mkl-static", "libmkl_core.a") + ";" + directory_of("mkl-incl
   list(GET _ortlstm_mkl 0 _ortlstm_mkl_libdir)
   list(GET _ortlstm_mkl 1 _ortlstm_mkl_includedir)
   list(GET _ortlstm_mkl 2 _ortlstm_mkl_version)
-  set(ORTLSTM_BLAS_DESCRIPTION "oneMKL ${_ortlstm_mkl_version} (static, sequential)")
-  message(STATUS "BLAS: ${ORTLSTM_BLAS_DESCRIPTION} from ${_ortlstm_mkl_libdir}")
+  set(_ortlstm_mkl_description "oneMKL ${_ortlstm_mkl_version} (static, sequential)")
+  list(APPEND ORTLSTM_BLAS_DESCRIPTION "${_ortlstm_mkl_description}")
+  message(STATUS "BLAS: ${_ortlstm_mkl_description} from ${_ortlstm_mkl_libdir}")
   find_package(Threads REQUIRED)
   # The three libraries refer to each other: one link group. Sequential threading layer: threads
   # come from ORT's pool only. The version script keeps MKL's symbols out of the exports, so this
@@ -74,8 +90,9 @@ print(directory_of("mkl-static", "libmkl_core.a") + ";" + directory_of("mkl-incl
     Threads::Threads m ${CMAKE_DL_LIBS})
   target_include_directories(ortlstm_blas SYSTEM INTERFACE "${_ortlstm_mkl_includedir}")
   target_compile_definitions(ortlstm_blas INTERFACE ORTLSTM_BLAS_MKL=1)
+endif()
 
-elseif(ORTLSTM_BLAS STREQUAL "scipy-openblas32")
+if("scipy-openblas32" IN_LIST _ortlstm_blas_parts)
   execute_process(
     COMMAND "${Python_EXECUTABLE}" -c
       "import os, scipy_openblas32 as m; d = m.get_lib_dir(); site = os.path.dirname(os.path.dirname(m.__file__)); print(d + ';' + os.path.relpath(d, site).replace(os.sep, '/'))"
@@ -96,12 +113,14 @@ elseif(ORTLSTM_BLAS STREQUAL "scipy-openblas32")
   set(OpenBLAS_DIR "${_ortlstm_openblas_libdir}/cmake/openblas" CACHE PATH
       "OpenBLAS CMake config of the scipy-openblas32 wheel" FORCE)
   find_package(OpenBLAS CONFIG REQUIRED)
-  set(ORTLSTM_BLAS_DESCRIPTION "scipy-openblas32 ${OpenBLAS_VERSION} (shared)")
-  message(STATUS "BLAS: ${ORTLSTM_BLAS_DESCRIPTION} from ${_ortlstm_openblas_libdir}")
+  set(_ortlstm_openblas_description "scipy-openblas32 ${OpenBLAS_VERSION} (shared)")
+  list(APPEND ORTLSTM_BLAS_DESCRIPTION "${_ortlstm_openblas_description}")
+  message(STATUS "BLAS: ${_ortlstm_openblas_description} from ${_ortlstm_openblas_libdir}")
   target_link_libraries(ortlstm_blas INTERFACE OpenBLAS::OpenBLAS)
   target_compile_definitions(ortlstm_blas INTERFACE ORTLSTM_BLAS_PREFIX_SCIPY=1)
+endif()
 
-elseif(ORTLSTM_BLAS STREQUAL "system")
+if("system" IN_LIST _ortlstm_blas_parts)
   # FindBLAS probes symbols with a C compiler.
   enable_language(C)
   find_package(BLAS REQUIRED)
@@ -121,11 +140,18 @@ elseif(ORTLSTM_BLAS STREQUAL "system")
     message(FATAL_ERROR "ORTLSTM_BLAS=system: ${BLAS_LIBRARIES} does not provide cblas_sgemm "
                         "(try another BLA_VENDOR, e.g. -DBLA_VENDOR=OpenBLAS)")
   endif()
-  set(ORTLSTM_BLAS_DESCRIPTION "system (${BLAS_LIBRARIES})")
+  string(REPLACE ";" " " _ortlstm_blas_libraries "${BLAS_LIBRARIES}")
+  set(ORTLSTM_BLAS_DESCRIPTION "system (${_ortlstm_blas_libraries})")
+  target_compile_definitions(ortlstm_blas INTERFACE ORTLSTM_BLAS_SYSTEM=1)
   message(STATUS "BLAS: system (${BLAS_LIBRARIES}; cblas.h in ${ORTLSTM_CBLAS_INCLUDE_DIR})")
   target_link_libraries(ortlstm_blas INTERFACE BLAS::BLAS)
   target_include_directories(ortlstm_blas SYSTEM INTERFACE "${ORTLSTM_CBLAS_INCLUDE_DIR}")
 
-else()
-  message(FATAL_ERROR "ORTLSTM_BLAS='${ORTLSTM_BLAS}': expected mkl, scipy-openblas32 or system")
+endif()
+
+# "oneMKL ... + scipy-openblas32 ..., chosen at run time" when both are linked.
+list(LENGTH ORTLSTM_BLAS_DESCRIPTION _ortlstm_blas_count)
+list(JOIN ORTLSTM_BLAS_DESCRIPTION " + " ORTLSTM_BLAS_DESCRIPTION)
+if(_ortlstm_blas_count GREATER 1)
+  string(APPEND ORTLSTM_BLAS_DESCRIPTION ", chosen at run time")
 endif()

@@ -1,7 +1,8 @@
 # Run after linking (cmake -DLIBRARY=<.so> -DNM=<nm> -P CheckExports.cmake): fails unless the
-# library's dynamic symbol table defines RegisterCustomOps and nothing else.
+# library's dynamic symbol table defines exactly RegisterCustomOps (for ONNX Runtime) and
+# OrtLstmBlasBackend (which GEMM backend the process uses, for tools; kernels_cpp/register.cc).
 #
-# With -fvisibility=hidden the source must mark RegisterCustomOps visible itself: a version
+# With -fvisibility=hidden the source must mark each visible itself: a version
 # script cannot export a hidden symbol, and ORT_EXPORT from onnxruntime_c_api.h is empty on
 # Linux. Without this check the omission surfaces only when ORT fails to find the function.
 execute_process(COMMAND "${NM}" -D --defined-only "${LIBRARY}"
@@ -17,9 +18,10 @@ foreach(line IN LISTS lines)
     list(APPEND exported "${CMAKE_MATCH_2}")
   endif()
 endforeach()
-if(NOT exported STREQUAL "RegisterCustomOps")
+list(SORT exported)
+if(NOT exported STREQUAL "OrtLstmBlasBackend;RegisterCustomOps")
   message(FATAL_ERROR
-    "${LIBRARY} must export exactly RegisterCustomOps, but exports: '${exported}'.\n"
+    "${LIBRARY} must export exactly OrtLstmBlasBackend and RegisterCustomOps, but exports: '${exported}'.\n"
     "Define it as: extern \"C\" __attribute__((visibility(\"default\"))) OrtStatus* ORT_API_CALL "
     "RegisterCustomOps(OrtSessionOptions*, const OrtApiBase*)")
 endif()

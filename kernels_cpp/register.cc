@@ -52,6 +52,9 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
     string_arrays = api_base->GetApi(ortlstm::ort::kOrtApiVersionStringArrays);
   }
   ortlstm::ort::SetRuntime(api, string_arrays, release_minor);
+  // The GEMM backend for this process, by CPU or ORTLSTM_BLAS_BACKEND (common/blas.h).
+  const std::string blas_error = ortlstm::ChooseBlas();
+  if (!blas_error.empty()) return ortlstm::ort::MakeStatus(ORT_INVALID_ARGUMENT, "ortlstm: " + blas_error);
   // Threads come from ORT's intra-op pool only (common/parallel.h).
   ortlstm::UseSingleThreadedBlas();
 
@@ -76,4 +79,12 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   return Register(options, api_base);
+}
+
+// The GEMM backend this process uses, "mkl", "openblas" or "system": the one RegisterCustomOps
+// chose, or, before any registration, the one it will choose (and from then on keeps). NULL if
+// ORTLSTM_BLAS_BACKEND names no backend this build links. For tools and tests, through ctypes
+// (ortlstm.ops.library.blas_backend); needs no ONNX Runtime.
+extern "C" __attribute__((visibility("default"))) const char* OrtLstmBlasBackend(void) {
+  return ortlstm::BlasBackendName();
 }

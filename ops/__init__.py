@@ -2,7 +2,7 @@
 
 - ``schema``: each op declared once (ports, attributes, docs); everything else derives from it.
 - ``library_path()`` / ``session_options()``: the built kernel library and ORT session options
-  that load it.
+  that load it; ``blas_backend()``: the GEMM backend it uses in this process.
 - ``make_node``: an ortlstm node from keyword arguments, ordered by the spec.
 - ``opset()``: an onnxscript ``Opset`` for the domain.
 
@@ -13,13 +13,18 @@ from __future__ import annotations
 
 try:
     from ortlstm.ops import schema
-    from ortlstm.ops.library import LIBRARY_FILENAME, library_path, session_options
+    from ortlstm.ops.library import LIBRARY_FILENAME, blas_backend, library_path, session_options
     from ortlstm.ops.nodes import lstm_attributes, make_node
     from ortlstm.ops.onnx_defs import opset, register_onnx_schemas
 except ModuleNotFoundError:
     # Source checkout without an install (e.g. `python -m ops.codegen` from the repository root).
     from ops import schema  # type: ignore[no-redef]
-    from ops.library import LIBRARY_FILENAME, library_path, session_options  # type: ignore[no-redef]
+    from ops.library import (  # type: ignore[no-redef]
+        LIBRARY_FILENAME,
+        blas_backend,
+        library_path,
+        session_options,
+    )
     from ops.nodes import lstm_attributes, make_node  # type: ignore[no-redef]
     from ops.onnx_defs import opset, register_onnx_schemas  # type: ignore[no-redef]
 
@@ -32,6 +37,7 @@ __all__ = [
     "DOMAIN",
     "LIBRARY_FILENAME",
     "OPSET_VERSION",
+    "blas_backend",
     "library_path",
     "lstm_attributes",
     "make_node",

@@ -8,7 +8,9 @@ of the package (schemas, graph builders) works without it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -53,14 +55,46 @@ def _import_onnxruntime() -> ModuleType:
 
 
 def _load_blas() -> None:
-    # Only builds against scipy-openblas32 (the default off x86-64; x86-64 builds carry oneMKL
-    # inside the library) load a BLAS at run time. Importing scipy_openblas32 loads
+    # Builds against scipy-openblas32 (every default build: on x86-64 next to oneMKL, which is
+    # inside the library) load it at run time. Importing scipy_openblas32 loads
     # libscipy_openblas.so with RTLD_GLOBAL, so the kernel library resolves it even where its
     # RUNPATH does not lead to it (the two packages installed in different site directories, or
     # an in-place build). A library that needs it and lacks it fails to load in ORT with the name
     # of the missing libscipy_openblas.so.
     with contextlib.suppress(ImportError):
         importlib.import_module("scipy_openblas32")
+
+
+BLAS_BACKEND_VARIABLE = "ORTLSTM_BLAS_BACKEND"
+"""Environment variable that forces the GEMM backend: ``mkl`` or ``openblas`` (unset: by CPU)."""
+
+
+def blas_backend() -> str:
+    """Returns the GEMM backend the kernel library uses in this process: ``"mkl"`` or ``"openblas"``.
+
+    On x86-64 the library links both and chooses once per process, when it is first registered
+    with ONNX Runtime: oneMKL on Intel CPUs, OpenBLAS on AMD and others (measured:
+    docs/benchmarks.md), unless the environment variable ``ORTLSTM_BLAS_BACKEND`` forces one.
+    Called before any session registered it, this makes (and fixes) the same choice. Builds with
+    one BLAS always return it (``"system"`` for ``-DORTLSTM_BLAS=system``). Needs no ONNX Runtime.
+
+    Raises:
+        FileNotFoundError: The kernel library was not built.
+        ValueError: ``ORTLSTM_BLAS_BACKEND`` names no backend this build links.
+    """
+    _load_blas()
+    # The same path ORT loads, so the same (already loaded) copy and its choice.
+    library = ctypes.CDLL(library_path())
+    query = library.OrtLstmBlasBackend
+    query.restype = ctypes.c_char_p
+    query.argtypes = []
+    name = query()
+    if name is None:
+        raise ValueError(
+            f"{BLAS_BACKEND_VARIABLE}={os.environ.get(BLAS_BACKEND_VARIABLE, '')!r}: not a GEMM backend of this "
+            "build of ortlstm (expected mkl or openblas, or unset for the choice by CPU)"
+        )
+    return name.decode()
 
 
 def session_options(**options: object) -> onnxruntime.SessionOptions:

@@ -4,7 +4,8 @@
 #   infer     newest onnxruntime + the torch-free demo's deps       release build, full suite
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
-# plus the drift check of the generated files. Usage: bash scripts/test.sh [pytest args...]
+# plus the kernel tests with the GEMM backend this CPU does not choose (infer) and the drift check
+# of the generated files. Usage: bash scripts/test.sh [pytest args...]
 # pytest runs through its entry point, not `python -m pytest`, so that the checkout's ortlstm/
 # directory does not shadow the installed package.
 set -euo pipefail
@@ -38,6 +39,20 @@ export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
 "$venvs/infer/bin/pytest" tests "$@"
+
+# x86-64 builds link oneMKL and OpenBLAS and pick one by CPU vendor (kernels_cpp/common/blas.cc):
+# the kernel tests once more with the other one forced, so both stay correct on every machine.
+# (cd /: the checkout's ortlstm/ would shadow the installed package.)
+other_blas="$(cd / && "$venvs/infer/bin/python" -c '
+import pathlib, ortlstm.ops as o
+if b"chosen at run time" in pathlib.Path(o.library_path()).read_bytes():
+    print({"mkl": "openblas", "openblas": "mkl"}[o.blas_backend()])')"
+if [ -n "$other_blas" ]; then
+  section "kernel tests with ORTLSTM_BLAS_BACKEND=$other_blas (the backend this CPU does not choose)"
+  ORTLSTM_BLAS_BACKEND="$other_blas" "$venvs/infer/bin/pytest" -m "not slow" \
+    tests/test_lstm_training.py tests/test_lstm_grad.py tests/test_edge_cases.py tests/test_errors.py \
+    tests/test_blas_backend.py "$@"
+fi
 
 section "tests: onnxruntime-training-cpu"
 make_venv train ".[demo-training,test]"

@@ -1,25 +1,122 @@
-// GEMM through CBLAS. Empty products are handled here because CBLAS rejects leading dimensions
-// of 0 (and prints to stderr) even when there is nothing to compute.
+// GEMM through CBLAS, dispatched to the backend chosen for the process (ChooseBlas). Empty
+// products are handled here because CBLAS rejects leading dimensions of 0 (and prints to stderr)
+// even when there is nothing to compute.
 #include "common/blas.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <new>
 
-#if defined(ORTLSTM_BLAS_MKL)
-#include <mkl_cblas.h>
-#define ORTLSTM_CBLAS(name) cblas_##name
-#elif defined(ORTLSTM_BLAS_PREFIX_SCIPY)
-#include <cblas.h>
-#define ORTLSTM_CBLAS(name) scipy_cblas_##name
-#else
-#include <cblas.h>
-#define ORTLSTM_CBLAS(name) cblas_##name
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "common/blas_backends.h"
+
+#if !defined(ORTLSTM_BLAS_MKL) && !defined(ORTLSTM_BLAS_PREFIX_SCIPY) && !defined(ORTLSTM_BLAS_SYSTEM)
+#error "no BLAS backend: cmake/Blas.cmake defines ORTLSTM_BLAS_MKL, ORTLSTM_BLAS_PREFIX_SCIPY or ORTLSTM_BLAS_SYSTEM"
 #endif
 
 namespace ortlstm {
 namespace {
+
+enum class Backend : int { kNone = 0, kMkl, kOpenBlas, kSystem };
+
+constexpr const char* kEnvironmentVariable = "ORTLSTM_BLAS_BACKEND";
+
+const char* Name(Backend backend) {
+  switch (backend) {
+    case Backend::kMkl:
+      return "mkl";
+    case Backend::kOpenBlas:
+      return "openblas";
+    case Backend::kSystem:
+      return "system";
+    case Backend::kNone:
+      break;
+  }
+  return "none";
+}
+
+bool Linked(Backend backend) {
+  switch (backend) {
+#if defined(ORTLSTM_BLAS_MKL)
+    case Backend::kMkl:
+      return true;
+#endif
+#if defined(ORTLSTM_BLAS_PREFIX_SCIPY)
+    case Backend::kOpenBlas:
+      return true;
+#endif
+#if defined(ORTLSTM_BLAS_SYSTEM)
+    case Backend::kSystem:
+      return true;
+#endif
+    default:
+      return false;
+  }
+}
+
+std::string LinkedNames() {
+  std::string names;
+  for (Backend backend : {Backend::kMkl, Backend::kOpenBlas, Backend::kSystem}) {
+    if (!Linked(backend)) continue;
+    names += names.empty() ? "" : ", ";
+    names += Name(backend);
+  }
+  return names;
+}
+
+// "GenuineIntel", "AuthenticAMD", ... or "" off x86.
+std::string CpuVendor() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &max_leaf, &ebx, &ecx, &edx) == 0) return "";
+  char vendor[13];
+  std::memcpy(vendor + 0, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  vendor[12] = '\0';
+  return vendor;
+#else
+  return "";
+#endif
+}
+
+// oneMKL where it is fastest (Intel); elsewhere OpenBLAS, which on AMD Zen 3 ran the LSTM's GEMMs
+// faster than oneMKL (docs/benchmarks.md); whatever is linked when there is no choice.
+Backend Automatic() {
+  if (Linked(Backend::kMkl) && Linked(Backend::kOpenBlas)) {
+    return CpuVendor() == "GenuineIntel" ? Backend::kMkl : Backend::kOpenBlas;
+  }
+  for (Backend backend : {Backend::kMkl, Backend::kOpenBlas, Backend::kSystem}) {
+    if (Linked(backend)) return backend;
+  }
+  return Backend::kNone;
+}
+
+std::atomic<Backend> g_backend{Backend::kNone};
+std::mutex g_choose_mutex;
+
+// The backend every GEMM uses. Normally set by RegisterCustomOps; a kernel cannot run before, but
+// if something calls a GEMM first it gets the automatic choice rather than no BLAS at all.
+Backend Active() {
+  Backend backend = g_backend.load(std::memory_order_acquire);
+  if (backend == Backend::kNone) {
+    if (!ChooseBlas().empty()) {
+      std::lock_guard<std::mutex> lock(g_choose_mutex);
+      Backend expected = Backend::kNone;
+      g_backend.compare_exchange_strong(expected, Automatic(), std::memory_order_acq_rel);
+    }
+    backend = g_backend.load(std::memory_order_acquire);
+  }
+  return backend;
+}
 
 template <typename T>
 bool ScaleOnly(int64_t m, int64_t n, int64_t k, T beta, T* c, int64_t ldc) {
@@ -32,58 +129,96 @@ bool ScaleOnly(int64_t m, int64_t n, int64_t k, T beta, T* c, int64_t ldc) {
   return true;
 }
 
-CBLAS_TRANSPOSE Trans(bool t) { return t ? CblasTrans : CblasNoTrans; }
-
 // CBLAS takes int dimensions; the adapter's shape checks keep every dimension within range.
 int Int(int64_t value) {
   assert(value >= 0 && value <= INT_MAX);
   return static_cast<int>(value);
 }
 
+template <typename T>
+void Dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+              const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
+  switch (Active()) {
 #if defined(ORTLSTM_BLAS_MKL)
-// oneMKL's packed GEMM, by element type.
-size_t PackedSize(float, int64_t m, int64_t n, int64_t k) {
-  return cblas_sgemm_pack_get_size(CblasBMatrix, Int(m), Int(n), Int(k));
-}
-size_t PackedSize(double, int64_t m, int64_t n, int64_t k) {
-  return cblas_dgemm_pack_get_size(CblasBMatrix, Int(m), Int(n), Int(k));
-}
-void Pack(bool trans_b, int64_t m, int64_t n, int64_t k, const float* b, int64_t ldb, void* packed) {
-  cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, Trans(trans_b), Int(m), Int(n), Int(k), 1.0f, b, Int(ldb),
-                   static_cast<float*>(packed));
-}
-void Pack(bool trans_b, int64_t m, int64_t n, int64_t k, const double* b, int64_t ldb, void* packed) {
-  cblas_dgemm_pack(CblasRowMajor, CblasBMatrix, Trans(trans_b), Int(m), Int(n), Int(k), 1.0, b, Int(ldb),
-                   static_cast<double*>(packed));
-}
-void Compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const void* packed, float beta, float* c,
-             int64_t ldc) {
-  cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, Int(m), Int(n), Int(k), a, Int(lda),
-                      static_cast<const float*>(packed), Int(n), beta, c, Int(ldc));
-}
-void Compute(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const void* packed, double beta,
-             double* c, int64_t ldc) {
-  cblas_dgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, Int(m), Int(n), Int(k), a, Int(lda),
-                      static_cast<const double*>(packed), Int(n), beta, c, Int(ldc));
-}
+    case Backend::kMkl:
+      blas_backend::MklGemm(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a, Int(lda), b, Int(ldb), beta, c,
+                            Int(ldc));
+      return;
 #endif
+#if defined(ORTLSTM_BLAS_PREFIX_SCIPY)
+    case Backend::kOpenBlas:
+      blas_backend::OpenBlasGemm(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a, Int(lda), b, Int(ldb), beta, c,
+                                 Int(ldc));
+      return;
+#endif
+#if defined(ORTLSTM_BLAS_SYSTEM)
+    case Backend::kSystem:
+      blas_backend::SystemGemm(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a, Int(lda), b, Int(ldb), beta, c,
+                               Int(ldc));
+      return;
+#endif
+    default:
+      break;
+  }
+  assert(false && "no BLAS backend chosen");
+  std::abort();
+}
 
 constexpr std::align_val_t kPackedAlignment{64};
 
 }  // namespace
 
+std::string ChooseBlas() {
+  const char* forced = std::getenv(kEnvironmentVariable);
+  Backend wanted = Backend::kNone;
+  const bool is_forced = forced != nullptr && forced[0] != '\0';
+  if (is_forced) {
+    const std::string value(forced);
+    if (value == "mkl") {
+      wanted = Backend::kMkl;
+    } else if (value == "openblas") {
+      wanted = Backend::kOpenBlas;
+    } else if (value == "system") {
+      wanted = Backend::kSystem;
+    } else {
+      return std::string(kEnvironmentVariable) + "='" + value +
+             "' is not a BLAS backend: expected mkl or openblas (this build links " + LinkedNames() +
+             "), or unset for the choice by CPU";
+    }
+    if (!Linked(wanted)) {
+      return std::string(kEnvironmentVariable) + "=" + value + ", but this build of ortlstm does not link " +
+             Name(wanted) + " (it links " + LinkedNames() + "; see cmake/Blas.cmake)";
+    }
+  } else {
+    wanted = Automatic();
+  }
+  std::lock_guard<std::mutex> lock(g_choose_mutex);
+  const Backend current = g_backend.load(std::memory_order_acquire);
+  if (current == Backend::kNone) {
+    g_backend.store(wanted, std::memory_order_release);
+    return "";
+  }
+  if (is_forced && current != wanted) {
+    return std::string(kEnvironmentVariable) + "=" + Name(wanted) + ", but this process already runs ortlstm on " +
+           Name(current) + " (the backend is chosen once per process, when the library is first registered)";
+  }
+  return "";
+}
+
+const char* BlasBackendName() {
+  if (g_backend.load(std::memory_order_acquire) == Backend::kNone && !ChooseBlas().empty()) return nullptr;
+  return Name(g_backend.load(std::memory_order_acquire));
+}
+
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
-  ORTLSTM_CBLAS(sgemm)(CblasRowMajor, Trans(trans_a), Trans(trans_b), Int(m), Int(n), Int(k), alpha, a, Int(lda), b,
-                       Int(ldb), beta, c, Int(ldc));
+  Dispatch(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
           const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
-  ORTLSTM_CBLAS(dgemm)(CblasRowMajor, Trans(trans_a), Trans(trans_b), Int(m), Int(n), Int(k), alpha, a, Int(lda), b,
-                       Int(ldb), beta, c, Int(ldc));
+  Dispatch(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <typename T>
@@ -127,9 +262,9 @@ template <typename T>
 PackedGemmB<T>::PackedGemmB(bool trans_b, int64_t m, int64_t n, int64_t k, const T* b, int64_t ldb)
     : trans_b_(trans_b), m_(m), n_(n), k_(k), b_(b), ldb_(ldb) {
 #if defined(ORTLSTM_BLAS_MKL)
-  if (m == 0 || n == 0 || k == 0) return;
-  packed_.reset(::operator new(PackedSize(T(), m, n, k), kPackedAlignment));
-  Pack(trans_b, m, n, k, b, ldb, packed_.get());
+  if (m == 0 || n == 0 || k == 0 || Active() != Backend::kMkl) return;
+  packed_.reset(::operator new(blas_backend::MklPackedSize(T(), Int(m), Int(n), Int(k)), kPackedAlignment));
+  blas_backend::MklPack(trans_b, Int(m), Int(n), Int(k), b, Int(ldb), packed_.get());
 #endif
 }
 
@@ -137,7 +272,7 @@ template <typename T>
 void PackedGemmB<T>::Multiply(const T* a, int64_t lda, T beta, T* c, int64_t ldc) const {
 #if defined(ORTLSTM_BLAS_MKL)
   if (packed_) {
-    Compute(m_, n_, k_, a, lda, packed_.get(), beta, c, ldc);
+    blas_backend::MklCompute(Int(m_), Int(n_), Int(k_), a, Int(lda), packed_.get(), beta, c, Int(ldc));
     return;
   }
 #endif
@@ -148,8 +283,9 @@ template class PackedGemmB<float>;
 template class PackedGemmB<double>;
 
 void UseSingleThreadedBlas() {
+  // oneMKL is linked with its sequential layer; OpenBLAS starts with as many threads as cores.
 #if defined(ORTLSTM_BLAS_PREFIX_SCIPY)
-  scipy_openblas_set_num_threads(1);
+  blas_backend::OpenBlasSingleThreaded();
 #endif
 }
 

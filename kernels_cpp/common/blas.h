@@ -1,10 +1,12 @@
 // The only BLAS call site: row-major GEMMs for float and double, plain or with a pre-packed
-// right operand. The backend (oneMKL, OpenBLAS from scipy-openblas32, or a system CBLAS) is
-// chosen in CMake (cmake/Blas.cmake); nothing else includes a BLAS header.
+// right operand. Which backends are linked (oneMKL, OpenBLAS from scipy-openblas32, or a system
+// CBLAS) is decided in CMake (cmake/Blas.cmake); when a build links two (x86-64: oneMKL and
+// OpenBLAS), ChooseBlas picks one per process at run time. Nothing else includes a BLAS header.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/parallel.h"
 
@@ -25,8 +27,8 @@ void ParallelGemm(const Executor& executor, bool trans_a, bool trans_b, int64_t 
                   const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
 // The right operand op(B) [K, N] of GEMMs C[M, N] = A[M, K] * op(B) + beta * C that all have the
-// same M, N, K and B, such as H_{t-1} * R^T at every step of the time loop. Where the BLAS has a
-// packed GEMM (oneMKL), B is copied once into its internal panel layout and each Multiply runs
+// same M, N, K and B, such as H_{t-1} * R^T at every step of the time loop. When the backend in
+// use has a packed GEMM (oneMKL), B is copied once into its internal panel layout and each Multiply runs
 // on that copy; otherwise Multiply is an ordinary GEMM on B, which must then outlive this object.
 // Multiply with the same A and C gives the same values, call after call.
 template <typename T>
@@ -50,10 +52,23 @@ class PackedGemmB {
   int64_t k_ = 0;
   const T* b_ = nullptr;
   int64_t ldb_ = 0;
-  std::unique_ptr<void, Free> packed_;  // null when the backend has no packed GEMM or C is empty
+  std::unique_ptr<void, Free> packed_;  // null unless the backend is oneMKL and C is not empty
 };
 
 // Makes the BLAS run every call on the calling thread: threads come from the executor only.
 void UseSingleThreadedBlas();
+
+// Chooses the backend of every later GEMM, once per process (RegisterCustomOps calls it before
+// any kernel can run). ORTLSTM_BLAS_BACKEND=mkl|openblas forces one; unset or empty, the CPU
+// decides: oneMKL on GenuineIntel, OpenBLAS on any other vendor (AMD: measured in
+// docs/benchmarks.md), whichever the build links if only one. Returns "" on success, else why
+// not: an unknown value, a backend this build lacks, or a different backend than the one this
+// process already uses (the choice is fixed at the first registration, so that one process never
+// mixes backends and results stay bitwise reproducible). Thread-safe.
+std::string ChooseBlas();
+
+// The backend in use ("mkl", "openblas" or "system"), choosing it as ChooseBlas would if no
+// registration has yet; nullptr if that choice fails (ChooseBlas says why).
+const char* BlasBackendName();
 
 }  // namespace ortlstm
