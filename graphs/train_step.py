@@ -313,10 +313,9 @@ def build_training_models(
     new_params, new_state, grad_norm = update.params, update.state, update.total_norm
     new_param_outputs = {name: emitter.fresh(f"{name}.new") for name in params}
     new_state_outputs = {name: {slot: emitter.fresh(f"{name}.{slot}.new") for slot in slots[name]} for name in params}
-    for name in params:
-        emitter.op("Identity", [new_params[name]], outputs=[new_param_outputs[name]])
-        for slot in slots[name]:
-            emitter.op("Identity", [new_state[name][slot]], outputs=[new_state_outputs[name][slot]])
+    outputs_of = {new_param_outputs[name]: new_params[name] for name in params}
+    outputs_of.update({new_state_outputs[name][slot]: new_state[name][slot] for name in params for slot in slots[name]})
+    _name_outputs(emitter, first_opt_node, outputs_of)
     opt_nodes = emitter.nodes[first_opt_node:]
 
     # ---- value infos -------------------------------------------------------------------------
@@ -415,6 +414,31 @@ def build_training_models(
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
     )
+
+
+def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, str]) -> None:
+    """Gives each update's value its output name: the node that computes it writes the output.
+
+    An Identity to a graph output is a copy in onnxruntime (it cannot alias a bound output): one
+    pass over every parameter and moment per step (1.5 M values at (64, 32, 256, 256)). So the
+    producing node among ``emitter.nodes[first:]`` (the optimizer's) is renamed, and its readers
+    there; an Identity is left only for a value the optimizer did not compute or that feeds two
+    outputs.
+    """
+    nodes = emitter.nodes[first:]
+    producers = {name: node for node in nodes for name in node.output if name}
+    renamed: dict[str, str] = {}
+    for output, value in outputs_of.items():
+        node = producers.get(value)
+        if node is None or value in renamed:
+            emitter.op("Identity", [renamed.get(value, value)], outputs=[output])
+            continue
+        renamed[value] = output
+        node.output[list(node.output).index(value)] = output
+        for reader in nodes:
+            for index, name in enumerate(reader.input):
+                if name == value:
+                    reader.input[index] = output
 
 
 def _graph_with(

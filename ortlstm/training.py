@@ -528,6 +528,7 @@ class Trainer:
         inputs = {value.name: value_type_of(value) for value in self._models["eval"].graph.input}
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
+        self._checked_targets: set[tuple[ValueType | None, ValueType]] = set()
 
     # ---- construction from files ----------------------------------------------------------------
 
@@ -685,9 +686,10 @@ class Trainer:
         for name in outputs:
             binding.bind_output(name, "cpu")
         session.run_with_iobinding(binding)
-        # get_outputs() lists every bound output in binding order; the ones asked for were bound last.
-        values = binding.get_outputs()
-        return [value.numpy() for value in list(values)[len(values) - len(outputs) :]]
+        # Every bound output in binding order; the ones asked for were bound last. The raw vector:
+        # get_outputs() would wrap each parameter and state buffer in a Python OrtValue per step.
+        values = binding.get_outputs_as_ortvaluevector()
+        return [values[index].numpy() for index in range(len(values) - len(outputs), len(values))]
 
     # ---- feeds ------------------------------------------------------------------------------------
 
@@ -754,13 +756,16 @@ class Trainer:
         target_elem = (
             onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
         )
-        losses.check_target(
-            spec.loss,
-            prediction,
-            ValueType(target_elem, tuple(target_array.shape)),
-            prediction_name=spec.prediction,
-            target_name=spec.target or "target",
-        )
+        target_type = ValueType(target_elem, tuple(target_array.shape))
+        if (prediction, target_type) not in self._checked_targets:  # a loop feeds the same shapes
+            losses.check_target(
+                spec.loss,
+                prediction,
+                target_type,
+                prediction_name=spec.prediction,
+                target_name=spec.target or "target",
+            )
+            self._checked_targets.add((prediction, target_type))
         feeds[spec.target] = target_array  # type: ignore[index]
         return feeds
 
