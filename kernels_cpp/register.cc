@@ -81,7 +81,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   return Register(options, api_base);
 }
 
-// The GEMM backend this process uses, "mkl", "openblas" or "system": the one RegisterCustomOps
+// The GEMM backend this process uses, "mkl", "openblas", "openblas+mkl" or "system": the one RegisterCustomOps
 // chose, or, before any registration, the one it will choose (and from then on keeps). NULL if
 // ORTLSTM_BLAS_BACKEND names no backend this build links. For tools and tests, through ctypes
 // (ortlstm.ops.library.blas_backend); needs no ONNX Runtime.

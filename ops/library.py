@@ -66,15 +66,17 @@ def _load_blas() -> None:
 
 
 BLAS_BACKEND_VARIABLE = "ORTLSTM_BLAS_BACKEND"
-"""Environment variable that forces the GEMM backend: ``mkl`` or ``openblas`` (unset: by CPU)."""
+"""Environment variable that forces the GEMM backend: ``mkl``, ``openblas`` or ``openblas+mkl`` (unset: by CPU)."""
 
 
 def blas_backend() -> str:
-    """Returns the GEMM backend the kernel library uses in this process: ``"mkl"`` or ``"openblas"``.
+    """Returns the GEMM backend the kernel library uses in this process, e.g. ``"mkl"``.
 
-    On x86-64 the library links both and chooses once per process, when it is first registered
-    with ONNX Runtime: oneMKL on Intel CPUs, OpenBLAS on AMD and others (measured:
-    docs/benchmarks.md), unless the environment variable ``ORTLSTM_BLAS_BACKEND`` forces one.
+    On x86-64 the library links oneMKL and OpenBLAS and chooses once per process, when it is first
+    registered with ONNX Runtime: ``"mkl"`` on Intel CPUs; ``"openblas+mkl"`` on AMD and others,
+    OpenBLAS except GEMMs of fewer than 16 rows, which run on oneMKL (measured:
+    docs/benchmarks.md); unless the environment variable ``ORTLSTM_BLAS_BACKEND`` forces one
+    (``mkl``, ``openblas`` or ``openblas+mkl``).
     Called before any session registered it, this makes (and fixes) the same choice. Builds with
     one BLAS always return it (``"system"`` for ``-DORTLSTM_BLAS=system``). Needs no ONNX Runtime.
 
@@ -92,7 +94,7 @@ def blas_backend() -> str:
     if name is None:
         raise ValueError(
             f"{BLAS_BACKEND_VARIABLE}={os.environ.get(BLAS_BACKEND_VARIABLE, '')!r}: not a GEMM backend of this "
-            "build of ortlstm (expected mkl or openblas, or unset for the choice by CPU)"
+            "build of ortlstm (expected mkl, openblas or openblas+mkl, or unset for the choice by CPU)"
         )
     return name.decode()
 

@@ -40,13 +40,14 @@ export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
 "$venvs/infer/bin/pytest" tests "$@"
 
-# x86-64 builds link oneMKL and OpenBLAS and pick one by CPU vendor (kernels_cpp/common/blas.cc):
-# the kernel tests once more with the other one forced, so both stay correct on every machine.
+# x86-64 builds link oneMKL and OpenBLAS and pick by CPU vendor (kernels_cpp/common/blas.cc): mkl
+# on Intel, openblas+mkl elsewhere. The kernel tests once more with the other one forced, so both
+# stay correct on every machine (plain openblas: tests/test_blas_backend.py).
 # (cd /: the checkout's ortlstm/ would shadow the installed package.)
 other_blas="$(cd / && "$venvs/infer/bin/python" -c '
 import pathlib, ortlstm.ops as o
 if b"chosen at run time" in pathlib.Path(o.library_path()).read_bytes():
-    print({"mkl": "openblas", "openblas": "mkl"}[o.blas_backend()])')"
+    print({"mkl": "openblas+mkl", "openblas+mkl": "mkl", "openblas": "mkl"}[o.blas_backend()])')"
 if [ -n "$other_blas" ]; then
   section "kernel tests with ORTLSTM_BLAS_BACKEND=$other_blas (the backend this CPU does not choose)"
   ORTLSTM_BLAS_BACKEND="$other_blas" "$venvs/infer/bin/pytest" -m "not slow" \

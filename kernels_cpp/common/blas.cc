@@ -25,7 +25,12 @@
 namespace ortlstm {
 namespace {
 
-enum class Backend : int { kNone = 0, kMkl, kOpenBlas, kSystem };
+enum class Backend : int { kNone = 0, kMkl, kOpenBlas, kSystem, kOpenBlasMkl };
+
+// kOpenBlasMkl: OpenBLAS, except GEMMs with fewer rows than this (the time loop's steps at small
+// batches) run on oneMKL: on AMD Zen 3 OpenBLAS took 25 us for 1 x 512 x 128 against oneMKL's 7,
+// while from 16 rows on the two were even and OpenBLAS faster on the large GEMMs (docs/benchmarks.md).
+constexpr int64_t kMixedMklBelowRows = 16;
 
 constexpr const char* kEnvironmentVariable = "ORTLSTM_BLAS_BACKEND";
 
@@ -37,6 +42,8 @@ const char* Name(Backend backend) {
       return "openblas";
     case Backend::kSystem:
       return "system";
+    case Backend::kOpenBlasMkl:
+      return "openblas+mkl";
     case Backend::kNone:
       break;
   }
@@ -57,6 +64,10 @@ bool Linked(Backend backend) {
     case Backend::kSystem:
       return true;
 #endif
+#if defined(ORTLSTM_BLAS_MKL) && defined(ORTLSTM_BLAS_PREFIX_SCIPY)
+    case Backend::kOpenBlasMkl:
+      return true;
+#endif
     default:
       return false;
   }
@@ -64,7 +75,7 @@ bool Linked(Backend backend) {
 
 std::string LinkedNames() {
   std::string names;
-  for (Backend backend : {Backend::kMkl, Backend::kOpenBlas, Backend::kSystem}) {
+  for (Backend backend : {Backend::kMkl, Backend::kOpenBlas, Backend::kOpenBlasMkl, Backend::kSystem}) {
     if (!Linked(backend)) continue;
     names += names.empty() ? "" : ", ";
     names += Name(backend);
@@ -88,11 +99,11 @@ std::string CpuVendor() {
 #endif
 }
 
-// oneMKL where it is fastest (Intel); elsewhere OpenBLAS, which on AMD Zen 3 ran the LSTM's GEMMs
-// faster than oneMKL (docs/benchmarks.md); whatever is linked when there is no choice.
+// oneMKL where it is fastest (Intel); elsewhere OpenBLAS with oneMKL for GEMMs of few rows, which
+// on AMD Zen 3 beat either alone (docs/benchmarks.md); whatever is linked when there is no choice.
 Backend Automatic() {
-  if (Linked(Backend::kMkl) && Linked(Backend::kOpenBlas)) {
-    return CpuVendor() == "GenuineIntel" ? Backend::kMkl : Backend::kOpenBlas;
+  if (Linked(Backend::kOpenBlasMkl)) {
+    return CpuVendor() == "GenuineIntel" ? Backend::kMkl : Backend::kOpenBlasMkl;
   }
   for (Backend backend : {Backend::kMkl, Backend::kOpenBlas, Backend::kSystem}) {
     if (Linked(backend)) return backend;
@@ -139,7 +150,9 @@ template <typename T>
 void Dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (ScaleOnly(m, n, k, beta, c, ldc)) return;
-  switch (Active()) {
+  Backend backend = Active();
+  if (backend == Backend::kOpenBlasMkl) backend = m < kMixedMklBelowRows ? Backend::kMkl : Backend::kOpenBlas;
+  switch (backend) {
 #if defined(ORTLSTM_BLAS_MKL)
     case Backend::kMkl:
       blas_backend::MklGemm(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a, Int(lda), b, Int(ldb), beta, c,
@@ -179,11 +192,13 @@ std::string ChooseBlas() {
       wanted = Backend::kMkl;
     } else if (value == "openblas") {
       wanted = Backend::kOpenBlas;
+    } else if (value == "openblas+mkl") {
+      wanted = Backend::kOpenBlasMkl;
     } else if (value == "system") {
       wanted = Backend::kSystem;
     } else {
       return std::string(kEnvironmentVariable) + "='" + value +
-             "' is not a BLAS backend: expected mkl or openblas (this build links " + LinkedNames() +
+             "' is not a BLAS backend: expected mkl, openblas or openblas+mkl (this build links " + LinkedNames() +
              "), or unset for the choice by CPU";
     }
     if (!Linked(wanted)) {
@@ -262,7 +277,9 @@ template <typename T>
 PackedGemmB<T>::PackedGemmB(bool trans_b, int64_t m, int64_t n, int64_t k, const T* b, int64_t ldb)
     : trans_b_(trans_b), m_(m), n_(n), k_(k), b_(b), ldb_(ldb) {
 #if defined(ORTLSTM_BLAS_MKL)
-  if (m == 0 || n == 0 || k == 0 || Active() != Backend::kMkl) return;
+  const Backend backend = Active();
+  const bool mkl = backend == Backend::kMkl || (backend == Backend::kOpenBlasMkl && m < kMixedMklBelowRows);
+  if (m == 0 || n == 0 || k == 0 || !mkl) return;
   packed_.reset(::operator new(blas_backend::MklPackedSize(T(), Int(m), Int(n), Int(k)), kPackedAlignment));
   blas_backend::MklPack(trans_b, Int(m), Int(n), Int(k), b, Int(ldb), packed_.get());
 #endif

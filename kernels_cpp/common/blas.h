@@ -52,22 +52,23 @@ class PackedGemmB {
   int64_t k_ = 0;
   const T* b_ = nullptr;
   int64_t ldb_ = 0;
-  std::unique_ptr<void, Free> packed_;  // null unless the backend is oneMKL and C is not empty
+  std::unique_ptr<void, Free> packed_;  // null unless oneMKL runs this GEMM and C is not empty
 };
 
 // Makes the BLAS run every call on the calling thread: threads come from the executor only.
 void UseSingleThreadedBlas();
 
 // Chooses the backend of every later GEMM, once per process (RegisterCustomOps calls it before
-// any kernel can run). ORTLSTM_BLAS_BACKEND=mkl|openblas forces one; unset or empty, the CPU
-// decides: oneMKL on GenuineIntel, OpenBLAS on any other vendor (AMD: measured in
-// docs/benchmarks.md), whichever the build links if only one. Returns "" on success, else why
+// any kernel can run). ORTLSTM_BLAS_BACKEND=mkl|openblas|openblas+mkl forces one; unset or empty,
+// the CPU decides: oneMKL on GenuineIntel; on any other vendor openblas+mkl, i.e. OpenBLAS except
+// GEMMs of fewer than 16 rows, which run on oneMKL (AMD Zen 3: docs/benchmarks.md); whichever the
+// build links if only one. Returns "" on success, else why
 // not: an unknown value, a backend this build lacks, or a different backend than the one this
 // process already uses (the choice is fixed at the first registration, so that one process never
 // mixes backends and results stay bitwise reproducible). Thread-safe.
 std::string ChooseBlas();
 
-// The backend in use ("mkl", "openblas" or "system"), choosing it as ChooseBlas would if no
+// The backend in use ("mkl", "openblas", "openblas+mkl" or "system"), choosing it as ChooseBlas would if no
 // registration has yet; nullptr if that choice fails (ChooseBlas says why).
 const char* BlasBackendName();
 
