@@ -1007,7 +1007,10 @@ def _cpu_description() -> dict[str, str]:
     fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
     fields = {key.strip(): value.strip() for key, value in fields.items()}
     flags = set(fields.get("flags", "").split())
-    info["model"] = fields.get("model name", "unknown")
+    info["model"] = (
+        f"{fields.get('model name', 'unknown')} ({fields.get('vendor_id', '?')}, family "
+        f"{fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+    )
     info["logical cpus"] = str(text.count("processor\t:"))
     info["MHz (reported)"] = fields.get("cpu MHz", "?")
     info["cache"] = fields.get("cache size", "?")
@@ -1064,6 +1067,12 @@ def environment_description(threads: int, sources: Sequence[GemmSource]) -> dict
         )
     except (ImportError, FileNotFoundError) as error:
         info["ortlstm"] = f"unavailable: {error}"
+    try:
+        forced = os.environ.get("ORTLSTM_BLAS_BACKEND") or ""
+        how = f"forced by ORTLSTM_BLAS_BACKEND={forced}" if forced else "chosen by CPU vendor"
+        info["ortlstm GEMM backend"] = f"{ortlstm.ops.blas_backend()} ({how})"
+    except (ImportError, FileNotFoundError, ValueError, AttributeError) as error:
+        info["ortlstm GEMM backend"] = f"unknown: {error}"
     torch = _optional_module("torch")
     if torch is not None:
         mkldnn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
@@ -1398,6 +1407,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="SECONDS",
         help="before starting, wait up to this long for other processes to go quiet (default 0)",
     )
+    parser.add_argument(
+        "--blas",
+        choices=("auto", "mkl", "openblas", "openblas+mkl"),
+        default=None,
+        help="force ortlstm's GEMM backend (sets ORTLSTM_BLAS_BACKEND; auto unsets it; default: the environment's)",
+    )
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads < 1:
@@ -1435,6 +1450,11 @@ def main() -> None:
     Reads ``sys.argv``: the script re-executes itself with the same arguments (``_fix_thread_env``).
     """
     args = _parse_args(sys.argv[1:])
+    if args.blas is not None:
+        # Read by the kernel library when a session first registers it; inherited by the memory probes.
+        os.environ.pop("ORTLSTM_BLAS_BACKEND", None)
+        if args.blas != "auto":
+            os.environ["ORTLSTM_BLAS_BACKEND"] = args.blas
     _fix_thread_env(args.threads)
     if args.memory_probe:
         _run_probe(args.memory_probe, args.threads)

@@ -1,0 +1,247 @@
+"""sgemm on the LSTM's shapes, per BLAS: which backend should ortlstm use on this CPU?
+
+Times C = op(A) · op(B) (row-major, the transposes the kernels use) at the shapes one task of
+LSTMTraining / LSTMGrad runs with 2 ORT threads (per-step recurrent GEMM, input projection, the
+backward's window GEMMs; see docs/performance.md), each BLAS single-threaded as the kernels call
+it, plus the whole (unsplit) shapes with the BLAS's own 2 threads. BLASes:
+
+- ``openblas``: scipy-openblas32 (``scipy_cblas_sgemm``), the library ortlstm links (ctypes).
+- ``mkl``: oneMKL through ``libmkl_rt`` when ``--mkl-rt`` names one (``pip install mkl==<the
+  version in pyproject.toml>`` into any environment gives the same oneMKL ortlstm links
+  statically), plain and with B packed once (``cblas_sgemm_pack``/``compute``, as the forward's
+  time loop uses it).
+- ``torch.mm`` (PyTorch's oneMKL) and ``numpy.matmul`` (numpy's OpenBLAS) when importable.
+
+Medians of interleaved repetitions; prints a markdown table. Usage:
+    python benchmarks/bench_gemm.py [--mkl-rt /path/libmkl_rt.so.2] [--threads 1,2]
+Thread variables are fixed before any BLAS loads (the script re-executes itself once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+# (config, what, M, N, K, trans_a, trans_b): one task's GEMM with 2 ORT threads.
+SHAPES = [
+    ("S", "fwd step (whole batch)", 8, 256, 64, False, True),
+    ("M", "fwd step, group of 16 rows", 16, 1024, 256, False, True),
+    ("M", "fwd step, block of 128 units", 32, 512, 256, False, True),
+    ("M", "projection, half the rows", 1024, 1024, 256, False, True),
+    ("M", "bwd step, group of 16 rows", 16, 256, 1024, False, False),
+    ("M", "window dW/dR, half of 4H", 512, 256, 512, True, False),
+    ("M", "window dX, half the rows", 256, 256, 1024, False, False),
+    ("L", "fwd step, block of 256 units", 64, 1024, 512, False, True),
+    ("L", "projection, half the rows", 4096, 2048, 512, False, True),
+    ("L", "bwd step, block of 256 units", 64, 256, 2048, False, False),
+    ("L", "window dW/dR, half of 4H", 1024, 512, 512, True, False),
+    ("L", "window dX, half the rows", 256, 512, 2048, False, False),
+    ("B1", "fwd step, whole", 1, 512, 128, False, True),
+]
+# Whole shapes for the 2-thread rates (the GEMM limit's kind of number).
+WHOLE = [
+    ("M", "projection", 2048, 1024, 256, False, True),
+    ("M", "window dW", 1024, 256, 512, True, False),
+    ("L", "projection", 8192, 2048, 512, False, True),
+    ("L", "window dW", 2048, 512, 512, True, False),
+    ("-", "square 1024", 1024, 1024, 1024, False, False),
+]
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+MKL_B_MATRIX, MKL_PACKED = 162, 151
+
+
+def _fix_threads(threads: int) -> None:
+    wanted = str(threads)
+    if all(os.environ.get(name) == wanted for name in _THREAD_ENV):
+        return
+    for name in _THREAD_ENV:
+        os.environ[name] = wanted
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+class Cblas:
+    """A CBLAS sgemm through ctypes; ``prefix`` is ``scipy_`` for scipy-openblas32."""
+
+    def __init__(self, name: str, path: str, prefix: str, set_threads: str) -> None:
+        self.name = name
+        self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        self.sgemm = getattr(self.lib, f"{prefix}cblas_sgemm")
+        self.set_threads = getattr(self.lib, set_threads)
+
+    def threads(self, count: int) -> None:
+        self.set_threads(ctypes.c_int(count))
+
+
+def _operands(np, m: int, n: int, k: int, ta: bool, tb: bool):  # noqa: ANN001, ANN202
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    c = np.zeros((m, n), dtype=np.float32)
+    return a, b, c
+
+
+def cblas_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    a, b, c = _operands(np, m, n, k, ta, tb)
+    p = ctypes.c_void_p
+    args = (ROW_MAJOR, TRANS if ta else NO_TRANS, TRANS if tb else NO_TRANS, m, n, k, ctypes.c_float(1.0),
+            p(a.ctypes.data), a.shape[1], p(b.ctypes.data), b.shape[1], ctypes.c_float(0.0), p(c.ctypes.data), n)
+
+    def run() -> None:
+        blas.sgemm(*args)
+
+    run.keep = (a, b, c)  # type: ignore[attr-defined]
+    return run
+
+
+def mkl_packed_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    a, b, c = _operands(np, m, n, k, ta, tb)
+    lib = blas.lib
+    lib.cblas_sgemm_pack_get_size.restype = ctypes.c_size_t
+    size = lib.cblas_sgemm_pack_get_size(MKL_B_MATRIX, m, n, k)
+    packed = np.empty(size // 4 + 16, dtype=np.float32)
+    p = ctypes.c_void_p
+    lib.cblas_sgemm_pack(ROW_MAJOR, MKL_B_MATRIX, TRANS if tb else NO_TRANS, m, n, k, ctypes.c_float(1.0),
+                         p(b.ctypes.data), b.shape[1], p(packed.ctypes.data))
+    args = (ROW_MAJOR, TRANS if ta else NO_TRANS, MKL_PACKED, m, n, k, p(a.ctypes.data), a.shape[1],
+            p(packed.ctypes.data), n, ctypes.c_float(0.0), p(c.ctypes.data), n)
+
+    def run() -> None:
+        lib.cblas_sgemm_compute(*args)
+
+    run.keep = (a, b, c, packed)  # type: ignore[attr-defined]
+    return run
+
+
+def torch_call(np, torch, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    a, b, c = (torch.from_numpy(x) for x in _operands(np, m, n, k, ta, tb))
+    a = a.t() if ta else a
+    b = b.t() if tb else b
+
+    def run() -> None:
+        torch.mm(a, b, out=c)
+
+    return run
+
+
+def numpy_call(np, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    a, b, c = _operands(np, m, n, k, ta, tb)
+    a = a.T if ta else a
+    b = b.T if tb else b
+
+    def run() -> None:
+        np.matmul(a, b, out=c)
+
+    return run
+
+
+def median_seconds(calls: dict[str, Callable[[], None]], rounds: int, min_seconds: float) -> dict[str, float]:
+    """Interleaved rounds; each round runs each call enough times to last ``min_seconds``."""
+    reps = {}
+    for name, run in calls.items():
+        run()
+        start, count = time.perf_counter(), 0
+        while time.perf_counter() - start < min_seconds:
+            run()
+            count += 1
+        reps[name] = max(1, count)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        names = list(calls)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        for name in names:
+            start = time.perf_counter()
+            for _ in range(reps[name]):
+                calls[name]()
+            samples[name].append((time.perf_counter() - start) / reps[name])
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    """Parses the arguments, times every BLAS at every shape, prints the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mkl-rt", default=None, help="path of libmkl_rt.so.2 (oneMKL's single dynamic library)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--min-seconds", type=float, default=0.02, help="per call and round")
+    parser.add_argument("--threads", type=int, default=2, help="threads for the whole-shape table")
+    args = parser.parse_args()
+    _fix_threads(args.threads)
+
+    import numpy as np
+
+    blases: list[Cblas] = []
+    try:
+        import scipy_openblas32
+
+        path = os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+        blases.append(Cblas("openblas", path, "scipy_", "scipy_openblas_set_num_threads"))
+    except ImportError:
+        pass
+    if args.mkl_rt:
+        blases.append(Cblas("mkl", args.mkl_rt, "", "MKL_Set_Num_Threads"))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+
+    cpu = open("/proc/cpuinfo").read().split("\n\n")[0]  # noqa: SIM115
+    fields = dict(line.split(":", 1) for line in cpu.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    print(f"CPU: {fields.get('model name')} ({fields.get('vendor_id')}, family {fields.get('cpu family')}, model "
+          f"{fields.get('model')}); SIMD: {' '.join(f for f in ('avx2', 'fma', 'avx512f') if f in flags)}")
+    for blas in blases:
+        if blas.name == "openblas":
+            blas.lib.scipy_openblas_get_config.restype = ctypes.c_char_p
+            blas.lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
+            print(f"openblas: {blas.lib.scipy_openblas_get_config().decode()}, core "
+                  f"{blas.lib.scipy_openblas_get_corename().decode()}")
+        else:
+            buffer = ctypes.create_string_buffer(256)
+            blas.lib.MKL_Get_Version_String(buffer, 256)
+            print(f"mkl: {buffer.value.decode()}")
+    if torch is not None:
+        print(f"torch {torch.__version__}: {torch.__config__.show().splitlines()[3:5]}")
+    print(f"numpy {np.__version__}; load average before: {os.getloadavg()}")
+
+    def table(shapes: list[tuple], threads: int) -> None:
+        names: list[str] = []
+        rows = []
+        for config, what, m, n, k, ta, tb in shapes:
+            calls: dict[str, Callable[[], None]] = {}
+            for blas in blases:
+                blas.threads(threads)
+                calls[blas.name] = cblas_call(np, blas, m, n, k, ta, tb)
+                if blas.name == "mkl" and threads == 1:
+                    calls["mkl packed B"] = mkl_packed_call(np, blas, m, n, k, ta, tb)
+            if torch is not None:
+                torch.set_num_threads(threads)
+                calls["torch.mm"] = torch_call(np, torch, m, n, k, ta, tb)
+            if threads == args.threads:
+                calls["numpy"] = numpy_call(np, m, n, k, ta, tb)
+            seconds = median_seconds(calls, args.rounds, args.min_seconds)
+            names = list(seconds)
+            flops = 2.0 * m * n * k
+            best = min(seconds.values())
+            cells = [f"{1e6 * s:.0f} us, {flops / s / 1e9:.0f}" + ("**" if s == best else "") for s in seconds.values()]
+            t = ("A^T " if ta else "") + ("B^T" if tb else "")
+            rows.append(f"| {config} | {what} | {m} x {n} x {k} {t} | " + " | ".join(cells) + " |")
+        print(f"\n{threads} thread(s): time per call, GFLOP/s (** fastest)\n")
+        print("| config | GEMM | M x N x K | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---:|" * len(names))
+        print("\n".join(rows))
+
+    table(SHAPES, 1)
+    table(WHOLE, args.threads)
+    print(f"\nload average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
