@@ -77,6 +77,7 @@ class Cblas:
         self.set_threads = getattr(self.lib, set_threads)
 
     def threads(self, count: int) -> None:
+        """Sets the library's own thread count."""
         self.set_threads(ctypes.c_int(count))
 
 
@@ -89,10 +90,25 @@ def _operands(np, m: int, n: int, k: int, ta: bool, tb: bool):  # noqa: ANN001, 
 
 
 def cblas_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    """One row-major sgemm through a CBLAS, as a callable."""
     a, b, c = _operands(np, m, n, k, ta, tb)
     p = ctypes.c_void_p
-    args = (ROW_MAJOR, TRANS if ta else NO_TRANS, TRANS if tb else NO_TRANS, m, n, k, ctypes.c_float(1.0),
-            p(a.ctypes.data), a.shape[1], p(b.ctypes.data), b.shape[1], ctypes.c_float(0.0), p(c.ctypes.data), n)
+    args = (
+        ROW_MAJOR,
+        TRANS if ta else NO_TRANS,
+        TRANS if tb else NO_TRANS,
+        m,
+        n,
+        k,
+        ctypes.c_float(1.0),
+        p(a.ctypes.data),
+        a.shape[1],
+        p(b.ctypes.data),
+        b.shape[1],
+        ctypes.c_float(0.0),
+        p(c.ctypes.data),
+        n,
+    )
 
     def run() -> None:
         blas.sgemm(*args)
@@ -102,16 +118,40 @@ def cblas_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # noqa:
 
 
 def mkl_packed_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    """One sgemm through oneMKL's packed API, B packed once up front, as a callable."""
     a, b, c = _operands(np, m, n, k, ta, tb)
     lib = blas.lib
     lib.cblas_sgemm_pack_get_size.restype = ctypes.c_size_t
     size = lib.cblas_sgemm_pack_get_size(MKL_B_MATRIX, m, n, k)
     packed = np.empty(size // 4 + 16, dtype=np.float32)
     p = ctypes.c_void_p
-    lib.cblas_sgemm_pack(ROW_MAJOR, MKL_B_MATRIX, TRANS if tb else NO_TRANS, m, n, k, ctypes.c_float(1.0),
-                         p(b.ctypes.data), b.shape[1], p(packed.ctypes.data))
-    args = (ROW_MAJOR, TRANS if ta else NO_TRANS, MKL_PACKED, m, n, k, p(a.ctypes.data), a.shape[1],
-            p(packed.ctypes.data), n, ctypes.c_float(0.0), p(c.ctypes.data), n)
+    lib.cblas_sgemm_pack(
+        ROW_MAJOR,
+        MKL_B_MATRIX,
+        TRANS if tb else NO_TRANS,
+        m,
+        n,
+        k,
+        ctypes.c_float(1.0),
+        p(b.ctypes.data),
+        b.shape[1],
+        p(packed.ctypes.data),
+    )
+    args = (
+        ROW_MAJOR,
+        TRANS if ta else NO_TRANS,
+        MKL_PACKED,
+        m,
+        n,
+        k,
+        p(a.ctypes.data),
+        a.shape[1],
+        p(packed.ctypes.data),
+        n,
+        ctypes.c_float(0.0),
+        p(c.ctypes.data),
+        n,
+    )
 
     def run() -> None:
         lib.cblas_sgemm_compute(*args)
@@ -121,6 +161,7 @@ def mkl_packed_call(np, blas: Cblas, m, n, k, ta, tb) -> Callable[[], None]:  # 
 
 
 def torch_call(np, torch, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    """One torch.mm into a preallocated output, as a callable."""
     a, b, c = (torch.from_numpy(x) for x in _operands(np, m, n, k, ta, tb))
     a = a.t() if ta else a
     b = b.t() if tb else b
@@ -132,6 +173,7 @@ def torch_call(np, torch, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN00
 
 
 def numpy_call(np, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
+    """One numpy.matmul into a preallocated output, as a callable."""
     a, b, c = _operands(np, m, n, k, ta, tb)
     a = a.T if ta else a
     b = b.T if tb else b
@@ -195,14 +237,18 @@ def main() -> None:
     fields = dict(line.split(":", 1) for line in cpu.splitlines() if ":" in line)
     fields = {key.strip(): value.strip() for key, value in fields.items()}
     flags = set(fields.get("flags", "").split())
-    print(f"CPU: {fields.get('model name')} ({fields.get('vendor_id')}, family {fields.get('cpu family')}, model "
-          f"{fields.get('model')}); SIMD: {' '.join(f for f in ('avx2', 'fma', 'avx512f') if f in flags)}")
+    print(
+        f"CPU: {fields.get('model name')} ({fields.get('vendor_id')}, family {fields.get('cpu family')}, model "
+        f"{fields.get('model')}); SIMD: {' '.join(f for f in ('avx2', 'fma', 'avx512f') if f in flags)}"
+    )
     for blas in blases:
         if blas.name == "openblas":
             blas.lib.scipy_openblas_get_config.restype = ctypes.c_char_p
             blas.lib.scipy_openblas_get_corename.restype = ctypes.c_char_p
-            print(f"openblas: {blas.lib.scipy_openblas_get_config().decode()}, core "
-                  f"{blas.lib.scipy_openblas_get_corename().decode()}")
+            print(
+                f"openblas: {blas.lib.scipy_openblas_get_config().decode()}, core "
+                f"{blas.lib.scipy_openblas_get_corename().decode()}"
+            )
         else:
             buffer = ctypes.create_string_buffer(256)
             blas.lib.MKL_Get_Version_String(buffer, 256)

@@ -16,9 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import ortlstm.ops
+import pytest
 
 VARIABLE = "ORTLSTM_BLAS_BACKEND"
 TESTS = str(Path(__file__).resolve().parent)

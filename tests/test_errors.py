@@ -273,9 +273,7 @@ def test_message_of_a_node_without_name() -> None:
 
 # Attributes of another type than the spec declares. The C API (version 19) has no type query:
 # the kernel probes each getter, and string lists show only where it can read them (>= 1.25).
-_STRINGS_SEEN = (
-    "STRINGS" if READS_STRING_LISTS else "another type (not INT, FLOAT, STRING or a non-empty INTS, FLOATS)"
-)
+_STRINGS_SEEN = "STRINGS" if READS_STRING_LISTS else "another type (not INT, FLOAT, STRING or a non-empty INTS, FLOATS)"
 _WRONG_TYPES = [
     ("hidden_size", 5.0, "FLOAT"),
     ("hidden_size", [5], "INTS"),
