@@ -1,4 +1,10 @@
-"""torch.optim's SGD, Adam and AdamW and clip_grad_norm_ as ONNX nodes in standard ops.
+"""torch.optim's SGD, Adam and AdamW and clip_grad_norm_ as ONNX nodes.
+
+SGD and clipping are standard ops. Adam and AdamW emit one ``ortlstm::AdamUpdate`` node per
+parameter by default (the ortlstm library's kernel: one pass over the parameter, threaded, true
+fused multiply-adds; docs/ops.md#adamupdate), or the same update in standard ops with
+``implementation="onnx"`` (about 20 nodes per parameter, float64 temporaries), which runs without
+the library. Both follow the description below.
 
 Each optimizer is a frozen dataclass with torch's hyperparameter names and defaults. The
 learning rate and the step number are graph inputs, so a schedule changes them per run without
@@ -43,8 +49,10 @@ import onnx.helper
 
 try:
     from ortlstm.graphs.autodiff.emitter import GraphEmitter
+    from ortlstm.ops import schema
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
+    from ops import schema  # type: ignore[no-redef]
 
 _DOUBLE = onnx.TensorProto.DOUBLE
 
@@ -363,6 +371,14 @@ class Adam(Optimizer):
         maximize: Maximize the objective instead of minimizing it.
         fused_multiply_add: Round ``a * b + c`` once where torch's CPU kernels do (float32 and
             16-bit parameters; costs float64 temporaries). Not a torch hyperparameter.
+        implementation: ``"ortlstm"`` (default): one ``ortlstm::AdamUpdate`` node per parameter,
+            which needs the ortlstm library in the session (the train step does); always fused,
+            so it needs ``fused_multiply_add=True``, and float32 or float64 parameters.
+            ``"onnx"``: standard ONNX ops only (about 20 nodes per parameter, float64 temporaries
+            for the fused multiply-adds), runnable without the library. The two agree bit for bit
+            for float32 parameters (barring the one-in-2**29 double rounding of the emulation);
+            for float64 the kernel's true fused multiply-adds are torch's, the graph's round twice.
+            Not a torch hyperparameter.
     """
 
     torch_name: ClassVar[str] = "Adam"
@@ -374,6 +390,7 @@ class Adam(Optimizer):
     amsgrad: bool = False
     maximize: bool = False
     fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
+    implementation: str = dataclasses.field(default="ortlstm", kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(beta) for beta in self.betas))
@@ -388,6 +405,16 @@ class Adam(Optimizer):
                 raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
         if not self.weight_decay >= 0.0:
             raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
+        if self.implementation not in ADAM_IMPLEMENTATIONS:
+            raise ValueError(
+                f"implementation: expected one of {', '.join(map(repr, ADAM_IMPLEMENTATIONS))}, "
+                f"got {self.implementation!r}"
+            )
+        if self.implementation == "ortlstm" and not self.fused_multiply_add:
+            raise ValueError(
+                "implementation='ortlstm' always fuses the multiply-adds torch fuses; "
+                "for fused_multiply_add=False use implementation='onnx'"
+            )
 
     def state_slots(self) -> tuple[str, ...]:
         """``exp_avg``, ``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``."""
@@ -424,6 +451,8 @@ class Adam(Optimizer):
         """See the class docstring."""
         self._check_state(param, state)
         elem_type = _param_elem_type(emitter, param)
+        if self.implementation == "ortlstm":
+            return self._update_node(emitter, param, grad, state, scalars, elem_type)
         dtype = _np_dtype(elem_type)
         beta1, beta2 = self.betas
         fused = self.fused_multiply_add
@@ -468,6 +497,53 @@ class Adam(Optimizer):
         self._finish(emitter, param, new_param, new_state)
         return new_param, new_state
 
+    def _update_node(
+        self,
+        emitter: GraphEmitter,
+        param: str,
+        grad: str,
+        state: Mapping[str, str],
+        scalars: Mapping[str, str],
+        elem_type: int,
+    ) -> tuple[str, dict[str, str]]:
+        """The same update as one ``ortlstm::AdamUpdate`` node (docs/ops.md#adamupdate)."""
+        if elem_type not in (onnx.TensorProto.FLOAT, _DOUBLE):
+            raise ValueError(
+                f"parameter {param!r} is {onnx.TensorProto.DataType.Name(elem_type)}; AdamUpdate takes FLOAT or "
+                "DOUBLE parameters: use implementation='onnx' for others"
+            )
+        beta1, beta2 = self.betas
+        op = schema.ADAM_UPDATE
+        inputs = {
+            "param": param,
+            "grad": grad,
+            "exp_avg": state["exp_avg"],
+            "exp_avg_sq": state["exp_avg_sq"],
+            "neg_step_size": scalars["neg_step_size"],
+            "bias_correction2_sqrt": scalars["bias_correction2_sqrt"],
+            # torch rounds these Python floats to the tensor's type where it hands them to a kernel.
+            "exp_avg_weight": _const(emitter, 1.0 - beta1, elem_type),
+            "beta2": _const(emitter, beta2, elem_type),
+            "exp_avg_sq_weight": _const(emitter, 1.0 - beta2, elem_type),
+            "eps": _const(emitter, self.eps, elem_type),
+        }
+        if self.amsgrad:
+            inputs["max_exp_avg_sq"] = state["max_exp_avg_sq"]
+        if self.weight_decay != 0:
+            if self.decoupled_weight_decay:
+                inputs["decay"] = scalars["decay"]
+            else:
+                inputs["weight_decay"] = _const(emitter, self.weight_decay, elem_type)
+        ordered = [inputs.get(name, "") for name in schema.input_names(op)]
+        while not ordered[-1]:
+            ordered.pop()
+        slots = self.state_slots()
+        outputs = [emitter.fresh(f"{param}.new"), *(emitter.fresh(f"{param}.{slot}.new") for slot in slots)]
+        emitter.op_multi(op.name, ordered, outputs=outputs, domain=op.domain, maximize=int(self.maximize))
+        new_state = dict(zip(slots, outputs[1:], strict=True))
+        self._finish(emitter, param, outputs[0], new_state)
+        return outputs[0], new_state
+
 
 @dataclasses.dataclass(frozen=True)
 class AdamW(Adam):
@@ -485,12 +561,16 @@ class AdamW(Adam):
         maximize: Maximize the objective instead of minimizing it.
         fused_multiply_add: Round ``a * b + c`` once where torch's CPU kernels do (float32 and
             16-bit parameters; costs float64 temporaries). Not a torch hyperparameter.
+        implementation: ``"ortlstm"`` (one fused node per parameter) or ``"onnx"``: as Adam's.
     """
 
     torch_name: ClassVar[str] = "AdamW"
     decoupled_weight_decay: ClassVar[bool] = True
     weight_decay: float = 1e-2
 
+
+ADAM_IMPLEMENTATIONS = ("ortlstm", "onnx")
+"""Values of Adam's and AdamW's ``implementation``: the fused ortlstm op or standard ONNX ops."""
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"SGD": SGD, "Adam": Adam, "AdamW": AdamW}
 """torch.optim class name -> the optimizer here."""

@@ -31,6 +31,7 @@ try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names
     from ortlstm.graphs.convert import MAX_IR_VERSION
     from ortlstm.graphs.prepare import PreparedModel, prepare_model
+    from ortlstm.ops import schema as ortlstm_schema
 except ModuleNotFoundError:
     from graphs import losses as losses_module  # type: ignore[no-redef]
     from graphs import optimizers as optimizers_module  # type: ignore[no-redef]
@@ -43,6 +44,7 @@ except ModuleNotFoundError:
     from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names  # type: ignore[no-redef]
     from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
     from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
+    from ops import schema as ortlstm_schema  # type: ignore[no-redef]
 
 LR_INPUT = "lr"
 STEP_INPUT = "step"
@@ -186,6 +188,21 @@ def _set_dropout_training(graph: onnx.GraphProto, training: bool, emitter: Graph
         while len(node.input) < 3:
             node.input.append("")
         node.input[2] = flag
+
+
+def _opsets_for(
+    opsets: Sequence[onnx.OperatorSetIdProto], nodes: Sequence[onnx.NodeProto]
+) -> list[onnx.OperatorSetIdProto]:
+    """``opsets``, plus the ortlstm domain if a node uses it and they lack it.
+
+    That happens for the optimizer's AdamUpdate nodes in a model without LSTMs.
+    """
+    result = list(opsets)
+    if any(node.domain == ortlstm_schema.DOMAIN for node in nodes) and all(
+        entry.domain != ortlstm_schema.DOMAIN for entry in result
+    ):
+        result.append(onnx.helper.make_opsetid(ortlstm_schema.DOMAIN, ortlstm_schema.OPSET_VERSION))
+    return result
 
 
 def build_training_models(
@@ -350,7 +367,7 @@ def build_training_models(
         # parts, so every model gets all of them; _without_unused drops those it does not read.
         base = [*kept_initializers, *emitter.initializers] if with_forward else list(emitter.initializers)
         new_graph = onnx.helper.make_graph(all_nodes, name, list(inputs), list(outputs), base)
-        result = onnx.helper.make_model(new_graph, opset_imports=list(forward.opset_import))
+        result = onnx.helper.make_model(new_graph, opset_imports=_opsets_for(forward.opset_import, all_nodes))
         result.ir_version = ir_version
         result.functions.extend(forward.functions)
         return _without_unused(result)

@@ -83,6 +83,18 @@ def render_header() -> str:
     ]
     for op in schema.OPS:
         lines += ["", *_render_op_namespace(op)]
+    for op in schema.OPTIMIZER_OPS:
+        # Their attributes are their own (the LSTM ops share attr:: below): named in the op's namespace.
+        attributes = [
+            f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in op.attributes
+        ]
+        attributes += [
+            _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr)
+            for attr in op.attributes
+            if attr.default is not None
+        ]
+        namespace = _render_op_namespace(op)
+        lines += ["", *namespace[:-1], *attributes, namespace[-1]]
     lines += [
         "",
         *_render_attribute_namespace(),
@@ -101,13 +113,15 @@ def render_docs() -> str:
     Returns:
         The Markdown text.
     """
+    optimizer_ops = schema.OPTIMIZER_OPS
     lines = [
         "# ortlstm operators",
         "",
         f"<!-- {_GENERATED_NOTE} -->",
         "",
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
-        f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}.",
+        f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
+        f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}.",
         "",
         "A NumPy reference implementation of both ops (`ortlstm.reference`, for onnx's `ReferenceEvaluator`) and",
         "conformance test data in ONNX's node-test layout (tests/conformance/data) with a runner for any backend:",
@@ -127,6 +141,8 @@ def render_docs() -> str:
         "tensor that has one; the tables show both layouts.",
     ]
     for op in schema.OPS:
+        lines += ["", *_render_op_docs(op)]
+    for op in schema.OPTIMIZER_OPS:
         lines += ["", *_render_op_docs(op)]
     return "\n".join(lines) + "\n"
 
@@ -318,17 +334,29 @@ def _bools(values: Iterable[bool]) -> str:
 
 def _render_op_docs(op: schema.OpSpec) -> list[str]:
     lines = [f"## {op.name}", "", f"`{op.domain}::{op.name}`, since version {op.version}.", "", op.doc, ""]
+    lstm_shapes = all(port.shape_doc is None for port in op.inputs + op.outputs)
     for title, ports in (("Inputs", op.inputs), ("Outputs", op.outputs)):
-        lines += [
-            f"### {title}",
-            "",
-            "| # | Name | Shape (layout=0) | Shape (layout=1) | Type | Optional | Differentiable | Description |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
+        if lstm_shapes:
+            lines += [
+                f"### {title}",
+                "",
+                "| # | Name | Shape (layout=0) | Shape (layout=1) | Type | Optional | Differentiable | Description |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+        else:
+            lines += [
+                f"### {title}",
+                "",
+                "| # | Name | Shape | Type | Optional | Differentiable | Description |",
+                "|---|---|---|---|---|---|---|",
+            ]
         for index, port in enumerate(ports):
-            shapes = [_shape(schema.shape_for_layout(port, layout)) for layout in (0, 1)]
+            if lstm_shapes:
+                shapes = " | ".join(_shape(schema.shape_for_layout(port, layout)) for layout in (0, 1))
+            else:
+                shapes = _cell(port.shape_doc or "")
             lines.append(
-                f"| {index} | `{port.name}` | {shapes[0]} | {shapes[1]} | {port.type_str} | "
+                f"| {index} | `{port.name}` | {shapes} | {port.type_str} | "
                 f"{_yes_no(port.optional)} | {_yes_no(port.differentiable)} | {_cell(port.doc)} |"
             )
         lines.append("")

@@ -51,7 +51,8 @@ def build_op_schema(op: schema.OpSpec) -> onnx.defs.OpSchema:
         ],
         attributes=[_attribute(attr) for attr in op.attributes],
     )
-    op_schema.set_type_and_shape_inference_function(functools.partial(infer_types_and_shapes, op))
+    inference = infer_optimizer_types_and_shapes if op in schema.OPTIMIZER_OPS else infer_types_and_shapes
+    op_schema.set_type_and_shape_inference_function(functools.partial(inference, op))
     return op_schema
 
 
@@ -65,7 +66,7 @@ def register_onnx_schemas() -> None:
     Raises:
         RuntimeError: If an op of the same name, domain and version with other ports is registered.
     """
-    for op in schema.OPS:
+    for op in schema.OPS + schema.OPTIMIZER_OPS:
         if onnx.defs.has(op.name, op.version, op.domain):
             _check_registered(op)
             continue
@@ -147,6 +148,26 @@ def infer_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.Inferenc
         tensor_type.shape.SetInParent()
         for expression in schema.shape_for_layout(port, layout):
             dims.write(expression, tensor_type.shape.dim.add())
+        ctx.set_output_type(index, output_type)
+
+
+def infer_optimizer_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Gives each present output of an optimizer op (``schema.OPTIMIZER_OPS``) its first input's type and shape.
+
+    Every tensor output of those ops is "as param", the first input; the kernels check the others.
+
+    Args:
+        op: The op spec the node instantiates.
+        ctx: onnx's inference context for the node.
+    """
+    param_type = _input_tensor_type(ctx, 0)
+    if param_type is None:
+        return
+    for index, port in enumerate(op.outputs):
+        if index >= ctx.get_num_outputs() or not ctx.has_output(index) or port.shape_doc != schema.SHAPE_AS_PARAM:
+            continue
+        output_type = onnx.TypeProto()
+        output_type.tensor_type.CopyFrom(param_type)
         ctx.set_output_type(index, output_type)
 
 
@@ -245,11 +266,13 @@ def _formal_parameter(port: schema.PortSpec) -> onnx.defs.OpSchema.FormalParamet
         if port.differentiable
         else _OpSchema.DifferentiationCategory.NonDifferentiable
     )
-    shape = ", ".join(port.shape)
+    shape = (
+        f"Shape: {port.shape_doc}." if port.shape_doc is not None else f"Shape [{', '.join(port.shape)}] (layout=0)."
+    )
     return _OpSchema.FormalParameter(
         port.name,
         port.type_str,
-        f"{port.doc} Shape [{shape}] (layout=0).",
+        f"{port.doc} {shape}",
         param_option=option,
         differentiation_category=category,
     )

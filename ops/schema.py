@@ -107,6 +107,8 @@ class PortSpec:
         differentiable: Whether gradients flow through this port (ONNX differentiation category).
         gradient_of: For a port of the gradient op, the forward port whose gradient it carries
             (``grad_HAll`` carries HAll's, ``dX`` X's); gradient-graph builders map ports by it.
+        shape_doc: For a port of an op that is not an LSTM (the optimizer ops), its shape in words
+            (e.g. "as param"); ``shape`` is then empty.
     """
 
     name: str
@@ -116,11 +118,14 @@ class PortSpec:
     optional: bool
     differentiable: bool
     gradient_of: str | None = None
+    shape_doc: str | None = None
 
     def __post_init__(self) -> None:
         """Rejects malformed shape entries when the spec is declared, not when it is used."""
         for expression in self.shape:
             parse_dim(expression)
+        if self.shape_doc is not None and self.shape:
+            raise ValueError(f"port {self.name!r}: shape_doc describes a shape that has no LSTM dims; shape must be ()")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,10 +308,11 @@ def op_by_name(name: str) -> OpSpec:
     Raises:
         KeyError: If no op of that name is declared.
     """
-    for op in OPS:
+    every = OPS + OPTIMIZER_OPS
+    for op in every:
         if op.name == name:
             return op
-    raise KeyError(f"no op {name!r} in domain {DOMAIN!r}; ops are {[op.name for op in OPS]}")
+    raise KeyError(f"no op {name!r} in domain {DOMAIN!r}; ops are {[op.name for op in every]}")
 
 
 def _index(op: OpSpec, kind: str, names: tuple[str, ...], name: str) -> int:
@@ -684,3 +690,100 @@ for _port in LSTM_GRAD.inputs + LSTM_GRAD.outputs:
         LSTM_TRAINING
     ):
         raise ValueError(f"LSTMGrad.{_port.name}: gradient_of={_port.gradient_of!r} is not a port of LSTMTraining")
+
+
+# ---- optimizer ops ------------------------------------------------------------------------------
+# Not LSTM ops: their ports have no LSTM dims (shape_doc says what they are) and they take none of
+# LSTM's attributes. graphs/optimizers.py emits them for the train step; they are declared here so
+# that the C++ header, docs/ops.md and the onnx schema read one contract.
+
+SHAPE_AS_PARAM = "as param"
+"""``shape_doc`` of an optimizer op's tensor ports: the shape of input ``param``, whatever it is."""
+_SCALAR = "[] or [1]"
+
+
+def _tensor_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
+    return PortSpec(
+        name=name, doc=doc, shape=(), type_str="T", optional=optional, differentiable=False, shape_doc=SHAPE_AS_PARAM
+    )
+
+
+def _scalar_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
+    return PortSpec(
+        name=name, doc=doc, shape=(), type_str="T", optional=optional, differentiable=False, shape_doc=_SCALAR
+    )
+
+
+ADAM_UPDATE = OpSpec(
+    name="AdamUpdate",
+    domain=DOMAIN,
+    version=OPSET_VERSION,
+    doc="""\
+One parameter's update by torch.optim.Adam or AdamW (torch's single-tensor path), in one pass.
+
+With `g` the gradient (negated if `maximize`): `g += weight_decay * param` if `weight_decay` is
+given (Adam's L2 term), `param *= decay` if `decay` is given (AdamW's decoupled decay); then
+`exp_avg = lerp(exp_avg, g, exp_avg_weight)` (torch's lerp: `exp_avg + w * (g - exp_avg)` for
+`|w| < 0.5`, else `g + (w - 1) * (g - exp_avg)`), `exp_avg_sq = (exp_avg_sq_weight * g) * g +
+beta2 * exp_avg_sq`, with amsgrad `max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)` (NaN
+propagates) taking `exp_avg_sq`'s place below, and `param += (neg_step_size * exp_avg) /
+(sqrt(v) / bias_correction2_sqrt + eps)`. Each `a * b + c` above is one fused multiply-add,
+rounded once, as torch's CPU kernels compute `add(alpha=)`, `lerp` and `addcmul`.
+
+The hyperparameters are inputs of the parameter's type, not attributes, because torch rounds
+its Python floats to the tensor's type (a float attribute would round a float64 model's too
+early); the per-step scalars (`neg_step_size = -lr / (1 - beta1**step)`,
+`bias_correction2_sqrt = sqrt(1 - beta2**step)`, `decay = 1 - lr * weight_decay`) are computed
+by the graph in float64 and rounded once, as torch computes them in Python floats. Elementwise
+work is split over the session's intra-op threads; the result does not depend on how.""",
+    inputs=(
+        _tensor_port("param", "The parameter before the update."),
+        _tensor_port("grad", "Its gradient."),
+        _tensor_port("exp_avg", "First moment estimate (torch's state name)."),
+        _tensor_port("exp_avg_sq", "Second moment estimate."),
+        _scalar_port("neg_step_size", "-lr / (1 - beta1**step), rounded to T."),
+        _scalar_port("bias_correction2_sqrt", "sqrt(1 - beta2**step), rounded to T."),
+        _scalar_port("exp_avg_weight", "1 - beta1, rounded to T: the lerp weight."),
+        _scalar_port("beta2", "beta2, rounded to T."),
+        _scalar_port("exp_avg_sq_weight", "1 - beta2, rounded to T."),
+        _scalar_port("eps", "eps, rounded to T."),
+        _tensor_port(
+            "max_exp_avg_sq",
+            "amsgrad's running maximum of exp_avg_sq; given exactly when that output is.",
+            optional=True,
+        ),
+        _scalar_port("weight_decay", "Adam's (coupled, L2) weight decay, rounded to T. Not with decay.", optional=True),
+        _scalar_port("decay", "AdamW's decoupled decay factor 1 - lr * weight_decay, rounded to T.", optional=True),
+    ),
+    outputs=(
+        _tensor_port("param_out", "The updated parameter."),
+        _tensor_port("exp_avg_out", "The updated first moment."),
+        _tensor_port("exp_avg_sq_out", "The updated second moment."),
+        _tensor_port("max_exp_avg_sq_out", "The updated maximum (amsgrad).", optional=True),
+    ),
+    attributes=(
+        AttrSpec(
+            name="maximize",
+            type=AttrType.INT,
+            default=0,
+            required=False,
+            doc="1 maximizes the objective (the gradient is negated first), as torch's maximize=True.",
+            accepts="0 or 1",
+        ),
+    ),
+    type_constraints=(
+        TypeConstraintSpec(
+            type_str="T",
+            allowed_types=("tensor(float)", "tensor(double)"),
+            doc="Every input and output of a node shares the parameter's type.",
+        ),
+    ),
+    refusals=(
+        "When run: grad, exp_avg, exp_avg_sq or max_exp_avg_sq of another shape than param; a scalar input with more "
+        "than one element; max_exp_avg_sq given without max_exp_avg_sq_out or the reverse; weight_decay and decay "
+        "both given.",
+    ),
+)
+
+OPTIMIZER_OPS: tuple[OpSpec, ...] = (ADAM_UPDATE,)
+"""Ops of the domain that are not LSTMs: the train step's optimizer updates."""

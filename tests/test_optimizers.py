@@ -10,6 +10,7 @@ torch after every step. No torch needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -22,6 +23,8 @@ import onnxruntime as ort
 import pytest
 from ortlstm.graphs import optimizers
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
+
+from ortlstm import ops
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "optimizers.npz"
 OPSET = 17
@@ -52,10 +55,24 @@ def _split(flat: np.ndarray, shapes: list[list[int]]) -> list[np.ndarray]:
     return out
 
 
+STANDARD_OPS_CORRECTLY_ROUNDED = tuple(int(part) for part in ort.__version__.split(".")[:2]) >= (1, 20)
+"""onnxruntime-training 1.19.2 runs the standard-op update up to two units in the last place off
+the correctly rounded result for a few elements (36 of 18,840 values over every Adam-family case
+and step; with graph optimizations off too), where onnxruntime 1.32 and the AdamUpdate kernel both
+match the exact reference of tests/test_adam_update.py (which runs in 1.19.2 as well): there this
+comparison with the standard ops allows those two units."""
+
+ADAM_FAMILY = sorted(name for name, case in CASES.items() if case["optimizer"] in ("Adam", "AdamW"))
+IMPLEMENTATION_CASES = [(name, "onnx") for name in sorted(CASES)] + [(name, "ortlstm") for name in ADAM_FAMILY]
+"""(case, implementation): every case in standard ops; Adam and AdamW also as the fused node."""
+
+
 def _optimizer(
-    case: dict[str, Any],
+    case: dict[str, Any], implementation: str = "onnx"
 ) -> tuple[optimizers.Optimizer, list[optimizers.ParamGroup], optimizers.ClipGradNorm | None]:
     optimizer = optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"])
+    if isinstance(optimizer, optimizers.Adam):
+        optimizer = dataclasses.replace(optimizer, implementation=implementation)
     groups = [
         optimizers.ParamGroup(
             params=tuple(f"p{i}" for i in group["params"]),
@@ -73,10 +90,12 @@ def _optimizer(
 class StepModel:
     """One optimizer step as an ONNX model and its onnxruntime session."""
 
-    def __init__(self, case: dict[str, Any], dtype: str, lr_dtype: str = "float64") -> None:
+    def __init__(
+        self, case: dict[str, Any], dtype: str, lr_dtype: str = "float64", implementation: str = "onnx"
+    ) -> None:
         elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         lr_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(lr_dtype))
-        optimizer, groups, clip = _optimizer(case)
+        optimizer, groups, clip = _optimizer(case, implementation)
         self.shapes = [list(shape) for shape in case["param_shapes"]]
         self.params = [f"p{i}" for i in range(len(self.shapes))]
         per_param = optimizers.resolve_groups(optimizer, self.params, groups)
@@ -119,10 +138,19 @@ class StepModel:
             outputs.append(onnx.helper.make_tensor_value_info(result.total_norm, elem_type, []))
             self.output_names.append("total_norm")
         graph = onnx.helper.make_graph(emitter.nodes, "optimizer_step", inputs, outputs, emitter.initializers)
-        self.model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+        opsets = [onnx.helper.make_opsetid("", OPSET)]
+        fused = any(node.domain == ops.DOMAIN for node in emitter.nodes)
+        assert fused == (implementation == "ortlstm" and isinstance(optimizer, optimizers.Adam))
+        if fused:
+            opsets.append(onnx.helper.make_opsetid(ops.DOMAIN, ops.OPSET_VERSION))
+        self.model = onnx.helper.make_model(graph, opset_imports=opsets)
         self.model.ir_version = IR_VERSION
         onnx.checker.check_model(self.model, full_check=True)
-        self.session = ort.InferenceSession(self.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            self.model.SerializeToString(),
+            ops.session_options() if fused else None,
+            providers=["CPUExecutionProvider"],
+        )
         self.dtype = dtype
         self.lr_dtype = lr_dtype
 
@@ -139,10 +167,10 @@ class StepModel:
         return dict(zip(self.output_names, self.session.run(None, feeds), strict=False))
 
 
-def run_trajectory(name: str, dtype: str, lr_dtype: str = "float64") -> dict[str, float]:
+def run_trajectory(name: str, dtype: str, lr_dtype: str = "float64", implementation: str = "onnx") -> dict[str, float]:
     """Runs a recorded case in onnxruntime; asserts every step; returns the largest deviations."""
     case = CASES[name]
-    model = StepModel(case, dtype, lr_dtype)
+    model = StepModel(case, dtype, lr_dtype, implementation)
     prefix = f"{name}/{dtype}"
     rtol, atol = TOLERANCES[dtype]
     values: dict[str, np.ndarray] = {}
@@ -174,15 +202,63 @@ def run_trajectory(name: str, dtype: str, lr_dtype: str = "float64") -> dict[str
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_trajectory_matches_torch(name: str, dtype: str) -> None:
-    run_trajectory(name, dtype)
+@pytest.mark.parametrize(("name", "implementation"), IMPLEMENTATION_CASES)
+def test_trajectory_matches_torch(name: str, implementation: str, dtype: str) -> None:
+    run_trajectory(name, dtype, implementation=implementation)
 
 
-@pytest.mark.parametrize("name", ["sgd_momentum", "adam_default", "adamw_groups_clip2"])
-def test_float32_lr_input(name: str) -> None:
+def _recorded_inputs(model: StepModel, name: str, dtype: str, k: int) -> dict[str, np.ndarray]:
+    """Every parameter and state as torch had them before step ``k + 1`` (zeros before the first)."""
+    prefix = f"{name}/{dtype}"
+    values: dict[str, np.ndarray] = {}
+    params = _DATA[f"{prefix}/param_init"] if k == 0 else _DATA[f"{prefix}/param"][k - 1]
+    for param, value in zip(model.params, _split(params, model.shapes), strict=True):
+        values[param] = value
+        for slot in model.slots[param]:
+            values[f"{param}.{slot}"] = np.zeros_like(value)
+    if k > 0:
+        for slot in {slot for slots in model.slots.values() for slot in slots}:
+            recorded = _split(_DATA[f"{prefix}/state/{slot}"][k - 1], model.shapes)
+            values.update({f"{param}.{slot}": value for param, value in zip(model.params, recorded, strict=True)})
+    return values
+
+
+@pytest.mark.parametrize("name", ADAM_FAMILY)
+def test_fused_node_equals_standard_ops(name: str) -> None:
+    """float32: the AdamUpdate kernel equals the same update in standard ops, bit for bit.
+
+    Step by step from torch's recorded states: the standard ops compute each fused multiply-add in
+    float64 and round once, the kernel rounds once. float64, where the standard ops round twice and
+    cancellation in ``grad + weight_decay * param`` magnifies that: tests/test_adam_update.py checks
+    the kernel against exact rational arithmetic, and the trajectories above against torch.
+    """
+    case = CASES[name]
+    fused, standard = (StepModel(case, "float32", implementation=impl) for impl in ("ortlstm", "onnx"))
+    for k in range(STEPS):
+        values = _recorded_inputs(fused, name, "float32", k)
+        grads = _split(_DATA[f"{name}/float32/grad"][k], fused.shapes)
+        lr = float(_DATA[f"{name}/float32/lr"][k])
+        got, want = fused.run(values, grads, lr, k + 1), standard.run(values, grads, lr, k + 1)
+        assert got.keys() == want.keys()
+        for label in got:
+            if STANDARD_OPS_CORRECTLY_ROUNDED:
+                np.testing.assert_array_equal(got[label], want[label], err_msg=f"{name} step {k + 1}: {label}")
+            else:
+                np.testing.assert_array_max_ulp(got[label], want[label], maxulp=2)
+
+
+@pytest.mark.parametrize(
+    ("name", "implementation"),
+    [
+        ("sgd_momentum", "onnx"),
+        ("adam_default", "onnx"),
+        ("adam_default", "ortlstm"),
+        ("adamw_groups_clip2", "ortlstm"),
+    ],
+)
+def test_float32_lr_input(name: str, implementation: str) -> None:
     """A float32 lr input rounds the lr once more than torch's Python float: still within tolerance."""
-    run_trajectory(name, "float32", lr_dtype="float32")
+    run_trajectory(name, "float32", lr_dtype="float32", implementation=implementation)
 
 
 def test_defaults_are_torchs() -> None:

@@ -217,12 +217,18 @@ def test_eval_model_switches_dropout_off(rng: np.random.Generator) -> None:
 
 
 def test_unoptimized_dynamo_export_gives_a_train_step_of_similar_size() -> None:
-    """Static integer shape arithmetic is folded: dynamo's optimize=False export is not many times larger."""
+    """Static integer shape arithmetic is folded: dynamo's optimize=False export is not many times larger.
+
+    Measured with the optimizer in standard ops (about 20 nodes per parameter), as when the bound
+    was set (871 vs 361 nodes; 1347 before the folding): the fused AdamUpdate (one node per
+    parameter) makes both smaller, 371 vs 132, and the ratio a measure of the optimizer instead.
+    """
     sizes = {}
     for exporter in ("dynamo", "dynamo_unoptimized"):
         with np.load(RECORDINGS / f"tokens_seq_first_y-{exporter}-AdamW.npz") as data:
             model = onnx.load_from_string(data["model"].tobytes())
-        built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW())
+        optimizer = optimizers.AdamW(implementation="onnx")
+        built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizer)
         sizes[exporter] = len(built.train_step.graph.node)
     assert sizes["dynamo_unoptimized"] < 2.5 * sizes["dynamo"], sizes
 

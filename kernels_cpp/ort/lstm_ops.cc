@@ -201,29 +201,6 @@ OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
 // ---------------------------------------------------------------------------------------------
 // Kernels.
 
-OrtStatus* Fail(const char* op_name, const std::string& node, const std::string& message) {
-  std::string text = std::string(op_name);
-  if (!node.empty()) text += " node '" + node + "'";
-  return MakeStatus(ORT_INVALID_ARGUMENT, text + ": " + message);
-}
-
-OrtStatus* OutOfMemory(const char* op_name, const std::string& node) {
-  std::string text = std::string(op_name);
-  if (!node.empty()) text += " node '" + node + "'";
-  return MakeStatus(ORT_FAIL, text + ": out of memory for the scratch buffers");
-}
-
-template <size_t N>
-std::string ReadInputs(OrtKernelContext* context, std::array<TensorArg, N>* inputs, const bool (&optional)[N],
-                       const char* const (&names)[N]) {
-  for (size_t i = 0; i < N; ++i) {
-    std::string error = ReadInput(context, i, &(*inputs)[i]);
-    if (!error.empty()) return std::string(names[i]) + ": " + error;
-    if (!optional[i] && !(*inputs)[i].present) return std::string("input ") + names[i] + " is required but missing";
-  }
-  return "";
-}
-
 template <typename T>
 class LstmTrainingKernel {
  public:

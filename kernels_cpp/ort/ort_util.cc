@@ -281,6 +281,30 @@ std::string FormatShape(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
+std::string ReadIntAttribute(const OrtKernelInfo* info, const char* name, int64_t default_value, int64_t* value) {
+  const AttributeProbe probe = ProbeAttribute(info, name);
+  *value = default_value;
+  if (!probe.present) return "";
+  if (probe.type != schema::attr::Type::kInt) {
+    const std::string got = probe.type ? schema::attr::TypeName(*probe.type) : "another type";
+    return std::string("attribute ") + name + ": expected INT, got " + got;
+  }
+  *value = ReadInt(info, name).value_or(default_value);
+  return "";
+}
+
+OrtStatus* Fail(const char* op_name, const std::string& node, const std::string& message) {
+  std::string text = std::string(op_name);
+  if (!node.empty()) text += " node '" + node + "'";
+  return MakeStatus(ORT_INVALID_ARGUMENT, text + ": " + message);
+}
+
+OrtStatus* OutOfMemory(const char* op_name, const std::string& node) {
+  std::string text = std::string(op_name);
+  if (!node.empty()) text += " node '" + node + "'";
+  return MakeStatus(ORT_FAIL, text + ": out of memory for the scratch buffers");
+}
+
 std::string NodeName(const OrtKernelInfo* info) {
   size_t size = 0;
   if (!Consume(Api().KernelInfo_GetNodeName(info, nullptr, &size)).empty() || size <= 1) return "";

@@ -7,6 +7,7 @@
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -83,11 +84,31 @@ class OrtScratchAllocator final : public ScratchAllocator {
   HeapAllocator heap_;
 };
 
+// An INVALID_ARGUMENT status "<op> node '<node>': <message>" (no node part for an unnamed node).
+OrtStatus* Fail(const char* op_name, const std::string& node, const std::string& message);
+// A FAIL status saying that the op's scratch or outputs did not fit in memory.
+OrtStatus* OutOfMemory(const char* op_name, const std::string& node);
+
+// Reads every input of a node into `inputs`; "" or a message naming the input.
+template <size_t N>
+std::string ReadInputs(OrtKernelContext* context, std::array<TensorArg, N>* inputs, const bool (&optional)[N],
+                       const char* const (&names)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    std::string error = ReadInput(context, i, &(*inputs)[i]);
+    if (!error.empty()) return std::string(names[i]) + ": " + error;
+    if (!optional[i] && !(*inputs)[i].present) return std::string("input ") + names[i] + " is required but missing";
+  }
+  return "";
+}
+
 // "[2, 3, 4]"
 std::string FormatShape(const std::vector<int64_t>& shape);
 
 // Reads the LSTM attributes of a node; "" on success or a message naming the attribute.
 std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw);
 std::string NodeName(const OrtKernelInfo* info);
+// Reads INT attribute `name` into *value (`default_value` when the node omits it); "" or a message
+// naming the attribute when the node gives it another type.
+std::string ReadIntAttribute(const OrtKernelInfo* info, const char* name, int64_t default_value, int64_t* value);
 
 }  // namespace ortlstm::ort

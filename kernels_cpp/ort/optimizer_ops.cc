@@ -1,0 +1,194 @@
+// AdamUpdate as an ORT custom op. Port order and optionality come from the generated schema.
+#include "ort/optimizer_ops.h"
+
+#include <array>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/checked_math.h"
+#include "generated/op_schema.h"
+#include "optim/adam.h"
+
+namespace ortlstm::ort {
+namespace {
+
+namespace spec = schema::adam_update;
+using In = spec::In;
+using Out = spec::Out;
+
+template <typename T>
+constexpr ONNXTensorElementDataType kElementType =
+    std::is_same_v<T, float> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
+
+const char* InputName(In port) { return spec::kInputNames[spec::Index(port)]; }
+const char* OutputName(Out port) { return spec::kOutputNames[spec::Index(port)]; }
+
+// Whether output `port` is wired in the node (ORT gives no query: an omitted optional output is an
+// empty name, whose count ORT reports, so an index past the node's outputs is absent too).
+bool OutputWired(OrtKernelContext* context, Out port) {
+  size_t count = 0;
+  if (OrtStatus* status = Api().KernelContext_GetOutputCount(context, &count)) {
+    Api().ReleaseStatus(status);
+    return false;
+  }
+  return spec::Index(port) < count;
+}
+
+// The value of a 0-D or one-element scalar input; "" or a message naming it.
+template <typename T>
+std::string ReadScalar(const std::array<TensorArg, spec::kNumInputs>& inputs, In port, T* value) {
+  const TensorArg& arg = inputs[spec::Index(port)];
+  if (arg.shape.size() > 1 || CheckedProduct(arg.shape) != 1) {
+    return std::string("input ") + InputName(port) + ": expected a scalar (shape [] or [1]), got shape " +
+           FormatShape(arg.shape);
+  }
+  *value = *arg.template Data<T>();
+  return "";
+}
+
+template <typename T>
+class AdamUpdateKernel {
+ public:
+  AdamUpdateKernel(bool maximize, std::string node) : maximize_(maximize), node_(std::move(node)) {}
+
+  OrtStatus* ComputeV2(OrtKernelContext* context) {
+    try {
+      std::array<TensorArg, spec::kNumInputs> inputs;
+      std::string error = ReadInputs(context, &inputs, spec::kInputOptional, spec::kInputNames);
+      if (error.empty()) error = Check(context, inputs);
+      if (!error.empty()) return Fail(spec::kName, node_, error);
+      auto in = [&](In port) { return inputs[spec::Index(port)].template Data<T>(); };
+
+      AdamScalars<T> s;
+      for (const auto& [port, value] : std::array<std::pair<In, T*>, 6>{{
+               {In::kNegStepSize, &s.neg_step_size},
+               {In::kBiasCorrection2Sqrt, &s.bias_correction2_sqrt},
+               {In::kExpAvgWeight, &s.exp_avg_weight},
+               {In::kBeta2, &s.beta2},
+               {In::kExpAvgSqWeight, &s.exp_avg_sq_weight},
+               {In::kEps, &s.eps},
+           }}) {
+        error = ReadScalar(inputs, port, value);
+        if (!error.empty()) return Fail(spec::kName, node_, error);
+      }
+      s.has_weight_decay = inputs[spec::Index(In::kWeightDecay)].present;
+      if (s.has_weight_decay) error = ReadScalar(inputs, In::kWeightDecay, &s.weight_decay);
+      s.has_decay = inputs[spec::Index(In::kDecay)].present;
+      if (error.empty() && s.has_decay) error = ReadScalar(inputs, In::kDecay, &s.decay);
+      if (!error.empty()) return Fail(spec::kName, node_, error);
+      s.maximize = maximize_;
+
+      const std::vector<int64_t>& shape = inputs[spec::Index(In::kParam)].shape;
+      AdamTensors<T> t;
+      // ORT holds the tensor, so its element count fits; checked all the same.
+      const std::optional<int64_t> count = CheckedProduct(shape);
+      if (!count) return Fail(spec::kName, node_, "input param: shape " + FormatShape(shape) + " overflows");
+      t.count = *count;
+      t.param = in(In::kParam);
+      t.grad = in(In::kGrad);
+      t.exp_avg = in(In::kExpAvg);
+      t.exp_avg_sq = in(In::kExpAvgSq);
+      t.max_exp_avg_sq = in(In::kMaxExpAvgSq);
+      std::array<void*, spec::kNumOutputs> out{};
+      for (Out port : {Out::kParamOut, Out::kExpAvgOut, Out::kExpAvgSqOut, Out::kMaxExpAvgSqOut}) {
+        if (port == Out::kMaxExpAvgSqOut && t.max_exp_avg_sq == nullptr) continue;
+        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
+        if (!error.empty()) return Fail(spec::kName, node_, std::string(OutputName(port)) + ": " + error);
+      }
+      t.param_out = static_cast<T*>(out[spec::Index(Out::kParamOut)]);
+      t.exp_avg_out = static_cast<T*>(out[spec::Index(Out::kExpAvgOut)]);
+      t.exp_avg_sq_out = static_cast<T*>(out[spec::Index(Out::kExpAvgSqOut)]);
+      t.max_exp_avg_sq_out = static_cast<T*>(out[spec::Index(Out::kMaxExpAvgSqOut)]);
+      AdamUpdate<T>(s, t, OrtExecutor(context));
+      return nullptr;
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory(spec::kName, node_);
+    }
+  }
+
+ private:
+  // Shapes and the optional ports' pairing; "" or a message naming the input.
+  std::string Check(OrtKernelContext* context, const std::array<TensorArg, spec::kNumInputs>& inputs) const {
+    const std::vector<int64_t>& shape = inputs[spec::Index(In::kParam)].shape;
+    for (In port : {In::kGrad, In::kExpAvg, In::kExpAvgSq, In::kMaxExpAvgSq}) {
+      const TensorArg& arg = inputs[spec::Index(port)];
+      if (arg.present && arg.shape != shape) {
+        return std::string("input ") + InputName(port) + ": expected shape " + FormatShape(shape) +
+               " (param's), got " + FormatShape(arg.shape);
+      }
+    }
+    const bool amsgrad_in = inputs[spec::Index(In::kMaxExpAvgSq)].present;
+    const bool amsgrad_out = OutputWired(context, Out::kMaxExpAvgSqOut);
+    if (amsgrad_in != amsgrad_out) {
+      return std::string("input ") + InputName(In::kMaxExpAvgSq) + " and output " +
+             OutputName(Out::kMaxExpAvgSqOut) + " go together (amsgrad): the node has " +
+             (amsgrad_in ? "the input without the output" : "the output without the input");
+    }
+    if (inputs[spec::Index(In::kWeightDecay)].present && inputs[spec::Index(In::kDecay)].present) {
+      return std::string("inputs ") + InputName(In::kWeightDecay) + " (Adam's L2 term) and " + InputName(In::kDecay) +
+             " (AdamW's decoupled decay) exclude each other; give at most one";
+    }
+    return "";
+  }
+
+  bool maximize_;
+  std::string node_;
+};
+
+template <typename T>
+struct AdamUpdateOp : Ort::CustomOpBase<AdamUpdateOp<T>, AdamUpdateKernel<T>, /*WithStatus=*/true> {
+  AdamUpdateOp() {
+    // ORT 1.19 rejects ops that declare a newer struct version than it knows.
+    OrtCustomOp::version = kOrtApiVersion;
+  }
+
+  OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    const std::string node = NodeName(info);
+    int64_t maximize = spec::kAttrMaximizeDefault;
+    std::string error = ReadIntAttribute(info, spec::kAttrMaximize, spec::kAttrMaximizeDefault, &maximize);
+    if (error.empty() && maximize != 0 && maximize != 1) {
+      error = std::string("attribute ") + spec::kAttrMaximize + ": expected 0 or 1, got " + std::to_string(maximize);
+    }
+    if (!error.empty()) return Fail(spec::kName, node, error);
+    try {
+      *kernel = new AdamUpdateKernel<T>(maximize == 1, node);
+    } catch (const std::bad_alloc&) {
+      return MakeStatus(ORT_FAIL, std::string(spec::kName) + ": out of memory");
+    }
+    return nullptr;
+  }
+
+  const char* GetName() const { return spec::kName; }
+  size_t GetInputTypeCount() const { return static_cast<size_t>(spec::kNumInputs); }
+  ONNXTensorElementDataType GetInputType(size_t) const { return kElementType<T>; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return spec::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return static_cast<size_t>(spec::kNumOutputs); }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kElementType<T>; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+    return spec::kOutputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+};
+
+// Static storage: ORT keeps pointers to the op definitions for the life of every session.
+AdamUpdateOp<float> g_adam_float;
+AdamUpdateOp<double> g_adam_double;
+
+}  // namespace
+
+std::string AddOptimizerOps(OrtCustomOpDomain* domain) {
+  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_adam_float, &g_adam_double}) {
+    if (OrtStatus* status = Api().CustomOpDomain_Add(domain, op)) {
+      std::string message = Api().GetErrorMessage(status);
+      Api().ReleaseStatus(status);
+      return message;
+    }
+  }
+  return "";
+}
+
+}  // namespace ortlstm::ort
