@@ -284,6 +284,9 @@ def build_training_models(
 
     # ---- parameters -------------------------------------------------------------------------
     forward_and_loss = _graph_with(graph, loss_nodes, loss_initializers)
+    # The loss nodes' static types, so that their gradients' broadcasting resolves when the graph
+    # is built (a scalar loss's chain rule took 14 run-time shape nodes per broadcast op without).
+    _add_inferred_types(emitter, forward_and_loss, target_info, forward.opset_import)
     if requires_grad is None:
         candidates = _default_requires_grad(prepared)
         probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
@@ -456,6 +459,22 @@ def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, st
             for index, name in enumerate(reader.input):
                 if name == value:
                     reader.input[index] = output
+
+
+def _add_inferred_types(
+    emitter: GraphEmitter,
+    graph: onnx.GraphProto,
+    extra_input: onnx.ValueInfoProto | None,
+    opsets: Sequence[onnx.OperatorSetIdProto],
+) -> None:
+    """Records onnx's inferred types of ``graph``'s values that ``emitter`` does not know yet."""
+    probe = _graph_with(graph, [], [])
+    if extra_input is not None:
+        probe.input.append(extra_input)
+    model = onnx.helper.make_model(probe, opset_imports=list(opsets))
+    for name, value_type in infer_value_types(model).items():
+        if emitter.value_type(name) is None:
+            emitter.set_type(name, value_type.elem_type, value_type.shape)
 
 
 def _graph_with(
