@@ -119,6 +119,11 @@ def _scalar_double(emitter: GraphEmitter, value: str) -> str:
     return emitter.op("Reshape", [emitter.op("Cast", [value], to=_DOUBLE), emitter.ints([])])
 
 
+def _as_double(emitter: GraphEmitter, value: str) -> str:
+    """``value`` as float64: itself when it is, else a Cast (its shape kept)."""
+    return value if emitter.elem_type(value) == _DOUBLE else emitter.op("Cast", [value], to=_DOUBLE)
+
+
 def _np_dtype(elem_type: int) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
@@ -423,8 +428,16 @@ class Adam(Optimizer):
     def prepare(
         self, emitter: GraphEmitter, lr: str, step: str, elem_type: int, lr_scale: float = 1.0
     ) -> dict[str, str]:
-        """``-lr / bc1``, ``sqrt(bc2)`` and (AdamW) ``1 - lr * weight_decay``, computed in float64."""
+        """``-lr / bc1``, ``sqrt(bc2)`` and (AdamW) ``1 - lr * weight_decay``, computed in float64.
+
+        For the AdamUpdate node only the group's lr and the step, as float64: it computes the rest.
+        """
         beta1, beta2 = self.betas
+        if self.implementation == "ortlstm":
+            lr_d = _as_double(emitter, lr)
+            if lr_scale != 1.0:
+                lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
+            return {"lr": lr_d, "step": _as_double(emitter, step)}
         lr_d = _scalar_double(emitter, lr)
         if lr_scale != 1.0:
             lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
@@ -514,32 +527,35 @@ class Adam(Optimizer):
             )
         beta1, beta2 = self.betas
         op = schema.ADAM_UPDATE
+        # The hyperparameters as float64 constants: the kernel rounds them where torch does.
         inputs = {
             "param": param,
             "grad": grad,
             "exp_avg": state["exp_avg"],
             "exp_avg_sq": state["exp_avg_sq"],
-            "neg_step_size": scalars["neg_step_size"],
-            "bias_correction2_sqrt": scalars["bias_correction2_sqrt"],
-            # torch rounds these Python floats to the tensor's type where it hands them to a kernel.
-            "exp_avg_weight": _const(emitter, 1.0 - beta1, elem_type),
-            "beta2": _const(emitter, beta2, elem_type),
-            "exp_avg_sq_weight": _const(emitter, 1.0 - beta2, elem_type),
-            "eps": _const(emitter, self.eps, elem_type),
+            "lr": scalars["lr"],
+            "step": scalars["step"],
+            "beta1": emitter.constant(beta1, _DOUBLE),
+            "beta2": emitter.constant(beta2, _DOUBLE),
+            "eps": emitter.constant(self.eps, _DOUBLE),
         }
+        if self.weight_decay != 0:
+            inputs["weight_decay"] = emitter.constant(self.weight_decay, _DOUBLE)
         if self.amsgrad:
             inputs["max_exp_avg_sq"] = state["max_exp_avg_sq"]
-        if self.weight_decay != 0:
-            if self.decoupled_weight_decay:
-                inputs["decay"] = scalars["decay"]
-            else:
-                inputs["weight_decay"] = _const(emitter, self.weight_decay, elem_type)
         ordered = [inputs.get(name, "") for name in schema.input_names(op)]
         while not ordered[-1]:
             ordered.pop()
         slots = self.state_slots()
         outputs = [emitter.fresh(f"{param}.new"), *(emitter.fresh(f"{param}.{slot}.new") for slot in slots)]
-        emitter.op_multi(op.name, ordered, outputs=outputs, domain=op.domain, maximize=int(self.maximize))
+        emitter.op_multi(
+            op.name,
+            ordered,
+            outputs=outputs,
+            domain=op.domain,
+            decoupled_weight_decay=int(self.decoupled_weight_decay),
+            maximize=int(self.maximize),
+        )
         new_state = dict(zip(slots, outputs[1:], strict=True))
         self._finish(emitter, param, outputs[0], new_state)
         return outputs[0], new_state

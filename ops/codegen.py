@@ -93,6 +93,9 @@ def render_header() -> str:
             for attr in op.attributes
             if attr.default is not None
         ]
+        constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
+        is_double = [constraints[port.type_str] == ("tensor(double)",) for port in op.inputs]
+        attributes.append(f"inline constexpr bool kInputIsDouble[kNumInputs] = {{{_bools(is_double)}}};")
         namespace = _render_op_namespace(op)
         lines += ["", *namespace[:-1], *attributes, namespace[-1]]
     lines += [

@@ -710,7 +710,7 @@ def _tensor_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
 
 def _scalar_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
     return PortSpec(
-        name=name, doc=doc, shape=(), type_str="T", optional=optional, differentiable=False, shape_doc=_SCALAR
+        name=name, doc=doc, shape=(), type_str="T1", optional=optional, differentiable=False, shape_doc=_SCALAR
     )
 
 
@@ -721,39 +721,44 @@ ADAM_UPDATE = OpSpec(
     doc="""\
 One parameter's update by torch.optim.Adam or AdamW (torch's single-tensor path), in one pass.
 
-With `g` the gradient (negated if `maximize`): `g += weight_decay * param` if `weight_decay` is
-given (Adam's L2 term), `param *= decay` if `decay` is given (AdamW's decoupled decay); then
-`exp_avg = lerp(exp_avg, g, exp_avg_weight)` (torch's lerp: `exp_avg + w * (g - exp_avg)` for
-`|w| < 0.5`, else `g + (w - 1) * (g - exp_avg)`), `exp_avg_sq = (exp_avg_sq_weight * g) * g +
-beta2 * exp_avg_sq`, with amsgrad `max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)` (NaN
-propagates) taking `exp_avg_sq`'s place below, and `param += (neg_step_size * exp_avg) /
+The scalars are computed in float64 as torch computes them in Python floats:
+`bias_correction1 = 1 - beta1**step`, `bias_correction2 = 1 - beta2**step`,
+`step_size = lr / bias_correction1`, `bias_correction2_sqrt = bias_correction2**0.5`, and with
+`decoupled_weight_decay` the factor `1 - lr * weight_decay`. Each is rounded once to T where
+torch hands it to a tensor op, as are `1 - beta1`, `beta2`, `1 - beta2`, `eps` and `weight_decay`.
+
+With `g` the gradient (negated if `maximize`): `g += weight_decay * param` (Adam's L2 term; with
+`decoupled_weight_decay`, `param *= 1 - lr * weight_decay` instead); then
+`exp_avg = lerp(exp_avg, g, 1 - beta1)` (torch's lerp: `exp_avg + w * (g - exp_avg)` for
+`|w| < 0.5`, else `g + (w - 1) * (g - exp_avg)`), `exp_avg_sq = ((1 - beta2) * g) * g + beta2 *
+exp_avg_sq`, with amsgrad `max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)` (NaN propagates)
+taking `exp_avg_sq`'s place below, and `param += (-step_size * exp_avg) /
 (sqrt(v) / bias_correction2_sqrt + eps)`. Each `a * b + c` above is one fused multiply-add,
 rounded once, as torch's CPU kernels compute `add(alpha=)`, `lerp` and `addcmul`.
 
-The hyperparameters are inputs of the parameter's type, not attributes, because torch rounds
-its Python floats to the tensor's type (a float attribute would round a float64 model's too
-early); the per-step scalars (`neg_step_size = -lr / (1 - beta1**step)`,
-`bias_correction2_sqrt = sqrt(1 - beta2**step)`, `decay = 1 - lr * weight_decay`) are computed
-by the graph in float64 and rounded once, as torch computes them in Python floats. Elementwise
-work is split over the session's intra-op threads; the result does not depend on how.""",
+The hyperparameters are float64 inputs, not attributes, because onnx's float attributes are
+float32 and torch's are Python floats. Elementwise work is split over the session's intra-op
+threads; the result does not depend on how.""",
     inputs=(
         _tensor_port("param", "The parameter before the update."),
         _tensor_port("grad", "Its gradient."),
         _tensor_port("exp_avg", "First moment estimate (torch's state name)."),
         _tensor_port("exp_avg_sq", "Second moment estimate."),
-        _scalar_port("neg_step_size", "-lr / (1 - beta1**step), rounded to T."),
-        _scalar_port("bias_correction2_sqrt", "sqrt(1 - beta2**step), rounded to T."),
-        _scalar_port("exp_avg_weight", "1 - beta1, rounded to T: the lerp weight."),
-        _scalar_port("beta2", "beta2, rounded to T."),
-        _scalar_port("exp_avg_sq_weight", "1 - beta2, rounded to T."),
-        _scalar_port("eps", "eps, rounded to T."),
+        _scalar_port("lr", "Learning rate of this update (the parameter group's)."),
+        _scalar_port("step", "1-based number of this update (torch's state step after its increment)."),
+        _scalar_port("beta1", "Decay rate of the first moment."),
+        _scalar_port("beta2", "Decay rate of the second moment."),
+        _scalar_port("eps", "Added to the denominator."),
+        _scalar_port(
+            "weight_decay",
+            "Weight decay: Adam's L2 term, or AdamW's with decoupled_weight_decay. Default 0.",
+            optional=True,
+        ),
         _tensor_port(
             "max_exp_avg_sq",
             "amsgrad's running maximum of exp_avg_sq; given exactly when that output is.",
             optional=True,
         ),
-        _scalar_port("weight_decay", "Adam's (coupled, L2) weight decay, rounded to T. Not with decay.", optional=True),
-        _scalar_port("decay", "AdamW's decoupled decay factor 1 - lr * weight_decay, rounded to T.", optional=True),
     ),
     outputs=(
         _tensor_port("param_out", "The updated parameter."),
@@ -762,6 +767,15 @@ work is split over the session's intra-op threads; the result does not depend on
         _tensor_port("max_exp_avg_sq_out", "The updated maximum (amsgrad).", optional=True),
     ),
     attributes=(
+        AttrSpec(
+            name="decoupled_weight_decay",
+            type=AttrType.INT,
+            default=0,
+            required=False,
+            doc="1: AdamW (torch's AdamW, or Adam's decoupled_weight_decay=True): the parameter is scaled by "
+            "1 - lr * weight_decay before the step instead of weight_decay * param joining the gradient.",
+            accepts="0 or 1",
+        ),
         AttrSpec(
             name="maximize",
             type=AttrType.INT,
@@ -775,13 +789,18 @@ work is split over the session's intra-op threads; the result does not depend on
         TypeConstraintSpec(
             type_str="T",
             allowed_types=("tensor(float)", "tensor(double)"),
-            doc="Every input and output of a node shares the parameter's type.",
+            doc="The parameter, its gradient and state share one type.",
+        ),
+        TypeConstraintSpec(
+            type_str="T1",
+            allowed_types=("tensor(double)",),
+            doc="Learning rate, step and hyperparameters are float64, as torch's Python floats.",
         ),
     ),
     refusals=(
         "When run: grad, exp_avg, exp_avg_sq or max_exp_avg_sq of another shape than param; a scalar input with more "
-        "than one element; max_exp_avg_sq given without max_exp_avg_sq_out or the reverse; weight_decay and decay "
-        "both given.",
+        "than one element; max_exp_avg_sq given without max_exp_avg_sq_out or the reverse; an element type outside the "
+        "type constraints, e.g. a float32 lr (onnxruntime's own message, which names the types, not the input).",
     ),
 )
 

@@ -46,14 +46,34 @@ def _fma(a: np.floating, b: np.floating, c: np.floating) -> np.floating:
     return _round(exact, dtype)
 
 
+def scalars_of(inputs: dict[str, np.ndarray], dtype: np.dtype, decoupled: bool) -> dict[str, np.floating]:
+    """Torch's scalars from the float64 inputs, in Python floats (``**`` is C's pow), rounded to ``dtype``."""
+    h = {name: float(inputs[name].reshape(())) for name in ("lr", "step", "beta1", "beta2", "eps")}
+    weight_decay = float(inputs["weight_decay"].reshape(())) if "weight_decay" in inputs else 0.0
+    bias_correction1 = 1 - h["beta1"] ** h["step"]
+    bias_correction2 = 1 - h["beta2"] ** h["step"]
+    s = {
+        "neg_step_size": -(h["lr"] / bias_correction1),
+        "bias_correction2_sqrt": bias_correction2**0.5,
+        "exp_avg_weight": 1 - h["beta1"],
+        "beta2": h["beta2"],
+        "exp_avg_sq_weight": 1 - h["beta2"],
+        "eps": h["eps"],
+    }
+    if weight_decay != 0 and decoupled:
+        s["decay"] = 1 - h["lr"] * weight_decay
+    elif weight_decay != 0:
+        s["weight_decay"] = weight_decay
+    return {name: dtype.type(value) for name, value in s.items()}
+
+
 def reference(
-    inputs: dict[str, np.ndarray], maximize: bool
+    inputs: dict[str, np.ndarray], maximize: bool, decoupled: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The update element by element, each operation as the op's documentation spells it."""
     param, grad, exp_avg, exp_avg_sq = (inputs[name] for name in ("param", "grad", "exp_avg", "exp_avg_sq"))
-    s = {name: inputs[name].reshape(()).item() for name in SCALARS}
     dtype = param.dtype
-    s = {name: dtype.type(value) for name, value in s.items()}
+    s = scalars_of(inputs, dtype, decoupled)
     one = dtype.type(1)
     weight = s["exp_avg_weight"]
     lerp_from_start = abs(weight) < dtype.type(0.5)
@@ -62,10 +82,10 @@ def reference(
     for index in np.ndindex(param.shape):
         g = -grad[index] if maximize else grad[index]
         p = param[index]
-        if "weight_decay" in inputs:
-            g = _fma(p, inputs["weight_decay"].reshape(()).astype(dtype)[()], g)
-        if "decay" in inputs:
-            p = p * inputs["decay"].reshape(()).astype(dtype)[()]
+        if "weight_decay" in s:
+            g = _fma(p, s["weight_decay"], g)
+        if "decay" in s:
+            p = p * s["decay"]
         m = exp_avg[index]
         m_new = _fma(g - m, weight, m) if lerp_from_start else _fma(g - m, weight - one, g)
         v_new = _fma(s["exp_avg_sq_weight"] * g, g, exp_avg_sq[index] * s["beta2"])
@@ -97,10 +117,15 @@ def make_session(
     outputs = [port.name for port in SPEC.outputs if not port.optional or amsgrad]
     node = onnx.helper.make_node(SPEC.name, names, outputs, domain=SPEC.domain, name="update", **(attributes or {}))
     elem = DTYPES[dtype]
+    float64_ports = {port.name for port in SPEC.inputs if port.type_str == "T1"}
     graph = onnx.helper.make_graph(
         [node],
         "adam_update",
-        [onnx.helper.make_tensor_value_info(name, elem, None) for name in names if name],
+        [
+            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.DOUBLE if name in float64_ports else elem, None)
+            for name in names
+            if name
+        ],
         [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs],
     )
     model = onnx.helper.make_model(
@@ -113,45 +138,42 @@ def make_session(
 def random_inputs(
     dtype: str, shape: tuple[int, ...], *, beta1: float, seed: int, optional: set[str]
 ) -> dict[str, np.ndarray]:
-    """Parameters, gradients and moments as in training (v >= 0), scalars as torch rounds them."""
+    """Parameters, gradients and moments as in training (v >= 0); the hyperparameters in float64."""
     rng = np.random.default_rng(seed)
     t = np.dtype(dtype)
-    beta2, eps, lr, step = 0.999, 1e-8, 1e-2, 3
     inputs = {
         "param": rng.standard_normal(shape).astype(t),
         "grad": rng.standard_normal(shape).astype(t),
         "exp_avg": (0.1 * rng.standard_normal(shape)).astype(t),
         "exp_avg_sq": (0.01 * rng.random(shape)).astype(t),
-        "neg_step_size": np.asarray(-lr / (1 - beta1**step), t),
-        "bias_correction2_sqrt": np.asarray((1 - beta2**step) ** 0.5, t),
-        "exp_avg_weight": np.asarray(1 - beta1, t),
-        "beta2": np.asarray(beta2, t),
-        "exp_avg_sq_weight": np.asarray(1 - beta2, t),
-        "eps": np.asarray([eps], t),  # [1] as well as []
+        "lr": np.asarray(1e-2),
+        "step": np.asarray([3.0]),  # [1] as well as []
+        "beta1": np.asarray(beta1),
+        "beta2": np.asarray(0.999),
+        "eps": np.asarray(1e-8),
     }
     if "max_exp_avg_sq" in optional:
         inputs["max_exp_avg_sq"] = (0.01 * rng.random(shape)).astype(t)
     if "weight_decay" in optional:
-        # Close to grad / param for some elements, so that grad + weight_decay * param cancels.
-        inputs["weight_decay"] = np.asarray(0.5, t)
+        # Close to -grad / param for some elements, so that grad + weight_decay * param cancels.
+        inputs["weight_decay"] = np.asarray(0.5)
         inputs["grad"][..., :2] = (-0.5 * inputs["param"][..., :2] * (1 + 1e-3)).astype(t)
-    if "decay" in optional:
-        inputs["decay"] = np.asarray(1 - lr * 1e-2, t)
     return inputs
 
 
-OPTIONAL_SETS = [set(), {"max_exp_avg_sq"}, {"weight_decay"}, {"decay"}, {"max_exp_avg_sq", "decay"}]
+OPTIONAL_SETS = [set(), {"max_exp_avg_sq"}, {"weight_decay"}, {"max_exp_avg_sq", "weight_decay"}]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("optional", OPTIONAL_SETS, ids=lambda o: "+".join(sorted(o)) or "plain")
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
 @pytest.mark.parametrize("maximize", [False, True])
 @pytest.mark.parametrize("beta1", [0.9, 0.2], ids=["lerp_from_start", "lerp_from_end"])
-def test_matches_exact_reference(dtype: str, optional: set[str], maximize: bool, beta1: float) -> None:
+def test_matches_exact_reference(dtype: str, optional: set[str], decoupled: bool, maximize: bool, beta1: float) -> None:
     inputs = random_inputs(dtype, (5, 7), beta1=beta1, seed=len(optional) + 10 * maximize, optional=optional)
-    session = make_session(dtype, optional, attributes={"maximize": int(maximize)})
-    got = session.run(None, inputs)
-    want = [value for value in reference(inputs, maximize) if value is not None]
+    attributes = {"maximize": int(maximize), "decoupled_weight_decay": int(decoupled)}
+    got = make_session(dtype, optional, attributes=attributes).run(None, inputs)
+    want = [value for value in reference(inputs, maximize, decoupled) if value is not None]
     assert len(got) == len(want)
     for port, actual, expected in zip(SPEC.outputs, got, want, strict=False):
         assert actual.dtype == np.dtype(dtype)
@@ -161,15 +183,17 @@ def test_matches_exact_reference(dtype: str, optional: set[str], maximize: bool,
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_threads_do_not_change_the_result(dtype: str) -> None:
     """Large enough for several tasks; every element is computed alike whichever task has it."""
-    optional = {"max_exp_avg_sq", "decay"}
+    optional = {"max_exp_avg_sq", "weight_decay"}
     inputs = random_inputs(dtype, (3, 100_003), beta1=0.9, seed=7, optional=optional)
-    results = [make_session(dtype, optional, threads=threads).run(None, inputs) for threads in (1, 2, 3)]
+    attributes = {"decoupled_weight_decay": 1}
+    sessions = [make_session(dtype, optional, attributes=attributes, threads=threads) for threads in (1, 2, 3)]
+    results = [session.run(None, inputs) for session in sessions]
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
     # A slice through the exact reference, from the end (the last task's tail).
     tail = {name: value[:, -9:] if value.ndim == 2 else value for name, value in inputs.items()}
-    for actual, expected in zip(results[0], reference(tail, False), strict=True):
+    for actual, expected in zip(results[0], reference(tail, False, True), strict=True):
         np.testing.assert_array_equal(actual[:, -9:], expected)
 
 
@@ -205,7 +229,7 @@ def test_shape_mismatch_names_the_input(port: str) -> None:
 
 def test_scalar_with_two_elements_is_refused() -> None:
     inputs = random_inputs("float32", (2,), beta1=0.9, seed=0, optional=set())
-    inputs["beta2"] = np.asarray([0.999, 0.999], np.float32)
+    inputs["beta2"] = np.asarray([0.999, 0.999])
     message = _run_error(make_session("float32", set()), inputs)
     assert "input beta2: expected a scalar (shape [] or [1]), got shape [2]" in message
 
@@ -219,28 +243,30 @@ def test_amsgrad_input_and_output_go_together(amsgrad_input: bool) -> None:
     assert f"input max_exp_avg_sq and output max_exp_avg_sq_out go together (amsgrad): the node has {half}" in message
 
 
-def test_weight_decay_and_decay_exclude_each_other() -> None:
-    optional = {"weight_decay", "decay"}
-    inputs = random_inputs("float32", (2,), beta1=0.9, seed=0, optional=optional)
-    message = _run_error(make_session("float32", optional), inputs)
-    assert "inputs weight_decay (Adam's L2 term) and decay (AdamW's decoupled decay) exclude each other" in message
+def test_hyperparameter_of_another_type_is_refused() -> None:
+    """onnxruntime refuses it before the kernel runs, with its own message (no input name in it)."""
+    inputs = random_inputs("float32", (2,), beta1=0.9, seed=0, optional=set())
+    inputs["beta1"] = inputs["beta1"].astype(np.float32)
+    with pytest.raises(Exception, match=r"Actual: \(tensor\(float\)\) , expected: \(tensor\(double\)\)"):
+        make_session("float32", set()).run(None, inputs)
 
 
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [(2, "attribute maximize: expected 0 or 1, got 2"), (1.0, "attribute maximize: expected INT, got FLOAT")],
-)
-def test_bad_maximize_is_refused_at_session_creation(value: object, message: str) -> None:
-    with pytest.raises(Exception, match=message):
-        make_session("float32", set(), attributes={"maximize": value})
+@pytest.mark.parametrize("name", ["maximize", "decoupled_weight_decay"])
+@pytest.mark.parametrize(("value", "message"), [(2, "expected 0 or 1, got 2"), (1.0, "expected INT, got FLOAT")])
+def test_bad_flag_is_refused_at_session_creation(name: str, value: object, message: str) -> None:
+    with pytest.raises(Exception, match=f"attribute {name}: {message}"):
+        make_session("float32", set(), attributes={name: value})
 
 
 def test_every_combination_is_covered() -> None:
     """The reference test's parameters reach every branch the kernel selects on (5 flags)."""
-    covered = {
-        (maximize, "weight_decay" in optional, "decay" in optional, "max_exp_avg_sq" in optional, beta1 == 0.9)
-        for optional, maximize, beta1 in itertools.product(OPTIONAL_SETS, (False, True), (0.9, 0.2))
-    }
-    # weight_decay and decay exclude each other; each other flag appears both ways.
+    covered = set()
+    for optional, decoupled, maximize, beta1 in itertools.product(
+        OPTIONAL_SETS, (False, True), (False, True), (0.9, 0.2)
+    ):
+        decay = "weight_decay" in optional
+        covered.add(
+            (maximize, decay and not decoupled, decay and decoupled, "max_exp_avg_sq" in optional, beta1 == 0.9)
+        )
     for flag in range(5):
         assert {combo[flag] for combo in covered} == {False, True}

@@ -49,20 +49,23 @@ inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, tr
 // AdamUpdate: docs/ops.md#adamupdate
 namespace adam_update {
 inline constexpr char kName[] = "AdamUpdate";
-enum class In : int { kParam, kGrad, kExpAvg, kExpAvgSq, kNegStepSize, kBiasCorrection2Sqrt, kExpAvgWeight, kBeta2, kExpAvgSqWeight, kEps, kMaxExpAvgSq, kWeightDecay, kDecay, kCount };
+enum class In : int { kParam, kGrad, kExpAvg, kExpAvgSq, kLr, kStep, kBeta1, kBeta2, kEps, kWeightDecay, kMaxExpAvgSq, kCount };
 enum class Out : int { kParamOut, kExpAvgOut, kExpAvgSqOut, kMaxExpAvgSqOut, kCount };
 inline constexpr int kNumInputs = static_cast<int>(In::kCount);
 inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
 // Position of a port in the node, as ORT's KernelContext expects it.
 inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
 inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
-inline constexpr const char* kInputNames[kNumInputs] = {"param", "grad", "exp_avg", "exp_avg_sq", "neg_step_size", "bias_correction2_sqrt", "exp_avg_weight", "beta2", "exp_avg_sq_weight", "eps", "max_exp_avg_sq", "weight_decay", "decay"};
-inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, false, false, false, false, false, false, false, true, true, true};
-inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, false, false, false, false, false, false, false, false, false};
+inline constexpr const char* kInputNames[kNumInputs] = {"param", "grad", "exp_avg", "exp_avg_sq", "lr", "step", "beta1", "beta2", "eps", "weight_decay", "max_exp_avg_sq"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, false, false, false, false, false, false, true, true};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, false, false, false, false, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"param_out", "exp_avg_out", "exp_avg_sq_out", "max_exp_avg_sq_out"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {false, false, false, true};
+inline constexpr char kAttrDecoupledWeightDecay[] = "decoupled_weight_decay";
 inline constexpr char kAttrMaximize[] = "maximize";
+inline constexpr std::int64_t kAttrDecoupledWeightDecayDefault = 0;
 inline constexpr std::int64_t kAttrMaximizeDefault = 0;
+inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, false, false, true, true, true, true, true, true, false};
 }  // namespace adam_update
 
 // Attribute names shared by both ops, their types, the values the kernels accept (completing

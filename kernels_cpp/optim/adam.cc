@@ -97,6 +97,31 @@ RangeFunction<T> Select(const bool* flags, int remaining) {
 }  // namespace
 
 template <typename T>
+AdamScalars<T> AdamScalarsFor(const AdamHyperparameters& h) {
+  // Python's float ** float is C's pow; torch: bias_correction2 ** 0.5, not sqrt.
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, h.step);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, h.step);
+  AdamScalars<T> s;
+  s.neg_step_size = static_cast<T>(-(h.lr / bias_correction1));
+  s.bias_correction2_sqrt = static_cast<T>(std::pow(bias_correction2, 0.5));
+  s.exp_avg_weight = static_cast<T>(1.0 - h.beta1);
+  s.beta2 = static_cast<T>(h.beta2);
+  s.exp_avg_sq_weight = static_cast<T>(1.0 - h.beta2);
+  s.eps = static_cast<T>(h.eps);
+  if (h.weight_decay != 0.0) {
+    if (h.decoupled_weight_decay) {
+      s.has_decay = true;
+      s.decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
+    } else {
+      s.has_weight_decay = true;
+      s.weight_decay = static_cast<T>(h.weight_decay);
+    }
+  }
+  s.maximize = h.maximize;
+  return s;
+}
+
+template <typename T>
 void AdamUpdate(const AdamScalars<T>& scalars, const AdamTensors<T>& tensors, const Executor& executor) {
   if (tensors.count <= 0) return;
   const bool flags[5] = {scalars.maximize, scalars.has_weight_decay, scalars.has_decay,
@@ -110,6 +135,8 @@ void AdamUpdate(const AdamScalars<T>& scalars, const AdamTensors<T>& tensors, co
   });
 }
 
+template AdamScalars<float> AdamScalarsFor<float>(const AdamHyperparameters&);
+template AdamScalars<double> AdamScalarsFor<double>(const AdamHyperparameters&);
 template void AdamUpdate<float>(const AdamScalars<float>&, const AdamTensors<float>&, const Executor&);
 template void AdamUpdate<double>(const AdamScalars<double>&, const AdamTensors<double>&, const Executor&);
 

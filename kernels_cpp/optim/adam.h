@@ -9,7 +9,19 @@
 
 namespace ortlstm {
 
-// The update's scalars, each already rounded to T as torch rounds its Python floats.
+// torch's hyperparameters and the update's lr and step, as Python floats (float64).
+struct AdamHyperparameters {
+  double lr = 0.0;
+  double step = 1.0;
+  double beta1 = 0.0;
+  double beta2 = 0.0;
+  double eps = 0.0;
+  double weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // AdamW
+  bool maximize = false;
+};
+
+// The update's scalars, each rounded to T once, where torch hands the Python float to a tensor op.
 template <typename T>
 struct AdamScalars {
   T neg_step_size;          // -lr / (1 - beta1**step)
@@ -40,6 +52,10 @@ struct AdamTensors {
   T* exp_avg_sq_out = nullptr;
   T* max_exp_avg_sq_out = nullptr;
 };
+
+// The scalars torch's _single_tensor_adam computes from `h` in Python floats, rounded to T.
+template <typename T>
+AdamScalars<T> AdamScalarsFor(const AdamHyperparameters& h);
 
 // Runs the update over the executor's tasks (contiguous ranges of elements; every element is
 // computed the same way whichever task has it, so the result does not depend on the split).

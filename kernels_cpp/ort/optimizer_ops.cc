@@ -5,6 +5,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -37,22 +38,22 @@ bool OutputWired(OrtKernelContext* context, Out port) {
   return spec::Index(port) < count;
 }
 
-// The value of a 0-D or one-element scalar input; "" or a message naming it.
-template <typename T>
-std::string ReadScalar(const std::array<TensorArg, spec::kNumInputs>& inputs, In port, T* value) {
+// The value of a 0-D or one-element float64 input; "" or a message naming it.
+std::string ReadScalar(const std::array<TensorArg, spec::kNumInputs>& inputs, In port, double* value) {
   const TensorArg& arg = inputs[spec::Index(port)];
   if (arg.shape.size() > 1 || CheckedProduct(arg.shape) != 1) {
     return std::string("input ") + InputName(port) + ": expected a scalar (shape [] or [1]), got shape " +
            FormatShape(arg.shape);
   }
-  *value = *arg.template Data<T>();
+  *value = *arg.template Data<double>();
   return "";
 }
 
 template <typename T>
 class AdamUpdateKernel {
  public:
-  AdamUpdateKernel(bool maximize, std::string node) : maximize_(maximize), node_(std::move(node)) {}
+  AdamUpdateKernel(bool decoupled_weight_decay, bool maximize, std::string node)
+      : decoupled_weight_decay_(decoupled_weight_decay), maximize_(maximize), node_(std::move(node)) {}
 
   OrtStatus* ComputeV2(OrtKernelContext* context) {
     try {
@@ -62,24 +63,24 @@ class AdamUpdateKernel {
       if (!error.empty()) return Fail(spec::kName, node_, error);
       auto in = [&](In port) { return inputs[spec::Index(port)].template Data<T>(); };
 
-      AdamScalars<T> s;
-      for (const auto& [port, value] : std::array<std::pair<In, T*>, 6>{{
-               {In::kNegStepSize, &s.neg_step_size},
-               {In::kBiasCorrection2Sqrt, &s.bias_correction2_sqrt},
-               {In::kExpAvgWeight, &s.exp_avg_weight},
-               {In::kBeta2, &s.beta2},
-               {In::kExpAvgSqWeight, &s.exp_avg_sq_weight},
-               {In::kEps, &s.eps},
+      AdamHyperparameters h;
+      for (const auto& [port, value] : std::array<std::pair<In, double*>, 5>{{
+               {In::kLr, &h.lr},
+               {In::kStep, &h.step},
+               {In::kBeta1, &h.beta1},
+               {In::kBeta2, &h.beta2},
+               {In::kEps, &h.eps},
            }}) {
         error = ReadScalar(inputs, port, value);
         if (!error.empty()) return Fail(spec::kName, node_, error);
       }
-      s.has_weight_decay = inputs[spec::Index(In::kWeightDecay)].present;
-      if (s.has_weight_decay) error = ReadScalar(inputs, In::kWeightDecay, &s.weight_decay);
-      s.has_decay = inputs[spec::Index(In::kDecay)].present;
-      if (error.empty() && s.has_decay) error = ReadScalar(inputs, In::kDecay, &s.decay);
-      if (!error.empty()) return Fail(spec::kName, node_, error);
-      s.maximize = maximize_;
+      if (inputs[spec::Index(In::kWeightDecay)].present) {
+        error = ReadScalar(inputs, In::kWeightDecay, &h.weight_decay);
+        if (!error.empty()) return Fail(spec::kName, node_, error);
+      }
+      h.decoupled_weight_decay = decoupled_weight_decay_;
+      h.maximize = maximize_;
+      const AdamScalars<T> s = AdamScalarsFor<T>(h);
 
       const std::vector<int64_t>& shape = inputs[spec::Index(In::kParam)].shape;
       AdamTensors<T> t;
@@ -127,13 +128,10 @@ class AdamUpdateKernel {
              OutputName(Out::kMaxExpAvgSqOut) + " go together (amsgrad): the node has " +
              (amsgrad_in ? "the input without the output" : "the output without the input");
     }
-    if (inputs[spec::Index(In::kWeightDecay)].present && inputs[spec::Index(In::kDecay)].present) {
-      return std::string("inputs ") + InputName(In::kWeightDecay) + " (Adam's L2 term) and " + InputName(In::kDecay) +
-             " (AdamW's decoupled decay) exclude each other; give at most one";
-    }
     return "";
   }
 
+  bool decoupled_weight_decay_;
   bool maximize_;
   std::string node_;
 };
@@ -147,14 +145,21 @@ struct AdamUpdateOp : Ort::CustomOpBase<AdamUpdateOp<T>, AdamUpdateKernel<T>, /*
 
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
+    int64_t decoupled = spec::kAttrDecoupledWeightDecayDefault;
     int64_t maximize = spec::kAttrMaximizeDefault;
-    std::string error = ReadIntAttribute(info, spec::kAttrMaximize, spec::kAttrMaximizeDefault, &maximize);
-    if (error.empty() && maximize != 0 && maximize != 1) {
-      error = std::string("attribute ") + spec::kAttrMaximize + ": expected 0 or 1, got " + std::to_string(maximize);
+    std::string error;
+    for (const auto& [name, fallback, value] : std::array<std::tuple<const char*, int64_t, int64_t*>, 2>{{
+             {spec::kAttrDecoupledWeightDecay, spec::kAttrDecoupledWeightDecayDefault, &decoupled},
+             {spec::kAttrMaximize, spec::kAttrMaximizeDefault, &maximize},
+         }}) {
+      error = ReadIntAttribute(info, name, fallback, value);
+      if (error.empty() && *value != 0 && *value != 1) {
+        error = std::string("attribute ") + name + ": expected 0 or 1, got " + std::to_string(*value);
+      }
+      if (!error.empty()) return Fail(spec::kName, node, error);
     }
-    if (!error.empty()) return Fail(spec::kName, node, error);
     try {
-      *kernel = new AdamUpdateKernel<T>(maximize == 1, node);
+      *kernel = new AdamUpdateKernel<T>(decoupled == 1, maximize == 1, node);
     } catch (const std::bad_alloc&) {
       return MakeStatus(ORT_FAIL, std::string(spec::kName) + ": out of memory");
     }
@@ -163,7 +168,9 @@ struct AdamUpdateOp : Ort::CustomOpBase<AdamUpdateOp<T>, AdamUpdateKernel<T>, /*
 
   const char* GetName() const { return spec::kName; }
   size_t GetInputTypeCount() const { return static_cast<size_t>(spec::kNumInputs); }
-  ONNXTensorElementDataType GetInputType(size_t) const { return kElementType<T>; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return spec::kInputIsDouble[index] ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : kElementType<T>;
+  }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
     return spec::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
