@@ -65,9 +65,10 @@ bench_lstm = _bench_lstm()
 CLASSES = 10
 LR = 1e-3
 COMPETITORS = ("trainer", "module", "torch")
-# Diagnostics, only when named in --competitors: the Trainer with AdamW(fused_multiply_add=False)
-# (torch's two-rounding-free multiply-adds in float32: no float64 temporaries, within 1 ulp of torch).
-EXTRA_COMPETITORS = ("trainer-nofma",)
+# Diagnostics, only when named in --competitors: the Trainer with AdamW in standard ONNX ops
+# (implementation="onnx", the update before the fused AdamUpdate op), with torch's fused multiply-adds
+# emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step).
+EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma")
 SETTLE_SECONDS = 0.1  # pause before each round: longer than onnxruntime's and OpenMP's spin-waits
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
@@ -256,13 +257,14 @@ class TrainerRunner:
         model: onnx.ModelProto,
         batch: tuple[np.ndarray, np.ndarray],
         threads: int,
+        implementation: str = "ortlstm",
         fused_multiply_add: bool = True,
     ) -> None:
         from ortlstm.graphs import losses, optimizers
 
         from ortlstm.training import Trainer
 
-        optimizer = optimizers.AdamW(lr=LR, fused_multiply_add=fused_multiply_add)
+        optimizer = optimizers.AdamW(lr=LR, implementation=implementation, fused_multiply_add=fused_multiply_add)
         self.trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads)
         self.x, self.y = batch
 
@@ -338,8 +340,10 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
     try:
         if name == "trainer":
             return TrainerRunner(config, model, batch, threads)
-        if name == "trainer-nofma":
-            return TrainerRunner(config, model, batch, threads, fused_multiply_add=False)
+        if name == "trainer-onnx":
+            return TrainerRunner(config, model, batch, threads, implementation="onnx")
+        if name == "trainer-onnx-nofma":
+            return TrainerRunner(config, model, batch, threads, implementation="onnx", fused_multiply_add=False)
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
         return TorchRunner(config, model, batch, threads)
