@@ -18,6 +18,12 @@
 namespace ortlstm {
 namespace {
 
+// Groups of batch entries are taken while R is at most this size (SplitTimeLoop), whatever the
+// L2 cache: each step multiplies by R untransposed (K = 4H), and on AMD Zen 3 (512 KB of L2,
+// R of 1 MiB at M) blocks of units were no faster than groups there (M bwd 28.1 vs 28.2 ms, M-bidir
+// 56.2 vs 55.0 ms), unlike the forward's. 2 MiB is the L2 of the Intel VM it was tuned on.
+constexpr int64_t kMaxGroupWeightBytes = int64_t{2} << 20;
+
 // Per-block temporaries of the pointwise pass, one row of hidden units each.
 constexpr int kTemporaries = 5;
 
@@ -429,7 +435,7 @@ class BackwardDirection {
 // directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
 template <typename T>
 bool DirectionsInParallel(const LstmDims& dims, const Executor& executor) {
-  const StepSplit split = SplitTimeLoop<T>(dims, executor);
+  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxGroupWeightBytes);
   return dims.num_directions == 2 && executor.Width() >= 2 && split.unit_blocks == 1 && split.row_groups == 1;
 }
 
@@ -483,7 +489,7 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     }
     return;
   }
-  const StepSplit split = SplitTimeLoop<T>(dims, executor);
+  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxGroupWeightBytes);
   const int64_t chunk = BackwardDirection<T>::ChunkSteps(dims, false);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
     BackwardDirection<T> direction(dims, config, tensors, d, split, chunk, allocator);

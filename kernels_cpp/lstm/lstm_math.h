@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/cpu_cache.h"
 #include "common/parallel.h"
 #include "common/scratch.h"
 #include "lstm/lstm_config.h"
@@ -81,13 +82,16 @@ struct StepSplit {
   // block's previous step), else as many as there are (`steps`).
   int64_t StepsPerRound(int64_t steps) const { return unit_blocks > 1 || steps < 1 ? 1 : steps; }
 };
+// Groups are taken only while R (4H x H elements of T) is at most `max_group_weight_bytes`: each
+// task reads all of R every step, which pays while R stays in a core's cache. The forward passes
+// the L2 size read at run time (common/cpu_cache.h): on the Intel VM (2 MiB) groups at M, blocks
+// at L, whose 4 MiB of R streamed from L3 every step made groups no faster; on AMD Zen 3 (512 KB)
+// blocks at M too, each task with half of R^T and 32-row GEMMs (forward 16.9 -> 16.0 ms). The
+// backward keeps 2 MiB (lstm_backward.cc).
 template <typename T>
-inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor) {
+inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor, int64_t max_group_weight_bytes) {
   constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
-  // Each task reads all of R every step: only while it stays in a core's cache (2 MiB of L2 here;
-  // at L, 4 MiB of R streamed from L3 every step made the row groups no faster than unit blocks).
-  constexpr int64_t kMaxGroupWeightBytes = int64_t{2} << 20;
-  if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > kMaxGroupWeightBytes) {
+  if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > max_group_weight_bytes) {
     return StepSplit{1, StepBlocks(dims, executor)};
   }
   int64_t groups = dims.batch_size / kMinGroupRows;
