@@ -429,14 +429,19 @@ class BackwardDirection {
 };
 
 // The two directions of a bidirectional LSTM run as two parallel tasks, each serial inside, only
-// when one step is too small to split into blocks of hidden units. Otherwise they run one after
-// the other, each over the whole executor: about as fast (M-bidir: 34.3 vs 33.7 ms, 2 threads)
-// and only one direction's gate gradients [T*N, 4H] are alive at a time. (The forward keeps its
-// directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
+// when one step is too small to split into blocks of hidden units of 2^17 multiply-adds (the Intel
+// VM's MinBlockWork, lstm_math.h) and there are too few batch entries for groups. Otherwise they
+// run one after the other, each over the whole executor: about as fast (M-bidir: 34.3 vs 33.7 ms,
+// 2 threads) and only one direction's gate gradients [T*N, 4H] are alive at a time. (The forward
+// keeps its directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
+// Not MinBlockWork itself: on AMD Zen 3 blocks of its 2^15 were slower than the directions in
+// parallel (S-bidir (16, 8, 64, 64) bwd 0.367 vs 0.297 ms, B1-bidir 3.70 vs 2.97 ms).
 template <typename T>
 bool DirectionsInParallel(const LstmDims& dims, const Executor& executor) {
+  constexpr int64_t kMinBlockWorkBesideDirections = int64_t{1} << 17;
   const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxGroupWeightBytes);
-  return dims.num_directions == 2 && executor.Width() >= 2 && split.unit_blocks == 1 && split.row_groups == 1;
+  return dims.num_directions == 2 && executor.Width() >= 2 && split.row_groups == 1 &&
+         StepBlocks(dims, executor, kMinBlockWorkBesideDirections) == 1;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The size of one core's L2 cache, read at run time, for work splits that depend on what stays in
-// a core's cache (lstm/lstm_math.h). Knows nothing of the LSTM; reads the system's description of
-// the CPU only (no vendor or model tables).
+// What the work splits of lstm/lstm_math.h need to know of the CPU, read at run time: one core's
+// L2 cache size and the vector width. Knows nothing of the LSTM; reads the system's description
+// of the CPU only (no vendor or model tables).
 #pragma once
 
 #include <unistd.h>
@@ -44,6 +44,16 @@ inline int64_t L2CacheBytes() {
     return kDefault;
   }();
   return bytes;
+}
+
+// Bytes of the widest float vectors the CPU runs: 64 with AVX-512F, 32 with AVX2, else 16.
+inline int VectorBytes() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const int bytes = __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16;
+  return bytes;
+#else
+  return 16;
+#endif
 }
 
 }  // namespace ortlstm
