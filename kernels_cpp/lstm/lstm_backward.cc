@@ -18,6 +18,12 @@
 namespace ortlstm {
 namespace {
 
+// Groups of batch entries are taken while R is at most this size (SplitTimeLoop), whatever the
+// L2 cache: each step multiplies by R untransposed (K = 4H), and on AMD Zen 3 (512 KB of L2,
+// R of 1 MiB at M) blocks of units were no faster than groups there (M bwd 28.1 vs 28.2 ms, M-bidir
+// 56.2 vs 55.0 ms), unlike the forward's. 2 MiB is the L2 of the Intel VM it was tuned on.
+constexpr int64_t kMaxGroupWeightBytes = int64_t{2} << 20;
+
 // Per-block temporaries of the pointwise pass, one row of hidden units each.
 constexpr int kTemporaries = 5;
 
@@ -423,14 +429,19 @@ class BackwardDirection {
 };
 
 // The two directions of a bidirectional LSTM run as two parallel tasks, each serial inside, only
-// when one step is too small to split into blocks of hidden units. Otherwise they run one after
-// the other, each over the whole executor: about as fast (M-bidir: 34.3 vs 33.7 ms, 2 threads)
-// and only one direction's gate gradients [T*N, 4H] are alive at a time. (The forward keeps its
-// directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
+// when one step is too small to split into blocks of hidden units of 2^17 multiply-adds (the Intel
+// VM's MinBlockWork, lstm_math.h) and there are too few batch entries for groups. Otherwise they
+// run one after the other, each over the whole executor: about as fast (M-bidir: 34.3 vs 33.7 ms,
+// 2 threads) and only one direction's gate gradients [T*N, 4H] are alive at a time. (The forward
+// keeps its directions in parallel: its scratch is not LSTMGrad's, and it gains more from it.)
+// Not MinBlockWork itself: on AMD Zen 3 blocks of its 2^15 were slower than the directions in
+// parallel (S-bidir (16, 8, 64, 64) bwd 0.367 vs 0.297 ms, B1-bidir 3.70 vs 2.97 ms).
 template <typename T>
 bool DirectionsInParallel(const LstmDims& dims, const Executor& executor) {
-  const StepSplit split = SplitTimeLoop<T>(dims, executor);
-  return dims.num_directions == 2 && executor.Width() >= 2 && split.unit_blocks == 1 && split.row_groups == 1;
+  constexpr int64_t kMinBlockWorkBesideDirections = int64_t{1} << 17;
+  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxGroupWeightBytes);
+  return dims.num_directions == 2 && executor.Width() >= 2 && split.row_groups == 1 &&
+         StepBlocks(dims, executor, kMinBlockWorkBesideDirections) == 1;
 }
 
 }  // namespace
@@ -483,7 +494,7 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     }
     return;
   }
-  const StepSplit split = SplitTimeLoop<T>(dims, executor);
+  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxGroupWeightBytes);
   const int64_t chunk = BackwardDirection<T>::ChunkSteps(dims, false);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
     BackwardDirection<T> direction(dims, config, tensors, d, split, chunk, allocator);

@@ -301,7 +301,7 @@ void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwa
   const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
   const SerialExecutor serial;
   const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
-  const StepSplit split = SplitTimeLoop<T>(dims, step_executor);
+  const StepSplit split = SplitTimeLoop<T>(dims, step_executor, L2CacheBytes());
   ForwardDirection<T> forward(dims, config, tensors, 0, split, allocator);
   std::unique_ptr<ForwardDirection<T>> backward;
   if (dims.num_directions == 2) {

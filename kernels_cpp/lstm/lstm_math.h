@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/cpu_info.h"
 #include "common/parallel.h"
 #include "common/scratch.h"
 #include "lstm/lstm_config.h"
@@ -53,12 +54,19 @@ struct LstmBackwardTensors {
   T* dP = nullptr;
 };
 
+// The least work of a block of hidden units (StepBlocks), in multiply-adds of one step's recurrent
+// GEMM. Measured on two CPUs: 2^17 on the Intel VM (AVX-512), where a one-row step of 2^16 (B1:
+// 1 x 512 x 128) takes 3 us; 2^15 on AMD Zen 3 (AVX2), where the same step takes 7 us and two
+// blocks of it paid for their hand-off every step (fwd + bwd B1 4.23 -> 3.39 ms, S (16, 8, 64, 64)
+// 0.385 -> 0.335 ms). The vector width stands for the difference; nothing between was measured.
+inline int64_t MinBlockWork() { return VectorBytes() >= 64 ? int64_t{1} << 17 : int64_t{1} << 15; }
+
 // How many blocks of hidden units one time step is cut into (forward and backward alike): as
-// many as the executor is wide, while each block keeps enough recurrent-GEMM work to pay for a task.
-inline int64_t StepBlocks(const LstmDims& dims, const Executor& executor) {
-  constexpr int64_t kMinBlockWork = int64_t{1} << 17;  // multiply-adds of one step's recurrent GEMM
+// many as the executor is wide, while each block keeps `min_block_work` multiply-adds of the
+// step's recurrent GEMM, enough to pay for a task.
+inline int64_t StepBlocks(const LstmDims& dims, const Executor& executor, int64_t min_block_work = MinBlockWork()) {
   const int64_t work = dims.batch_size * dims.GateWidth() * dims.hidden_size;
-  int64_t blocks = work / kMinBlockWork;
+  int64_t blocks = work / min_block_work;
   if (blocks > executor.Width()) blocks = executor.Width();
   if (blocks > dims.hidden_size) blocks = dims.hidden_size;
   return blocks < 1 ? 1 : blocks;
@@ -81,13 +89,16 @@ struct StepSplit {
   // block's previous step), else as many as there are (`steps`).
   int64_t StepsPerRound(int64_t steps) const { return unit_blocks > 1 || steps < 1 ? 1 : steps; }
 };
+// Groups are taken only while R (4H x H elements of T) is at most `max_group_weight_bytes`: each
+// task reads all of R every step, which pays while R stays in a core's cache. The forward passes
+// the L2 size read at run time (common/cpu_info.h): on the Intel VM (2 MiB) groups at M, blocks
+// at L, whose 4 MiB of R streamed from L3 every step made groups no faster; on AMD Zen 3 (512 KB)
+// blocks at M too, each task with half of R^T and 32-row GEMMs (forward 16.9 -> 16.0 ms). The
+// backward keeps 2 MiB (lstm_backward.cc).
 template <typename T>
-inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor) {
+inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor, int64_t max_group_weight_bytes) {
   constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
-  // Each task reads all of R every step: only while it stays in a core's cache (2 MiB of L2 here;
-  // at L, 4 MiB of R streamed from L3 every step made the row groups no faster than unit blocks).
-  constexpr int64_t kMaxGroupWeightBytes = int64_t{2} << 20;
-  if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > kMaxGroupWeightBytes) {
+  if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > max_group_weight_bytes) {
     return StepSplit{1, StepBlocks(dims, executor)};
   }
   int64_t groups = dims.batch_size / kMinGroupRows;

@@ -6,9 +6,9 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
 // arch=x86-64-v3: AVX2 with FMA, which the contraction needs (the avx2 flag alone leaves FMA out).
-// Not arch=haswell: GCC dispatches an arch= clone by CPU model (__builtin_cpu_is), except for the
-// x86-64-vN levels, which it dispatches by features, so arch=haswell ran only on Haswell and every
-// other AVX2 CPU (AMD Zen included) ran the baseline SSE2 clone without FMA.
+// Not arch=haswell: its clone is chosen by __builtin_cpu_is("haswell"), i.e. on Intel Haswell-class
+// CPUs only, so AMD Zen 3 ran the SSE2 default (forward cell 17 % of the forward at M there); the
+// x86-64-v3 clone is chosen by the ISA level the CPU reports, whoever made it.
 #define ORTLSTM_CELL_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
 #define ORTLSTM_CELL_CLONES
