@@ -529,6 +529,14 @@ class Trainer:
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
         self._checked_targets: set[tuple[ValueType | None, ValueType]] = set()
+        # lr and step of the next update: bound once to each update binding, written in place.
+        self._lr_value = np.zeros((), dtype=np.float64)
+        self._step_value = np.zeros((), dtype=np.int64)
+        self._expected_dtypes = {
+            name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type))
+            for name, value in self._batch_types.items()
+            if value is not None
+        }
 
     # ---- construction from files ----------------------------------------------------------------
 
@@ -666,6 +674,8 @@ class Trainer:
             for name, output in self._updates.items():
                 binding.bind_ortvalue_input(name, buffers[self._current][name])
                 binding.bind_ortvalue_output(output, buffers[1 - self._current][name])
+            binding.bind_cpu_input(self.signature.lr, self._lr_value)
+            binding.bind_cpu_input(self.signature.step, self._step_value)
             self._bindings[key] = binding
         return self._bindings[key]
 
@@ -720,7 +730,7 @@ class Trainer:
             value = feeds[name]
             if declared is None:
                 continue
-            expected_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(declared.elem_type))
+            expected_dtype = self._expected_dtypes[name]
             rank_ok = declared.shape is None or len(declared.shape) == value.ndim
             dims_ok = rank_ok and (
                 declared.shape is None
@@ -836,14 +846,13 @@ class Trainer:
         done = self.global_step if update is None else update - 1
         return float(self._lr(done)) if callable(self._lr) else float(self._lr)
 
-    def _scalars(self, lr: float | None) -> dict[str, np.ndarray]:
+    def _set_scalars(self, lr: float | None) -> None:
+        """Writes this update's lr and step into the arrays the update bindings read."""
         value = self.learning_rate() if lr is None else float(lr)
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"learning rate must be a finite number >= 0, got {value}")
-        return {
-            self.signature.lr: np.asarray(value, dtype=np.float64),
-            self.signature.step: np.asarray(self.global_step + 1, dtype=np.int64),
-        }
+        self._lr_value[()] = value
+        self._step_value[()] = self.global_step + 1
 
     # ---- training ---------------------------------------------------------------------------------
 
@@ -870,7 +879,7 @@ class Trainer:
                 "call apply() (or zero_grad()) first"
             )
         feeds = self._batch_feeds(batch, named, target, "step()")
-        feeds.update(self._scalars(lr))
+        self._set_scalars(lr)
         signature = self.signature
         outputs = [signature.loss, *signature.extra_outputs, *([signature.grad_norm] if signature.grad_norm else [])]
         values = self._run(self._session("train_step"), self._update_binding("train_step"), feeds, outputs)
@@ -951,7 +960,7 @@ class Trainer:
             raise RuntimeError("apply(): no gradients accumulated; call accumulate(...) first")
         signature = self.signature
         feeds = {signature.grads[name]: self._accumulated[name] for name in signature.params}
-        feeds.update(self._scalars(lr))
+        self._set_scalars(lr)
         outputs = [signature.grad_norm] if signature.grad_norm else []
         values = self._run(self._session("apply"), self._update_binding("apply"), feeds, outputs)
         self._advance()

@@ -171,6 +171,22 @@ def test_schedule_gives_the_lr_of_each_update_as_torch_counts() -> None:
     assert not np.array_equal(constant.parameters["lstm.W"], scheduled.parameters["lstm.W"])
 
 
+def test_each_update_reads_its_own_lr() -> None:
+    """The two alternating update bindings read lr and step where each update writes them.
+
+    The third step runs the first step's binding again: with lr 0 it must change nothing, whatever
+    lr that binding saw when it was made.
+    """
+    ((x, y),) = batches(1)
+    sgd = trainer(optimizer=optimizers.SGD(lr=1.0))
+    sgd.step(x, target=y, lr=0.5)
+    sgd.step(x, target=y, lr=0.0)
+    before = {name: value.copy() for name, value in sgd.parameters.items()}
+    sgd.step(x, target=y, lr=0.0)
+    for name, value in sgd.parameters.items():
+        assert np.array_equal(value, before[name]), name
+
+
 @pytest.mark.parametrize("path", [path for path in RECORDINGS if "unoptimized" in path.stem][:1], ids=lambda p: p.stem)
 def test_torch_schedule_replayed_by_the_trainer(path: Path) -> None:
     """A recorded torch run (LambdaLR-style schedule) replayed with ``lr=callable`` matches torch."""
