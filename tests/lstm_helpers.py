@@ -45,11 +45,12 @@ MEDIUM_CONFIG = LstmConfig(
 # kernels_cpp/lstm/lstm_math.h). BLOCKED_CONFIGS: fewer than 16 batch entries but enough recurrent
 # work per step (batch_size*4*hidden_size*hidden_size >= 2**18 multiply-adds with AVX-512, 2**16
 # without: MinBlockWork in lstm_math.h) that each step is cut into two blocks of hidden units, with
-# block-major reordered weights; hidden_size 67 splits unevenly. GROUPED_CONFIGS: 16 or more batch entries, so each task takes a group of entries for
-# all steps; 17 splits unevenly. (Small configs run in one task, and there a bidirectional LSTM runs
-# its two directions as the parallel tasks instead.) The last two of each take the fused
-# default-cell path (float32): bidirectional, where LSTMGrad runs the directions one after the
-# other, and reverse with layout 0 and full sequences, where dR reads H_{t-1} from HAll.
+# block-major reordered weights; hidden_size 67 splits unevenly. GROUPED_CONFIGS: 16 or more
+# batch entries, so each task takes a group of entries for all steps; 17 splits unevenly. (Small
+# configs run in one task, and there a bidirectional LSTM runs its two directions as the parallel
+# tasks instead.) The last two of each take the fused default-cell path (float32): bidirectional,
+# where LSTMGrad runs the directions one after the other, and reverse with layout 0 and full
+# sequences, where dR reads H_{t-1} from HAll.
 
 
 def _split_configs(batch_size: int, hidden_size: int) -> tuple[LstmConfig, ...]:

@@ -244,7 +244,7 @@ def test_amsgrad_input_and_output_go_together(amsgrad_input: bool) -> None:
 
 
 def test_hyperparameter_of_another_type_is_refused() -> None:
-    """onnxruntime refuses it before the kernel runs, with its own message (no input name in it)."""
+    """Refused by onnxruntime before the kernel runs, with its own message (no input name in it)."""
     inputs = random_inputs("float32", (2,), beta1=0.9, seed=0, optional=set())
     inputs["beta1"] = inputs["beta1"].astype(np.float32)
     with pytest.raises(Exception, match=r"Actual: \(tensor\(float\)\) , expected: \(tensor\(double\)\)"):
