@@ -15,13 +15,6 @@
 namespace ortlstm::ort {
 namespace {
 
-template <typename T>
-constexpr ONNXTensorElementDataType kElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-template <>
-constexpr ONNXTensorElementDataType kElementType<float> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-template <>
-constexpr ONNXTensorElementDataType kElementType<double> = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
-
 // ---------------------------------------------------------------------------------------------
 // Static type and shape inference (runs when ORT resolves the graph).
 

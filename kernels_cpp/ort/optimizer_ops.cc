@@ -6,7 +6,6 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "common/checked_math.h"
@@ -19,10 +18,6 @@ namespace {
 namespace spec = schema::adam_update;
 using In = spec::In;
 using Out = spec::Out;
-
-template <typename T>
-constexpr ONNXTensorElementDataType kElementType =
-    std::is_same_v<T, float> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
 
 const char* InputName(In port) { return spec::kInputNames[spec::Index(port)]; }
 const char* OutputName(Out port) { return spec::kOutputNames[spec::Index(port)]; }

@@ -37,6 +37,14 @@ bool CanReadStringArrays();
 
 OrtStatus* MakeStatus(OrtErrorCode code, const std::string& message);
 
+// ORT's element type of a kernel's float type T (float or double).
+template <typename T>
+constexpr ONNXTensorElementDataType kElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+template <>
+constexpr ONNXTensorElementDataType kElementType<float> = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+template <>
+constexpr ONNXTensorElementDataType kElementType<double> = ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE;
+
 // One kernel input as the adapter sees it; `present` is false for an omitted optional input.
 struct TensorArg {
   bool present = false;
