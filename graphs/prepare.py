@@ -19,7 +19,8 @@ standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
   dim checks exporters write around squeezes, whatever the dynamic dims);
 - ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - declared output shapes and intermediate ``value_info`` are dropped (shape inference redoes them;
-  an exporter's wrong declaration is never trusted for labels or losses).
+  an exporter's wrong declaration is never trusted for labels or losses), and each output then
+  declares the shape inference computes, so the model passes ``onnx.checker``.
 
 Protos only; folding uses ``onnx.reference``.
 """
@@ -35,6 +36,7 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 import onnx.reference
+import onnx.shape_inference
 
 try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
@@ -393,8 +395,26 @@ def prepare_model(
     # An exponent is a literal of the formula (x ** 2), not a weight; its gradient, log(x), is NaN
     # wherever the base is negative (an STFT's real part). Named in requires_grad it still trains.
     candidates -= _only_pow_exponents(result.graph, candidates)
+    _declare_inferred_output_shapes(result)
     remaining = tuple(node.name for node in result.graph.node if _is_onnx(node) and node.op_type == "If")
     return PreparedModel(result, frozenset(candidates), tuple(specialized), converted, remaining)
+
+
+def _declare_inferred_output_shapes(model: onnx.ModelProto) -> None:
+    """Gives each graph output whose shape was dropped the shape inference computes for it.
+
+    onnx.checker requires a shape on every main-graph output; the exporter's was dropped as
+    untrusted, so the prepared model declares what inference derives (symbolic dims kept). An
+    output whose rank inference cannot tell keeps no shape.
+    """
+    inferred = {info.name: info for info in onnx.shape_inference.infer_shapes(model, strict_mode=False).graph.output}
+    for output in model.graph.output:
+        tensor = output.type.tensor_type
+        found = inferred.get(output.name)
+        if not output.type.HasField("tensor_type") or tensor.HasField("shape") or found is None:
+            continue
+        if found.type.tensor_type.HasField("shape"):
+            tensor.shape.CopyFrom(found.type.tensor_type.shape)
 
 
 def _fold_partial_shape(

@@ -125,6 +125,7 @@ def test_prepared_model_computes_the_original(name: str, rng: np.random.Generato
     assert prepared.remaining_ifs == ()
     assert not any(node.op_type in ("If", "LSTM") for node in prepared.model.graph.node)
     assert len(prepared.converted) == 1
+    onnx.checker.check_model(prepared.model, full_check=True)
     original, specialized = _session(model), _session(prepared.model)
     for batch in (1, 3):
         windows = (rng.standard_normal((batch, SAMPLES)) * 0.3).astype(np.float32)

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ortlstm.graphs import build_training_models, losses, optimizers
+from ortlstm.graphs.prepare import prepare_model
 from ortlstm.ops import session_options
 
 OPSET = 17
@@ -183,6 +184,11 @@ def test_wrongly_declared_output_shape_is_not_trusted(rng: np.random.Generator) 
     built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
     loss, *_ = _session(built.train_step).run(None, _feeds(built, _batch(rng)))
     assert np.isfinite(loss)
+    # The prepared model declares what inference computes instead, so onnx.checker accepts it.
+    prepared = prepare_model(model).model
+    declared = prepared.graph.output[0].type.tensor_type.shape.dim
+    assert [(dim.dim_param, dim.dim_value) for dim in declared] == [("N", 0), ("", 4)]
+    onnx.checker.check_model(prepared, full_check=True)
 
 
 @pytest.mark.parametrize(
