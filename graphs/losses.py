@@ -8,9 +8,11 @@ non-differentiable helpers on the labels (Equal, Not, Cast, Gather of constant w
 ``Loss`` describes one (``Loss.cross_entropy(label_smoothing=0.1)``, ``Loss.output()``, ...);
 ``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name;
 ``check_target`` refuses a target of the wrong element type or shape before anything is built.
-The functions ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss`` and
-``binary_cross_entropy_with_logits`` take torch's arguments (after the emitter) with torch's
-defaults. Protos only: nothing here runs a model.
+The functions ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss``,
+``binary_cross_entropy`` and ``binary_cross_entropy_with_logits`` take torch's arguments (after
+the emitter) with torch's defaults. ``gradient_seed`` says where the backward starts: the loss
+value, or for ``binary_cross_entropy`` (whose torch backward is not the derivative of its clamped
+forward) torch's gradient of the prediction. Protos only: nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ except ModuleNotFoundError:
     from graphs.autodiff.emitter import GraphEmitter, ValueType  # type: ignore[no-redef]
 
 REDUCTIONS = ("mean", "sum", "none")
-KINDS = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy_with_logits", "output")
+KINDS = (
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "output",
+)
 INDEX_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 """Element types accepted for class indices (int32 is cast to int64, torch's type)."""
 _FLOATS = frozenset(
@@ -57,7 +67,7 @@ class Loss:
         ignore_index: Class index whose targets are skipped (cross_entropy, nll_loss).
         label_smoothing: cross_entropy's smoothing in [0, 1].
         weight: Class weights ``[C]`` (cross_entropy, nll_loss), or per-element weights
-            broadcast to the input (binary_cross_entropy_with_logits).
+            broadcast to the input (binary_cross_entropy, binary_cross_entropy_with_logits).
         pos_weight: Weights of positive examples, broadcast to the input's trailing axes
             (binary_cross_entropy_with_logits).
     """
@@ -85,6 +95,7 @@ class Loss:
         if self.weight is not None and self.kind not in (
             "cross_entropy",
             "nll_loss",
+            "binary_cross_entropy",
             "binary_cross_entropy_with_logits",
         ):
             raise ValueError(f"{self.kind} takes no weight")
@@ -118,6 +129,11 @@ class Loss:
     def l1_loss(cls, reduction: str = "mean") -> Loss:
         """torch.nn.functional.l1_loss; see ``l1_loss``."""
         return cls("l1_loss", reduction)
+
+    @classmethod
+    def binary_cross_entropy(cls, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean") -> Loss:
+        """torch.nn.functional.binary_cross_entropy (probabilities in); see that function here."""
+        return cls("binary_cross_entropy", reduction, weight=weight)
 
     @classmethod
     def binary_cross_entropy_with_logits(
@@ -185,8 +201,8 @@ def check_target(
       type int64 (or int32) shaped like the input without its class axis (``[N, d1, ...]``, 0-D
       for a ``[C]`` input); cross_entropy also takes class probabilities, a float target of the
       input's type and shape. Class weights must have C entries.
-    - mse_loss, l1_loss, binary_cross_entropy_with_logits: a float target of the input's type and
-      shape.
+    - mse_loss, l1_loss, binary_cross_entropy, binary_cross_entropy_with_logits: a float target of
+      the input's type and shape.
     - output: no target; the value must be a float holding one element.
 
     Raises:
@@ -572,6 +588,95 @@ def binary_cross_entropy_with_logits(
     return _reduce(emitter, loss, reduction)
 
 
+# torch's binary_cross_entropy_backward divides by max(x (1 - x), EPSILON), EPSILON a float 1e-12 in
+# every dtype (float64 gradients show 1 / 9.999999960041972e-13).
+_BCE_EPSILON = float(np.float32(1e-12))
+
+
+def _log1p_of_negative(emitter: GraphEmitter, x: str) -> str:
+    """``log1p(-x)`` to a few roundings (ONNX has no Log1p).
+
+    With ``w = 1 - x`` rounded, ``log(w) * -x / (w - 1)``, which cancels the rounding of ``w``,
+    and ``-x`` where ``w`` is 1. ``x = 1`` gives -inf (torch then clamps to -100).
+    """
+    one = _float_const(emitter, 1.0, x)
+    w = emitter.op("Sub", [one, x])
+    neg_x = emitter.op("Neg", [x])
+    corrected = emitter.op("Div", [emitter.op("Mul", [emitter.op("Log", [w]), neg_x]), emitter.op("Sub", [w, one])])
+    return emitter.op("Where", [emitter.op("Equal", [w, one]), neg_x, corrected])
+
+
+def binary_cross_entropy(
+    emitter: GraphEmitter,
+    input: str,
+    target: str,
+    weight: Sequence[float] | np.ndarray | None = None,
+    reduction: str = "mean",
+) -> str:
+    """torch.nn.functional.binary_cross_entropy: ``input`` holds probabilities (a Sigmoid's output).
+
+    ``l = (y - 1) * max(log1p(-x), -100) - y * max(log(x), -100)``, times ``weight`` (broadcast to
+    the input), then mean (default), sum or none; torch's formula and its clamp, so saturated
+    probabilities (0 or 1) give a finite loss. Its gradient is torch's backward, not this graph's
+    derivative: build the backward from ``gradient_seed``. Inputs outside [0, 1] give NaN where
+    torch raises.
+
+    Args:
+        emitter: Receives the nodes.
+        input: Probabilities of the positive class, any shape.
+        target: Target probabilities, the input's type and shape.
+        weight: Weights broadcast to the input (default: ones).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    spec = Loss.binary_cross_entropy(weight, reduction)
+    check_target(spec, emitter.value_type(input), emitter.value_type(target), prediction_name=input, target_name=target)
+    floor = _float_const(emitter, -100.0, input)
+    log_x = emitter.op("Max", [emitter.op("Log", [input]), floor])
+    log_1mx = emitter.op("Max", [_log1p_of_negative(emitter, input), floor])
+    target_minus_one = emitter.op("Sub", [target, _float_const(emitter, 1.0, input)])
+    loss = emitter.op("Sub", [emitter.op("Mul", [target_minus_one, log_1mx]), emitter.op("Mul", [target, log_x])])
+    if spec.weight is not None:
+        loss = emitter.op("Mul", [loss, _float_const(emitter, spec.weight, input)])
+    return _reduce(emitter, loss, reduction)
+
+
+def _binary_cross_entropy_gradient(emitter: GraphEmitter, spec: Loss, input: str, target: str) -> str:
+    """The gradient torch's binary_cross_entropy_backward computes for a seed of ones.
+
+    In its order of operations: ``(x - y) / max((1 - x) * x, EPSILON)``, times the weight,
+    divided by the element count for mean.
+    """
+    one = _float_const(emitter, 1.0, input)
+    denominator = emitter.op(
+        "Max",
+        [emitter.op("Mul", [emitter.op("Sub", [one, input]), input]), _float_const(emitter, _BCE_EPSILON, input)],
+    )
+    grad = emitter.op("Div", [emitter.op("Sub", [input, target]), denominator])
+    if spec.weight is not None:
+        grad = emitter.op("Mul", [grad, _float_const(emitter, spec.weight, input)])
+    if spec.reduction == "mean":
+        count = emitter.op("CastLike", [emitter.op("Size", [input]), input])
+        grad = emitter.op("Div", [grad, count])
+    return grad
+
+
+def gradient_seed(
+    emitter: GraphEmitter, spec: Loss, prediction: str, target: str | None, loss: str
+) -> str | dict[str, str | None]:
+    """Where ``build_backward`` starts for the loss ``spec``, emitted as ``loss`` by ``add_loss``.
+
+    The loss value itself (its graph is differentiated, seeded with ones) for every kind but
+    ``binary_cross_entropy``: torch's backward of that one is not the derivative of its forward
+    (it divides by ``max(x (1 - x), 1e-12)`` where the forward clamps the logs at -100, so a
+    saturated wrong prediction still gets a gradient), so this emits torch's gradient of the
+    prediction and returns ``{prediction: that gradient}``, a vector-Jacobian seed.
+    """
+    if spec.kind != "binary_cross_entropy":
+        return loss
+    assert target is not None
+    return {prediction: _binary_cross_entropy_gradient(emitter, spec, prediction, target)}
+
+
 def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | None = None) -> str:
     """Emits the loss ``spec`` describes; returns its value's name (0-D for mean and sum).
 
@@ -608,4 +713,6 @@ def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | N
         return mse_loss(emitter, prediction, target, spec.reduction)
     if spec.kind == "l1_loss":
         return l1_loss(emitter, prediction, target, spec.reduction)
+    if spec.kind == "binary_cross_entropy":
+        return binary_cross_entropy(emitter, prediction, target, spec.weight, spec.reduction)
     return binary_cross_entropy_with_logits(emitter, prediction, target, spec.weight, spec.reduction, spec.pos_weight)

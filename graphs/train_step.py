@@ -279,6 +279,9 @@ def build_training_models(
         target_info = _value_info_of(target_name, target_elem, target_shape)
         emitter.set_type(target_name, target_elem, target_shape)
         loss_value = losses_module.add_loss(emitter, loss, prediction, target_name)
+    # Where the backward starts: the loss value, or torch's gradient of the prediction for a loss
+    # whose torch backward is not its forward's derivative (binary_cross_entropy).
+    seed = losses_module.gradient_seed(emitter, loss, prediction, target_name, loss_value)
     loss_nodes = list(emitter.nodes)
     loss_initializers = list(emitter.initializers)
 
@@ -292,7 +295,7 @@ def build_training_models(
         probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
         probe.record_constants(graph.initializer)
         reachable = build_backward(
-            _graph_with(forward_and_loss, [], []), loss_value, candidates, probe, allow_unreachable=True
+            _graph_with(forward_and_loss, [], []), seed, candidates, probe, allow_unreachable=True
         )
         params = [name for name in candidates if name in reachable.gradients]
         if not params:
@@ -309,7 +312,7 @@ def build_training_models(
 
     # ---- backward (rules may name outputs of forward nodes in forward_and_loss) ---------------
     first_grad_node = len(emitter.nodes)
-    backward = build_backward(forward_and_loss, loss_value, params, emitter)
+    backward = build_backward(forward_and_loss, seed, params, emitter)
     grad_nodes = emitter.nodes[first_grad_node:]
 
     # ---- optimizer ----------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Gradients of the ONNX losses (through the autodiff engine) against torch autograd's, recorded.
 
 For every recorded loss case (see test_losses.py), the loss graph is differentiated with
-``ortlstm.graphs.autodiff.build_backward`` with respect to the input (the seed is ones, so
-reduction="none" gives the gradient of ``loss.sum()``, as recorded) and run in onnxruntime.
+``ortlstm.graphs.autodiff.build_backward`` with respect to the input, from where
+``losses.gradient_seed`` says (the loss seeded with ones, so reduction="none" gives the gradient
+of ``loss.sum()``, as recorded; binary_cross_entropy's torch backward seeds the input) and run in
+onnxruntime. binary_cross_entropy's seed is also checked against float64 central differences of
+its loss where torch's backward is the derivative (probabilities away from 0 and 1).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
-from test_losses import CASES, build_loss_model, loss_spec, recorded
+from ortlstm.graphs import losses
+from test_losses import CASES, build_loss_model, loss_spec, recorded, run_loss
 
 FLOAT64_RTOL = 1e-10
 FLOAT64_ATOL = 1e-12
@@ -21,23 +25,50 @@ FLOAT32_ATOL = 1e-5
 TOLERANCES = {"float32": (FLOAT32_RTOL, FLOAT32_ATOL), "float64": (FLOAT64_RTOL, FLOAT64_ATOL)}
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_loss_gradient_matches_torch(name: str, dtype: str) -> None:
+def loss_gradient(spec: losses.Loss, input_value: np.ndarray, target_value: np.ndarray) -> np.ndarray:
+    """d(loss)/d(input) as the train step computes it: ``build_backward`` from ``gradient_seed``."""
     from ortlstm.graphs.autodiff import build_backward
 
-    case = CASES[name]
-    data = recorded(case, dtype)
-    model, emitter, loss = build_loss_model(loss_spec(case), data["input"], data["target"])
-    backward = build_backward(model.graph, loss, ["input"], emitter)
+    model, emitter, loss = build_loss_model(spec, input_value, target_value)
+    seed = losses.gradient_seed(emitter, spec, "input", "target", loss)
+    backward = build_backward(model.graph, seed, ["input"], emitter)
     grad = backward.gradients["input"]
     graph = model.graph
     graph.node.extend(emitter.nodes[len(graph.node) :])
     known = {init.name for init in graph.initializer}
     graph.initializer.extend(init for init in emitter.initializers if init.name not in known)
-    elem_type = onnx.helper.np_dtype_to_tensor_dtype(data["input"].dtype)
-    graph.output.append(onnx.helper.make_tensor_value_info(grad, elem_type, list(data["input"].shape)))
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(input_value.dtype)
+    graph.output.append(onnx.helper.make_tensor_value_info(grad, elem_type, list(input_value.shape)))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    _, value = session.run(None, {"input": data["input"], "target": data["target"]})
+    _, value = session.run(None, {"input": input_value, "target": target_value})
+    return value
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_loss_gradient_matches_torch(name: str, dtype: str) -> None:
+    case = CASES[name]
+    data = recorded(case, dtype)
+    value = loss_gradient(loss_spec(case), data["input"], data["target"])
     rtol, atol = TOLERANCES[dtype]
     np.testing.assert_allclose(value, data["grad"], rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["nw", "w"])
+def test_binary_cross_entropy_seed_matches_finite_differences(
+    reduction: str, weighted: bool, rng: np.random.Generator
+) -> None:
+    """Inside (0, 1), where no clamp acts, torch's backward is the loss's derivative."""
+    spec = losses.Loss.binary_cross_entropy(weight=[1.5, 0.5, 2.0] if weighted else None, reduction=reduction)
+    probs = rng.uniform(0.05, 0.95, (4, 3))
+    target = rng.random((4, 3))
+    grad = loss_gradient(spec, probs, target)
+    step = 1e-6
+    numeric = np.empty_like(probs)
+    for index in np.ndindex(probs.shape):
+        up, down = probs.copy(), probs.copy()
+        up[index] += step
+        down[index] -= step
+        numeric[index] = (run_loss(spec, up, target).sum() - run_loss(spec, down, target).sum()) / (2 * step)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-7, atol=1e-9)

@@ -1,10 +1,11 @@
 """Losses built in ONNX against recorded torch.nn.functional values (no torch needed).
 
 ``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
-cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss and
-binary_cross_entropy_with_logits over every reduction, ignore_index absent / default / custom,
-label smoothing, class weights and pos_weight, on [N, C], [N, C, d1] and [C] inputs, the inputs,
-targets, torch's loss and its gradient (the gradient is checked in test_loss_gradients.py).
+cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss,
+binary_cross_entropy (saturated probabilities among them) and binary_cross_entropy_with_logits
+over every reduction, ignore_index absent / default / custom, label smoothing, class weights and
+pos_weight, on [N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
+gradient (the gradient is checked in test_loss_gradients.py).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def test_loss_matches_torch(name: str, dtype: str) -> None:
         "cross_entropy_prob_3d_ls0.2_w_mean",
         "nll_loss_index_2d_ignored_ls0.0_w_mean",
         "binary_cross_entropy_with_logits_binary_3d_w_pw_mean",
+        "binary_cross_entropy_probability_3d_w_mean",
     ],
 )
 def test_dynamic_batch(name: str) -> None:

@@ -96,6 +96,46 @@ def test_split_models_equal_the_train_step(rng: np.random.Generator) -> None:
         assert not np.array_equal(whole[new], built.initial_params[name]), f"{name} did not move"
 
 
+def test_binary_cross_entropy_trains_with_torchs_backward(rng: np.random.Generator) -> None:
+    """Probabilities from a Sigmoid, binary_cross_entropy, one SGD step, in float64.
+
+    The gradient is torch's binary_cross_entropy_backward, (p - y) / max(p (1 - p), 1e-12), not
+    the derivative of the clamped loss: one logit of -30 (p = 9.4e-14) takes the 1e-12 branch,
+    where the true derivative of its term is 10x larger. Reference: numpy, from that formula and
+    the probabilities the step computed.
+    """
+    weight = rng.standard_normal((1, 3))
+    bias = np.asarray([0.1])
+    model = _model(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["logit"], transB=1), helper.make_node("Sigmoid", ["logit"], ["p"])],
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 3])],
+        [helper.make_tensor_value_info("p", TensorProto.DOUBLE, ["N", 1])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "b")],
+    )
+    built = build_training_models(
+        model, loss=losses.Loss.binary_cross_entropy(), optimizer=optimizers.SGD(lr=0.5), extra_outputs=["p"]
+    )
+    x = rng.standard_normal((4, 3))
+    x[0] = (-30.1 - bias[0]) * weight[0] / (weight[0] @ weight[0])  # logit -30.1
+    y = np.asarray([[1.0], [0.0], [1.0], [0.3]])
+    outputs = dict(
+        zip(
+            [o.name for o in built.train_step.graph.output],
+            _session(built.train_step).run(None, _feeds(built, {"x": x, "target": y}, lr=0.5)),
+            strict=True,
+        )
+    )
+    p = outputs["p"]  # onnxruntime's Sigmoid, relatively inexact near 0: the formulas are under test
+    assert p[0, 0] < 1e-12
+    loss = np.mean((y - 1) * np.maximum(np.log1p(-p), -100) - y * np.maximum(np.log(p), -100))
+    grad_p = (p - y) / np.maximum((1 - p) * p, float(np.float32(1e-12))) / p.size
+    grad_logit = grad_p * p * (1 - p)
+    np.testing.assert_allclose(outputs[built.signature.loss], loss, rtol=1e-12)
+    expected = {"W": weight - 0.5 * grad_logit.T @ x, "b": bias - 0.5 * grad_logit.sum(axis=0)}
+    for name, new in zip(built.signature.params, built.signature.new_params, strict=True):
+        np.testing.assert_allclose(outputs[new], expected[name], rtol=1e-12, atol=1e-15, err_msg=name)
+
+
 def test_default_requires_grad_is_every_float_initializer_reaching_the_loss(rng: np.random.Generator) -> None:
     model = _linear_model(rng)
     unused = numpy_helper.from_array(np.ones(3, np.float32), "unused")

@@ -297,6 +297,23 @@ def make_loss_data(rng: np.random.Generator) -> tuple[dict[str, dict[str, Any]],
                     cases.append(
                         {"name": name, "kind": "binary_cross_entropy_with_logits", "data": key, "kwargs": kwargs}
                     )
+    # binary_cross_entropy reads probabilities. The first entries are saturated (exactly 0 or 1,
+    # or nearer to them than torch's backward's 1e-12; 1 - 1e-13 is 1 in float32) against hard
+    # and soft labels, so the clamps of the forward (-100) and of the backward (1e-12) are taken.
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 2, 5))):
+        probs = rng.random(shape)
+        probs.reshape(-1)[:8] = [0.0, 1.0, 1e-13, 1.0 - 1e-13, 1e-30, 0.0, 1.0, 0.5]
+        target = rng.random(shape)
+        target.reshape(-1)[:11] = [0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 1.0]
+        key = f"probability_{shape_name}"
+        data[key] = {"input": probs, "target": target}
+        for weighted in (False, True):
+            for reduction in REDUCTIONS:
+                kwargs = {"reduction": reduction}
+                if weighted:
+                    kwargs["weight"] = BCE_WEIGHT
+                name = f"binary_cross_entropy_{key}_{'w' if weighted else 'nw'}_{reduction}"
+                cases.append({"name": name, "kind": "binary_cross_entropy", "data": key, "kwargs": kwargs})
     return data, cases
 
 
