@@ -111,14 +111,14 @@ class Loss:
         label_smoothing: float = 0.0,
     ) -> Loss:
         """torch.nn.functional.cross_entropy; see ``cross_entropy``."""
-        return cls("cross_entropy", reduction, ignore_index, label_smoothing, weight)
+        return cls("cross_entropy", reduction, ignore_index, label_smoothing, _as_array(weight, "weight"))
 
     @classmethod
     def nll_loss(
         cls, weight: Sequence[float] | np.ndarray | None = None, ignore_index: int = -100, reduction: str = "mean"
     ) -> Loss:
         """torch.nn.functional.nll_loss; see ``nll_loss``."""
-        return cls("nll_loss", reduction, ignore_index, weight=weight)
+        return cls("nll_loss", reduction, ignore_index, weight=_as_array(weight, "weight"))
 
     @classmethod
     def mse_loss(cls, reduction: str = "mean") -> Loss:
@@ -133,7 +133,7 @@ class Loss:
     @classmethod
     def binary_cross_entropy(cls, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean") -> Loss:
         """torch.nn.functional.binary_cross_entropy (probabilities in); see that function here."""
-        return cls("binary_cross_entropy", reduction, weight=weight)
+        return cls("binary_cross_entropy", reduction, weight=_as_array(weight, "weight"))
 
     @classmethod
     def binary_cross_entropy_with_logits(
@@ -143,7 +143,12 @@ class Loss:
         pos_weight: Sequence[float] | np.ndarray | None = None,
     ) -> Loss:
         """torch.nn.functional.binary_cross_entropy_with_logits; see that function here."""
-        return cls("binary_cross_entropy_with_logits", reduction, weight=weight, pos_weight=pos_weight)
+        return cls(
+            "binary_cross_entropy_with_logits",
+            reduction,
+            weight=_as_array(weight, "weight"),
+            pos_weight=_as_array(pos_weight, "pos_weight"),
+        )
 
     @classmethod
     def output(cls) -> Loss:

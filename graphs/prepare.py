@@ -313,12 +313,12 @@ def prepare_model(
         taken = used_names(graph)  # and the names inlining creates in this pass
         for position, node in enumerate(graph.node):
             if _is_onnx(node) and node.op_type == "Constant" and len(node.output) == 1:
-                value = _constant_value(node)
-                if value is not None:
-                    constants[node.output[0]] = value
-                    graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
+                literal = _constant_value(node)
+                if literal is not None:
+                    constants[node.output[0]] = literal
+                    graph.initializer.append(onnx.numpy_helper.from_array(literal, node.output[0]))
                     # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight.
-                    if onnx.helper.np_dtype_to_tensor_dtype(value.dtype) in FLOAT_TYPES and value.ndim > 0:
+                    if onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES and literal.ndim > 0:
                         candidates.add(node.output[0])
                     changed = True
                     continue

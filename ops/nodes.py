@@ -9,6 +9,7 @@ on every supported onnxruntime. Callers never spell out an input index.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import onnx
 import onnx.helper
@@ -72,7 +73,7 @@ def ordered_outputs(op: schema.OpSpec, outputs: Mapping[str, str | None] | Seque
     return names
 
 
-def lstm_attributes(**attributes: object) -> dict[str, object]:
+def lstm_attributes(**attributes: Any) -> dict[str, Any]:
     """Returns node attributes with ``activations`` mirrored into ``activations_csv``.
 
     onnxruntime before 1.25 cannot hand a string-list attribute to a custom kernel; the kernel

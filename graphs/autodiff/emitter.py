@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -177,7 +178,7 @@ class GraphEmitter:
         outputs: int | Sequence[str] = 1,
         domain: str = "",
         name: str | None = None,
-        **attributes: object,
+        **attributes: Any,
     ) -> str:
         """Emits one node and returns its first output's name (see ``op_multi`` for more).
 
@@ -199,7 +200,7 @@ class GraphEmitter:
         outputs: int | Sequence[str] = 1,
         domain: str = "",
         name: str | None = None,
-        **attributes: object,
+        **attributes: Any,
     ) -> list[str]:
         """Emits one node and returns all its output names."""
         if isinstance(outputs, int):
@@ -365,8 +366,8 @@ class GraphEmitter:
                 self.op("Not", [self.op("Equal", [grad_shape, self.ints(1)])]),
             ],
         )
-        axes = self.op("Reshape", [self.op("NonZero", [is_broadcast]), self.ints([-1])])
-        reduced = self.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
+        broadcast_axes = self.op("Reshape", [self.op("NonZero", [is_broadcast]), self.ints([-1])])
+        reduced = self.op("ReduceSum", [grad, broadcast_axes], keepdims=1, noop_with_empty_axes=1)
         return self.op("Reshape", [reduced, like_shape_value])
 
     def _unbroadcast_axes(self, like: str, *results: str) -> tuple[int, list[int]] | None:

@@ -96,7 +96,7 @@ def div_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[s
     (dy,) = grad_outputs
     assert dy is not None
     b, y = ctx.input(1), ctx.output(0)
-    da = ctx.op("Div", [dy, b]) if ctx.needs(0) or ctx.needs(1) else None
+    da = ctx.op("Div", [dy, b])
     return [
         _unbroadcast(ctx, da, 0) if ctx.needs(0) else None,
         _unbroadcast(ctx, ctx.op("Neg", [ctx.op("Mul", [da, y])]), 1) if ctx.needs(1) else None,
