@@ -828,20 +828,33 @@ def time_config(
         round_warmup[name] = runner.warm_up_each_round and seconds < ROUND_WARMUP_BELOW_SECONDS
         if rounds_of[name] < repeats:
             log(f"    {name}: {seconds:.2f} s per iteration, limited to {rounds_of[name]} rounds")
-    names = list(runners)
+
+    def run_round(name: str) -> None:
+        timing = timings[name]
+        if round_warmup[name]:
+            runners[name].iteration({})
+        for _ in range(timing.iterations_per_round):
+            runners[name].iteration(timing.phases)
+        timing.rounds += 1
+
+    run_interleaved_rounds(rounds_of, run_round)
+    return timings
+
+
+def run_interleaved_rounds(rounds_of: dict[str, int], run_round: Callable[[str], None]) -> None:
+    """Runs ``rounds_of[name]`` rounds of each competitor, interleaved.
+
+    Round k starts at the k-th competitor (rotating), so none always runs first or after the same
+    neighbour; each round follows a ``SETTLE_SECONDS`` pause; a competitor with fewer rounds
+    drops out when it has run them. ``bench_training.py`` uses it too.
+    """
+    names = list(rounds_of)
     for round_index in range(max(rounds_of.values(), default=0)):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            if round_index >= rounds_of[name]:
-                continue
-            timing = timings[name]
-            time.sleep(SETTLE_SECONDS)
-            if round_warmup[name]:
-                runners[name].iteration({})
-            for _ in range(timing.iterations_per_round):
-                runners[name].iteration(timing.phases)
-            timing.rounds += 1
-    return timings
+            if round_index < rounds_of[name]:
+                time.sleep(SETTLE_SECONDS)
+                run_round(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,7 +69,6 @@ COMPETITORS = ("trainer", "module", "torch")
 # (implementation="onnx", the update before the fused AdamUpdate op), with torch's fused multiply-adds
 # emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step).
 EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma")
-SETTLE_SECONDS = 0.1  # pause before each round: longer than onnxruntime's and OpenMP's spin-waits
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -390,7 +389,7 @@ def time_steps(
     Each competitor's first step (its loss is kept: the three must agree) and a second one are
     untimed warm-ups; the second sets the steps per round (a round lasts >= ``min_round_seconds``)
     and the rounds (at most ``repeats``, fewer, but at least 3, when they would exceed
-    ``max_seconds``). Each round starts after a ``SETTLE_SECONDS`` pause and, for steps under a
+    ``max_seconds``). Each round starts after a ``bench_lstm.SETTLE_SECONDS`` pause and, for steps under a
     second, one untimed step.
     """
     timings: dict[str, Timing] = {}
@@ -405,21 +404,18 @@ def time_steps(
         timings[name] = Timing(iterations_per_round=iterations, first_loss=first_loss)
         if rounds_of[name] < repeats:
             log(f"    {name}: {seconds:.2f} s per step, limited to {rounds_of[name]} rounds")
-    names = list(runners)
-    for round_index in range(max(rounds_of.values(), default=0)):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            if round_index >= rounds_of[name]:
-                continue
-            timing = timings[name]
-            time.sleep(SETTLE_SECONDS)
-            if timing.seconds and statistics.median(timing.seconds) < 1.0:
-                runners[name].step()
-            for _ in range(timing.iterations_per_round):
-                start = time.perf_counter()
-                runners[name].step()
-                timing.seconds.append(time.perf_counter() - start)
-            timing.rounds += 1
+
+    def run_round(name: str) -> None:
+        timing = timings[name]
+        if timing.seconds and statistics.median(timing.seconds) < 1.0:
+            runners[name].step()
+        for _ in range(timing.iterations_per_round):
+            start = time.perf_counter()
+            runners[name].step()
+            timing.seconds.append(time.perf_counter() - start)
+        timing.rounds += 1
+
+    bench_lstm.run_interleaved_rounds(rounds_of, run_round)
     return timings
 
 
