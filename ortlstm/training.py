@@ -1044,8 +1044,12 @@ class Trainer:
                 f"{metadata.get('graph_sha256', '?')[:12]}, this trainer's model {self._graph_hash[:12]}); "
                 "load(..., check_graph=False) skips this check"
             )
-        # The optimizer's lr is only the default of the lr input: a resumed run may change it.
-        saved_spec = _without_lr(json.loads(metadata["spec"]))
+        # The optimizer's lr is only the default of the lr input: a resumed run may change it. The
+        # saved spec is read back first, so fields added since it was written take their defaults.
+        try:
+            saved_spec = _without_lr(TrainingSpec.from_json(json.loads(metadata["spec"])).to_json())
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path}: the checkpoint's training spec cannot be read ({error})") from error
         current_spec = _without_lr(self.spec.to_json())
         differing = sorted(key for key in current_spec if saved_spec.get(key) != current_spec[key])
         if differing:

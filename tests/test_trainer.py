@@ -8,6 +8,7 @@ bitwise repeatable.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +326,31 @@ def test_checkpoint_of_another_model_or_spec_is_refused(tmp_path: Path) -> None:
     (tmp_path / "bad.safetensors").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match=r"not a safetensors file"):
         trainer().load(tmp_path / "bad.safetensors")
+
+
+def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
+    """A spec saved without fields added since (``stateful``) means their defaults."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    subject = trainer()
+    ((x, y),) = batches(1)
+    subject.step(x, target=y)
+    path = subject.save(tmp_path / "run.safetensors")
+    with safe_open(str(path), framework="numpy") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    spec = json.loads(metadata["spec"])
+    del spec["stateful"]
+    save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
+    resumed = trainer()
+    resumed.load(path)
+    for name, value in subject.parameters.items():
+        np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
+    spec["loss"]["kind"] = "mse_loss"
+    save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
+    with pytest.raises(ValueError, match=r"another training spec \(loss: saved"):
+        trainer().load(path)
 
 
 def test_written_directory_opens_and_exports(tmp_path: Path) -> None:
