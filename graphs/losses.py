@@ -8,9 +8,9 @@ non-differentiable helpers on the labels (Equal, Not, Cast, Gather of constant w
 ``Loss`` describes one (``Loss.cross_entropy(label_smoothing=0.1)``, ``Loss.output()``, ...);
 ``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name;
 ``check_target`` refuses a target of the wrong element type or shape before anything is built.
-The functions ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss``,
-``binary_cross_entropy`` and ``binary_cross_entropy_with_logits`` take torch's arguments (after
-the emitter) with torch's defaults. ``gradient_seed`` says where the backward starts: the loss
+The functions ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss``, ``smooth_l1_loss``,
+``huber_loss``, ``binary_cross_entropy`` and ``binary_cross_entropy_with_logits`` take torch's
+arguments (after the emitter) with torch's defaults. ``gradient_seed`` says where the backward starts: the loss
 value, or for ``binary_cross_entropy`` (whose torch backward is not the derivative of its clamped
 forward) torch's gradient of the prediction. Protos only: nothing here runs a model.
 """
@@ -35,6 +35,8 @@ KINDS = (
     "nll_loss",
     "mse_loss",
     "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "output",
@@ -70,6 +72,8 @@ class Loss:
             broadcast to the input (binary_cross_entropy, binary_cross_entropy_with_logits).
         pos_weight: Weights of positive examples, broadcast to the input's trailing axes
             (binary_cross_entropy_with_logits).
+        beta: Where smooth_l1_loss turns from quadratic to linear (>= 0; 0 is l1_loss).
+        delta: Where huber_loss turns from quadratic to linear (> 0).
     """
 
     kind: str
@@ -78,6 +82,8 @@ class Loss:
     label_smoothing: float = 0.0
     weight: np.ndarray | None = None
     pos_weight: np.ndarray | None = None
+    beta: float = 1.0
+    delta: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -88,6 +94,14 @@ class Loss:
             raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {self.label_smoothing}")
         if self.label_smoothing and self.kind != "cross_entropy":
             raise ValueError(f"label_smoothing applies to cross_entropy only, not {self.kind}")
+        if self.beta != 1.0 and self.kind != "smooth_l1_loss":
+            raise ValueError(f"beta applies to smooth_l1_loss only, not {self.kind}")
+        if self.delta != 1.0 and self.kind != "huber_loss":
+            raise ValueError(f"delta applies to huber_loss only, not {self.kind}")
+        if not self.beta >= 0.0:  # torch's messages; NaN is refused too
+            raise ValueError(f"smooth_l1_loss does not support negative values for beta, got {self.beta}")
+        if not self.delta > 0.0:
+            raise ValueError(f"huber_loss does not support non-positive values for delta, got {self.delta}")
         object.__setattr__(self, "weight", _as_array(self.weight, "weight"))
         object.__setattr__(self, "pos_weight", _as_array(self.pos_weight, "pos_weight"))
         if self.weight is not None and self.kind in ("cross_entropy", "nll_loss") and self.weight.ndim != 1:
@@ -129,6 +143,16 @@ class Loss:
     def l1_loss(cls, reduction: str = "mean") -> Loss:
         """torch.nn.functional.l1_loss; see ``l1_loss``."""
         return cls("l1_loss", reduction)
+
+    @classmethod
+    def smooth_l1_loss(cls, reduction: str = "mean", beta: float = 1.0) -> Loss:
+        """torch.nn.functional.smooth_l1_loss; see ``smooth_l1_loss``."""
+        return cls("smooth_l1_loss", reduction, beta=beta)
+
+    @classmethod
+    def huber_loss(cls, reduction: str = "mean", delta: float = 1.0) -> Loss:
+        """torch.nn.functional.huber_loss; see ``huber_loss``."""
+        return cls("huber_loss", reduction, delta=delta)
 
     @classmethod
     def binary_cross_entropy(cls, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean") -> Loss:
@@ -206,8 +230,8 @@ def check_target(
       type int64 (or int32) shaped like the input without its class axis (``[N, d1, ...]``, 0-D
       for a ``[C]`` input); cross_entropy also takes class probabilities, a float target of the
       input's type and shape. Class weights must have C entries.
-    - mse_loss, l1_loss, binary_cross_entropy, binary_cross_entropy_with_logits: a float target of
-      the input's type and shape.
+    - mse_loss, l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
+      binary_cross_entropy_with_logits: a float target of the input's type and shape.
     - output: no target; the value must be a float holding one element.
 
     Raises:
@@ -530,6 +554,45 @@ def l1_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "me
     return _reduce(emitter, emitter.op("Abs", [emitter.op("Sub", [input, target])]), reduction)
 
 
+def smooth_l1_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", beta: float = 1.0) -> str:
+    """torch.nn.functional.smooth_l1_loss, then mean (default), sum or none.
+
+    With ``z = |x - y|``: ``l = 0.5 * z * z / beta`` where ``z < beta``, else ``z - 0.5 * beta``
+    (torch's order of operations); ``beta = 0`` is ``l1_loss``, as in torch. The gradient is
+    ``(x - y) / beta`` inside, ``sign(x - y)`` outside (0 at ``x = y``).
+    """
+    spec = Loss.smooth_l1_loss(reduction, beta)
+    check_target(spec, emitter.value_type(input), emitter.value_type(target), prediction_name=input, target_name=target)
+    if spec.beta == 0.0:
+        return l1_loss(emitter, input, target, reduction)
+    distance = emitter.op("Abs", [emitter.op("Sub", [input, target])])
+    beta_value = _float_const(emitter, spec.beta, input)
+    half = _float_const(emitter, 0.5, input)
+    quadratic = emitter.op("Div", [emitter.op("Mul", [emitter.op("Mul", [half, distance]), distance]), beta_value])
+    linear = emitter.op("Sub", [distance, _float_const(emitter, 0.5 * spec.beta, input)])
+    inside = emitter.op("Less", [distance, beta_value])
+    return _reduce(emitter, emitter.op("Where", [inside, quadratic, linear]), reduction)
+
+
+def huber_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", delta: float = 1.0) -> str:
+    """torch.nn.functional.huber_loss, then mean (default), sum or none.
+
+    With ``z = |x - y|``: ``l = 0.5 * z * z`` where ``z < delta``, else
+    ``delta * (z - 0.5 * delta)`` (torch's order of operations); ``smooth_l1_loss`` times ``beta``
+    for ``beta = delta``. The gradient is ``x - y`` inside, ``delta * sign(x - y)`` outside.
+    """
+    spec = Loss.huber_loss(reduction, delta)
+    check_target(spec, emitter.value_type(input), emitter.value_type(target), prediction_name=input, target_name=target)
+    distance = emitter.op("Abs", [emitter.op("Sub", [input, target])])
+    delta_value = _float_const(emitter, spec.delta, input)
+    quadratic = emitter.op("Mul", [emitter.op("Mul", [_float_const(emitter, 0.5, input), distance]), distance])
+    linear = emitter.op(
+        "Mul", [delta_value, emitter.op("Sub", [distance, _float_const(emitter, 0.5 * spec.delta, input)])]
+    )
+    inside = emitter.op("Less", [distance, delta_value])
+    return _reduce(emitter, emitter.op("Where", [inside, quadratic, linear]), reduction)
+
+
 def _log_sigmoid(emitter: GraphEmitter, x: str) -> str:
     """``log(sigmoid(x))`` without overflow, smooth everywhere (also its gradient at 0).
 
@@ -718,6 +781,10 @@ def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | N
         return mse_loss(emitter, prediction, target, spec.reduction)
     if spec.kind == "l1_loss":
         return l1_loss(emitter, prediction, target, spec.reduction)
+    if spec.kind == "smooth_l1_loss":
+        return smooth_l1_loss(emitter, prediction, target, spec.reduction, spec.beta)
+    if spec.kind == "huber_loss":
+        return huber_loss(emitter, prediction, target, spec.reduction, spec.delta)
     if spec.kind == "binary_cross_entropy":
         return binary_cross_entropy(emitter, prediction, target, spec.weight, spec.reduction)
     return binary_cross_entropy_with_logits(emitter, prediction, target, spec.weight, spec.reduction, spec.pos_weight)

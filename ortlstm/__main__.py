@@ -16,6 +16,8 @@ _TRAIN_LOSSES = {
     "nll_loss": "nll_loss",
     "mse_loss": "mse_loss",
     "l1_loss": "l1_loss",
+    "smooth_l1_loss": "smooth_l1_loss",
+    "huber_loss": "huber_loss",
     "bce": "binary_cross_entropy",
     "bce_with_logits": "binary_cross_entropy_with_logits",
     "output": "output",

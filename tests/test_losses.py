@@ -1,10 +1,11 @@
 """Losses built in ONNX against recorded torch.nn.functional values (no torch needed).
 
 ``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
-cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss,
-binary_cross_entropy (saturated probabilities among them) and binary_cross_entropy_with_logits
-over every reduction, ignore_index absent / default / custom, label smoothing, class weights and
-pos_weight, on [N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
+cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss, smooth_l1_loss
+and huber_loss (differences at their thresholds among them), binary_cross_entropy (saturated
+probabilities among them) and binary_cross_entropy_with_logits over every reduction,
+ignore_index absent / default / custom, label smoothing, class weights and pos_weight, on
+[N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
 gradient (the gradient is checked in test_loss_gradients.py).
 """
 
@@ -245,6 +246,11 @@ def test_output_loss_refusals() -> None:
         (lambda: losses.Loss("nll_loss", label_smoothing=0.1), "label_smoothing applies to cross_entropy only"),
         (lambda: losses.Loss.cross_entropy(weight=[[1.0, 2.0]]), "weight must be 1-D"),
         (lambda: losses.Loss("mse_loss", pos_weight=[1.0]), "pos_weight applies to binary_cross_entropy_with_logits"),
+        (lambda: losses.Loss("l1_loss", weight=[1.0]), "l1_loss takes no weight"),
+        (lambda: losses.Loss("huber_loss", beta=0.5), "beta applies to smooth_l1_loss only, not huber_loss"),
+        (lambda: losses.Loss("smooth_l1_loss", delta=0.5), "delta applies to huber_loss only, not smooth_l1_loss"),
+        (lambda: losses.Loss.smooth_l1_loss(beta=-0.1), "smooth_l1_loss does not support negative values for beta"),
+        (lambda: losses.Loss.huber_loss(delta=0.0), "huber_loss does not support non-positive values for delta"),
     ],
 )
 def test_invalid_specs_are_refused(build: Any, message: str) -> None:

@@ -329,7 +329,7 @@ def test_checkpoint_of_another_model_or_spec_is_refused(tmp_path: Path) -> None:
 
 
 def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
-    """A spec saved without fields added since (``stateful``) means their defaults."""
+    """A spec saved without fields added since (``stateful``, the loss's beta and delta) means their defaults."""
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
@@ -341,13 +341,13 @@ def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
         metadata = dict(handle.metadata())
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
     spec = json.loads(metadata["spec"])
-    del spec["stateful"]
+    del spec["stateful"], spec["loss"]["beta"], spec["loss"]["delta"]
     save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
     resumed = trainer()
     resumed.load(path)
     for name, value in subject.parameters.items():
         np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
-    spec["loss"]["kind"] = "mse_loss"
+    spec["loss"]["kind"] = "huber_loss"
     save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
     with pytest.raises(ValueError, match=r"another training spec \(loss: saved"):
         trainer().load(path)

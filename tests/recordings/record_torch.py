@@ -314,6 +314,26 @@ def make_loss_data(rng: np.random.Generator) -> tuple[dict[str, dict[str, Any]],
                     kwargs["weight"] = BCE_WEIGHT
                 name = f"binary_cross_entropy_{key}_{'w' if weighted else 'nw'}_{reduction}"
                 cases.append({"name": name, "kind": "binary_cross_entropy", "data": key, "kwargs": kwargs})
+    # smooth_l1_loss and huber_loss: the first differences are 0 (sign 0), +-1 and +-0.5, exact in
+    # float32, so each threshold tried (1, 0.5; 0 for beta, 2 for delta) is met exactly somewhere.
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 2, 5))):
+        inputs = rng.standard_normal(shape) * 1.5
+        target = rng.standard_normal(shape)
+        inputs.reshape(-1)[:5] = [0.25, 1.75, -0.5, 2.0, -1.25]
+        target.reshape(-1)[:5] = inputs.reshape(-1)[:5] - np.asarray([0.0, 1.0, -1.0, 0.5, -0.5])
+        key = f"robust_{shape_name}"
+        data[key] = {"input": inputs, "target": target}
+        for kind, parameter, values in (
+            ("smooth_l1_loss", "beta", (1.0, 0.5, 0.0)),
+            ("huber_loss", "delta", (1.0, 0.5, 2.0)),
+        ):
+            for value in values:
+                for reduction in REDUCTIONS:
+                    kwargs: dict[str, Any] = {"reduction": reduction}
+                    if value != 1.0:
+                        kwargs[parameter] = value
+                    name = f"{kind}_{key}_{parameter}{value}_{reduction}"
+                    cases.append({"name": name, "kind": kind, "data": key, "kwargs": kwargs})
     return data, cases
 
 
