@@ -9,10 +9,11 @@ non-differentiable helpers on the labels (Equal, Not, Cast, Gather of constant w
 ``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name;
 ``check_target`` refuses a target of the wrong element type or shape before anything is built.
 The functions ``cross_entropy``, ``nll_loss``, ``mse_loss``, ``l1_loss``, ``smooth_l1_loss``,
-``huber_loss``, ``binary_cross_entropy`` and ``binary_cross_entropy_with_logits`` take torch's
-arguments (after the emitter) with torch's defaults. ``gradient_seed`` says where the backward starts: the loss
-value, or for ``binary_cross_entropy`` (whose torch backward is not the derivative of its clamped
-forward) torch's gradient of the prediction. Protos only: nothing here runs a model.
+``huber_loss``, ``kl_div``, ``binary_cross_entropy`` and ``binary_cross_entropy_with_logits``
+take torch's arguments (after the emitter) with torch's defaults. ``gradient_seed`` says where
+the backward starts: the loss value, or for ``binary_cross_entropy`` (whose torch backward is
+not the derivative of its clamped forward) torch's gradient of the prediction. Protos only:
+nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ except ModuleNotFoundError:
     from graphs.autodiff.emitter import GraphEmitter, ValueType  # type: ignore[no-redef]
 
 REDUCTIONS = ("mean", "sum", "none")
+KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
+"""kl_div also takes torch's "batchmean": the sum divided by the input's first dim."""
 KINDS = (
     "cross_entropy",
     "nll_loss",
@@ -37,6 +40,7 @@ KINDS = (
     "l1_loss",
     "smooth_l1_loss",
     "huber_loss",
+    "kl_div",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "output",
@@ -65,7 +69,8 @@ class Loss:
     Attributes:
         kind: One of ``KINDS``: a torch.nn.functional name, or ``"output"`` for a model output
             used as the loss as it is.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (torch's default: mean).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (torch's default: mean); kl_div also
+            ``"batchmean"``.
         ignore_index: Class index whose targets are skipped (cross_entropy, nll_loss).
         label_smoothing: cross_entropy's smoothing in [0, 1].
         weight: Class weights ``[C]`` (cross_entropy, nll_loss), or per-element weights
@@ -74,6 +79,7 @@ class Loss:
             (binary_cross_entropy_with_logits).
         beta: Where smooth_l1_loss turns from quadratic to linear (>= 0; 0 is l1_loss).
         delta: Where huber_loss turns from quadratic to linear (> 0).
+        log_target: kl_div's target holds log-probabilities instead of probabilities.
     """
 
     kind: str
@@ -84,12 +90,14 @@ class Loss:
     pos_weight: np.ndarray | None = None
     beta: float = 1.0
     delta: float = 1.0
+    log_target: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"{self.reduction} is not a valid value for reduction (choose mean, sum or none)")
+        if self.reduction not in (KL_DIV_REDUCTIONS if self.kind == "kl_div" else REDUCTIONS):
+            choices = "mean, sum, none or batchmean" if self.kind == "kl_div" else "mean, sum or none"
+            raise ValueError(f"{self.reduction} is not a valid value for reduction (choose {choices})")
         if not 0.0 <= self.label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {self.label_smoothing}")
         if self.label_smoothing and self.kind != "cross_entropy":
@@ -98,6 +106,8 @@ class Loss:
             raise ValueError(f"beta applies to smooth_l1_loss only, not {self.kind}")
         if self.delta != 1.0 and self.kind != "huber_loss":
             raise ValueError(f"delta applies to huber_loss only, not {self.kind}")
+        if self.log_target and self.kind != "kl_div":
+            raise ValueError(f"log_target applies to kl_div only, not {self.kind}")
         if not self.beta >= 0.0:  # torch's messages; NaN is refused too
             raise ValueError(f"smooth_l1_loss does not support negative values for beta, got {self.beta}")
         if not self.delta > 0.0:
@@ -153,6 +163,11 @@ class Loss:
     def huber_loss(cls, reduction: str = "mean", delta: float = 1.0) -> Loss:
         """torch.nn.functional.huber_loss; see ``huber_loss``."""
         return cls("huber_loss", reduction, delta=delta)
+
+    @classmethod
+    def kl_div(cls, reduction: str = "mean", log_target: bool = False) -> Loss:
+        """torch.nn.functional.kl_div; see ``kl_div``."""
+        return cls("kl_div", reduction, log_target=log_target)
 
     @classmethod
     def binary_cross_entropy(cls, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean") -> Loss:
@@ -230,7 +245,7 @@ def check_target(
       type int64 (or int32) shaped like the input without its class axis (``[N, d1, ...]``, 0-D
       for a ``[C]`` input); cross_entropy also takes class probabilities, a float target of the
       input's type and shape. Class weights must have C entries.
-    - mse_loss, l1_loss, smooth_l1_loss, huber_loss, binary_cross_entropy,
+    - mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div, binary_cross_entropy,
       binary_cross_entropy_with_logits: a float target of the input's type and shape.
     - output: no target; the value must be a float holding one element.
 
@@ -661,6 +676,35 @@ def binary_cross_entropy_with_logits(
 _BCE_EPSILON = float(np.float32(1e-12))
 
 
+def kl_div(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", log_target: bool = False) -> str:
+    """torch.nn.functional.kl_div: ``input`` holds log-probabilities (a LogSoftmax's output).
+
+    ``l = xlogy(y, y) - y * x`` (0 where ``y = 0``), or ``exp(y) * (y - x)`` with ``log_target``;
+    then mean (default; over every element, as torch, which warns that it is not the KL
+    divergence), sum, none, or ``"batchmean"``: the sum divided by the input's first dim (the
+    divergence per sample). The gradient is ``-y`` (``-exp(y)``), divided likewise.
+    """
+    spec = Loss.kl_div(reduction, log_target)
+    check_target(spec, emitter.value_type(input), emitter.value_type(target), prediction_name=input, target_name=target)
+    if log_target:
+        loss = emitter.op("Mul", [emitter.op("Exp", [target]), emitter.op("Sub", [target, input])])
+    else:
+        zero = _float_const(emitter, 0.0, input)
+        # xlogy: y * log(y), 0 where y is 0 (the Where drops the 0 * -inf); NaN stays NaN.
+        entropy = emitter.op(
+            "Where",
+            [emitter.op("Equal", [target, zero]), zero, emitter.op("Mul", [target, emitter.op("Log", [target])])],
+        )
+        loss = emitter.op("Sub", [entropy, emitter.op("Mul", [target, input])])
+    if reduction != "batchmean":
+        return _reduce(emitter, loss, reduction)
+    total = _reduce(emitter, loss, "sum")
+    if emitter.rank(input) == 0:
+        return total
+    batch = emitter.op("CastLike", [emitter.op("Gather", [emitter.shape(input), emitter.ints(0)], axis=0), total])
+    return emitter.op("Div", [total, batch])
+
+
 def _log1p_of_negative(emitter: GraphEmitter, x: str) -> str:
     """``log1p(-x)`` to a few roundings (ONNX has no Log1p).
 
@@ -785,6 +829,8 @@ def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | N
         return smooth_l1_loss(emitter, prediction, target, spec.reduction, spec.beta)
     if spec.kind == "huber_loss":
         return huber_loss(emitter, prediction, target, spec.reduction, spec.delta)
+    if spec.kind == "kl_div":
+        return kl_div(emitter, prediction, target, spec.reduction, spec.log_target)
     if spec.kind == "binary_cross_entropy":
         return binary_cross_entropy(emitter, prediction, target, spec.weight, spec.reduction)
     return binary_cross_entropy_with_logits(emitter, prediction, target, spec.weight, spec.reduction, spec.pos_weight)

@@ -18,6 +18,7 @@ _TRAIN_LOSSES = {
     "l1_loss": "l1_loss",
     "smooth_l1_loss": "smooth_l1_loss",
     "huber_loss": "huber_loss",
+    "kl_div": "kl_div",
     "bce": "binary_cross_entropy",
     "bce_with_logits": "binary_cross_entropy_with_logits",
     "output": "output",

@@ -2,8 +2,9 @@
 
 ``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
 cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss, smooth_l1_loss
-and huber_loss (differences at their thresholds among them), binary_cross_entropy (saturated
-probabilities among them) and binary_cross_entropy_with_logits over every reduction,
+and huber_loss (differences at their thresholds among them), kl_div (probability and log
+targets, "batchmean" too), binary_cross_entropy (saturated probabilities among them) and
+binary_cross_entropy_with_logits over every reduction,
 ignore_index absent / default / custom, label smoothing, class weights and pos_weight, on
 [N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
 gradient (the gradient is checked in test_loss_gradients.py).
@@ -127,6 +128,7 @@ def test_loss_matches_torch(name: str, dtype: str) -> None:
         "nll_loss_index_2d_ignored_ls0.0_w_mean",
         "binary_cross_entropy_with_logits_binary_3d_w_pw_mean",
         "binary_cross_entropy_probability_3d_w_mean",
+        "kl_div_divergence_3d_prob_batchmean",
     ],
 )
 def test_dynamic_batch(name: str) -> None:
@@ -251,6 +253,12 @@ def test_output_loss_refusals() -> None:
         (lambda: losses.Loss("smooth_l1_loss", delta=0.5), "delta applies to huber_loss only, not smooth_l1_loss"),
         (lambda: losses.Loss.smooth_l1_loss(beta=-0.1), "smooth_l1_loss does not support negative values for beta"),
         (lambda: losses.Loss.huber_loss(delta=0.0), "huber_loss does not support non-positive values for delta"),
+        (lambda: losses.Loss.mse_loss("batchmean"), r"batchmean is not a valid value for reduction \(choose mean, sum"),
+        (
+            lambda: losses.Loss.kl_div("avg"),
+            r"avg is not a valid value for reduction \(choose mean, sum, none or batch",
+        ),
+        (lambda: losses.Loss("mse_loss", log_target=True), "log_target applies to kl_div only, not mse_loss"),
     ],
 )
 def test_invalid_specs_are_refused(build: Any, message: str) -> None:

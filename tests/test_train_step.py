@@ -136,6 +136,46 @@ def test_binary_cross_entropy_trains_with_torchs_backward(rng: np.random.Generat
         np.testing.assert_allclose(outputs[new], expected[name], rtol=1e-12, atol=1e-15, err_msg=name)
 
 
+def test_kl_div_batchmean_distills_soft_labels(rng: np.random.Generator) -> None:
+    """LogSoftmax outputs against a teacher's probabilities, kl_div "batchmean", one SGD step (float64).
+
+    Reference: numpy. The loss is sum(xlogy(y, y) - y * log_p) / N; its gradient through the
+    LogSoftmax is (softmax - y) / N when each row of y sums to 1.
+    """
+    weight, bias = rng.standard_normal((4, 3)), rng.standard_normal(4)
+    model = _model(
+        [
+            helper.make_node("Gemm", ["x", "W", "b"], ["logits"], transB=1),
+            helper.make_node("LogSoftmax", ["logits"], ["log_p"], axis=1),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 3])],
+        [helper.make_tensor_value_info("log_p", TensorProto.DOUBLE, ["N", 4])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "b")],
+    )
+    built = build_training_models(
+        model, loss=losses.Loss.kl_div(reduction="batchmean"), optimizer=optimizers.SGD(lr=0.5)
+    )
+    x = rng.standard_normal((5, 3))
+    teacher = rng.random((5, 4))
+    teacher[0, 1] = 0.0  # xlogy(0, 0) = 0
+    teacher /= teacher.sum(axis=1, keepdims=True)
+    outputs = dict(
+        zip(
+            [o.name for o in built.train_step.graph.output],
+            _session(built.train_step).run(None, _feeds(built, {"x": x, "target": teacher}, lr=0.5)),
+            strict=True,
+        )
+    )
+    logits = x @ weight.T + bias
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    entropy = np.where(teacher > 0, teacher * np.log(np.where(teacher > 0, teacher, 1.0)), 0.0)
+    np.testing.assert_allclose(outputs[built.signature.loss], np.sum(entropy - teacher * log_p) / 5, rtol=1e-12)
+    grad_logits = (np.exp(log_p) - teacher) / 5
+    expected = {"W": weight - 0.5 * grad_logits.T @ x, "b": bias - 0.5 * grad_logits.sum(axis=0)}
+    for name, new in zip(built.signature.params, built.signature.new_params, strict=True):
+        np.testing.assert_allclose(outputs[new], expected[name], rtol=1e-12, atol=1e-15, err_msg=name)
+
+
 def test_default_requires_grad_is_every_float_initializer_reaching_the_loss(rng: np.random.Generator) -> None:
     model = _linear_model(rng)
     unused = numpy_helper.from_array(np.ones(3, np.float32), "unused")

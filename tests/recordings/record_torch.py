@@ -334,6 +334,23 @@ def make_loss_data(rng: np.random.Generator) -> tuple[dict[str, dict[str, Any]],
                         kwargs[parameter] = value
                     name = f"{kind}_{key}_{parameter}{value}_{reduction}"
                     cases.append({"name": name, "kind": kind, "data": key, "kwargs": kwargs})
+    # kl_div: log-probabilities against probabilities with exact zeros (xlogy's 0), or against
+    # log-probabilities (log_target), every reduction and torch's "batchmean".
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 5, 4))):
+        logits = rng.standard_normal(shape) * 2.0
+        log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        probs = rng.random(shape)
+        probs.reshape(-1)[::3] = 0.0
+        probs = probs / probs.sum(axis=1, keepdims=True)
+        for log_target in (False, True):
+            key = f"divergence_{shape_name}_{'log' if log_target else 'prob'}"
+            target = np.log(rng.random(shape) * 0.9 + 0.05) if log_target else probs
+            data[key] = {"input": log_probs, "target": target}
+            for reduction in (*REDUCTIONS, "batchmean"):
+                kwargs = {"reduction": reduction}
+                if log_target:
+                    kwargs["log_target"] = True
+                cases.append({"name": f"kl_div_{key}_{reduction}", "kind": "kl_div", "data": key, "kwargs": kwargs})
     return data, cases
 
 
