@@ -324,6 +324,43 @@ def check_target(
         )
 
 
+def check_target_values(
+    spec: Loss, prediction_type: ValueType | None, target: np.ndarray, *, target_name: str = "target"
+) -> None:
+    """Refuses target values torch refuses, before a graph would take them silently.
+
+    - cross_entropy / nll_loss with class indices: each is in [0, C) or ``ignore_index`` (C from
+      the prediction's static type; unknown C is not checked). ONNX's GatherElements would read a
+      negative index from the end, a silent wrong loss, and fail on too large ones.
+    - binary_cross_entropy: every target in [0, 1].
+
+    Raises:
+        ValueError: Naming the target, the first offending value and the allowed range (torch's
+            message too).
+    """
+    if target.size == 0:
+        return
+    if spec.kind in ("cross_entropy", "nll_loss") and target.dtype.kind in "iu":
+        classes = _class_count(spec, prediction_type)
+        if classes is None:
+            return
+        bad = (target != spec.ignore_index) & ((target < 0) | (target >= classes))
+        if bad.any():
+            value = int(target[bad].reshape(-1)[0])
+            raise ValueError(
+                f"loss target {target_name!r}: class index {value} is out of range for {classes} classes "
+                f"(expected 0..{classes - 1}, or ignore_index {spec.ignore_index}; torch: "
+                f"'Target {value} is out of bounds.')"
+            )
+    if spec.kind == "binary_cross_entropy":
+        bad = ~((target >= 0) & (target <= 1))
+        if bad.any():
+            raise ValueError(
+                f"loss target {target_name!r}: binary_cross_entropy takes targets in [0, 1], got "
+                f"{float(target[bad].reshape(-1)[0])} (torch: 'all elements of target should be between 0 and 1')"
+            )
+
+
 # ---- shared pieces -----------------------------------------------------------------------------
 
 

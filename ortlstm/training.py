@@ -776,6 +776,7 @@ class Trainer:
                 target_name=spec.target or "target",
             )
             self._checked_targets.add((prediction, target_type))
+        losses.check_target_values(spec.loss, prediction, target_array, target_name=spec.target or "target")
         feeds[spec.target] = target_array  # type: ignore[index]
         return feeds
 

@@ -228,6 +228,18 @@ def test_wrong_target_is_refused(spec: losses.Loss, prediction: ValueType, targe
     assert not emitter.nodes
 
 
+def test_target_values_are_checked_where_torch_checks_them() -> None:
+    spec = losses.Loss.cross_entropy()
+    # [C] input, 0-D target; an unknown class count is not checked; probabilities are not either.
+    with pytest.raises(ValueError, match=r"'y': class index 5 is out of range for 5 classes"):
+        losses.check_target_values(spec, ValueType(F32, (5,)), np.asarray(5), target_name="y")
+    losses.check_target_values(spec, ValueType(F32, ("N", "C")), np.asarray([7, -3]))
+    losses.check_target_values(spec, ValueType(F32, (2, 3)), np.asarray([[1.5, -2.0, 0.0]] * 2, np.float32))
+    losses.check_target_values(losses.Loss.mse_loss(), ValueType(F32, (2,)), np.asarray([-5.0, 7.0]))
+    with pytest.raises(ValueError, match=r"binary_cross_entropy takes targets in \[0, 1\], got -0\.5"):
+        losses.check_target_values(losses.Loss.binary_cross_entropy(), None, np.asarray([0.0, -0.5]))
+
+
 def test_output_loss_refusals() -> None:
     emitter = GraphEmitter(OPSET, used=["out", "y"])
     emitter.set_type("out", F32, [4, 2])

@@ -445,13 +445,40 @@ def test_export_of_torch_exports_matches_the_trainer(path: Path) -> None:
         (np.zeros(5, np.int64), r"expects class indices int64 \[6\] \(the prediction 'logits' \[6, 3\] without its"),
         (np.zeros((6, 1), np.int64), r"expects class indices int64 \[6\]"),
         (np.zeros(6, np.uint8), r"expects class indices of type int64 \[6\], got uint8 \[6\]"),
+        (
+            np.asarray([0, 1, 2, 3, 0, 1]),
+            r"class index 3 is out of range for 3 classes \(expected 0\.\.2, or ignore_index -100; torch: 'Target 3",
+        ),
+        (np.asarray([0, -1, 2, 0, 1, 2]), r"class index -1 is out of range for 3 classes"),
     ],
-    ids=["float_labels", "batch_size", "rank", "uint8"],
+    ids=["float_labels", "batch_size", "rank", "uint8", "index_too_large", "negative_index"],
 )
 def test_wrong_target_is_refused_before_running(target: np.ndarray, message: str) -> None:
     ((x, _),) = batches(1)
     subject = trainer()
     with pytest.raises(ValueError, match=message):
+        subject.step(x, target=target)
+    assert subject.global_step == 0
+
+
+def test_ignored_targets_pass_the_range_check() -> None:
+    """ignore_index is the one value outside [0, C) a class target may hold (torch's rule)."""
+    ((x, _),) = batches(1)
+    trainer().step(x, target=np.asarray([0, -100, 2, 0, 1, 2]))
+    trainer(loss=losses.Loss.cross_entropy(ignore_index=-1)).step(x, target=np.asarray([0, -1, 2, 0, 1, 2]))
+    with pytest.raises(ValueError, match=r"class index -100 is out of range .* or ignore_index -1;"):
+        trainer(loss=losses.Loss.nll_loss(ignore_index=-1)).step(x, target=np.asarray([0, -100, 2, 0, 1, 2]))
+
+
+def test_binary_cross_entropy_targets_outside_0_1_are_refused() -> None:
+    ((x, _),) = batches(1)
+    subject = trainer(loss=losses.Loss.binary_cross_entropy())
+    target = np.full((6, 3), 0.5, np.float32)
+    target[2, 1] = 1.5
+    with pytest.raises(ValueError, match=r"binary_cross_entropy takes targets in \[0, 1\], got 1\.5 \(torch: 'all"):
+        subject.step(x, target=target)
+    target[2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"got nan"):
         subject.step(x, target=target)
     assert subject.global_step == 0
 
