@@ -7,9 +7,10 @@ after every step. ``ortlstm.graphs.build_training_models`` builds the train step
 onnxruntime runs it on the same batches with the same learning-rate schedule, and every trained
 parameter must match torch's after every step, to float32 tolerance. The scenarios
 (tests/torch_scenarios.py): loss on every step's output (a per-step tagger) or on h_n, padded
-batches, batch_first, frozen parameters, initial_h / initial_c as torch parameters, a batch size
-that changes from step to step; SGD (momentum with nesterov or dampening), Adam, AdamW, clipping,
-parameter groups (no weight decay on biases). Nothing here imports torch, and a child process
+batches, batch_first, frozen parameters, a Sigmoid head trained with binary_cross_entropy,
+initial_h / initial_c as torch parameters, a batch size that changes from step to step; SGD
+(momentum with nesterov or dampening), Adam, AdamW, clipping, parameter groups (no weight decay
+on biases). Nothing here imports torch, and a child process
 proves that training needs neither torch nor onnxruntime.training.
 """
 
@@ -66,8 +67,16 @@ def optimizer_of(config: dict) -> optimizers.Optimizer:
     return optimizers.optimizer_from_torch(config["optimizer"]["name"], **config["optimizer"]["kwargs"])
 
 
+LOSSES = {
+    "cross_entropy": losses.Loss.cross_entropy,
+    "mse": losses.Loss.mse_loss,
+    "binary_cross_entropy": losses.Loss.binary_cross_entropy,
+}
+"""A recording's loss (tests/torch_scenarios.py) -> its ortlstm builder, torch's defaults."""
+
+
 def loss_of(config: dict) -> losses.Loss:
-    return losses.Loss.cross_entropy() if config["loss"] == "cross_entropy" else losses.Loss.mse_loss()
+    return LOSSES[config["loss"]]()
 
 
 @dataclasses.dataclass
@@ -208,7 +217,7 @@ with np.load(recording) as data:
 config = json.loads(arrays["config"].tobytes().decode())
 built = build_training_models(
     onnx.load_from_string(arrays["model"].tobytes()),
-    loss=losses.Loss.cross_entropy() if config["loss"] == "cross_entropy" else losses.Loss.mse_loss(),
+    loss=getattr(losses.Loss, {"mse": "mse_loss"}.get(config["loss"], config["loss"]))(),
     optimizer=optimizers.optimizer_from_torch(config["optimizer"]["name"], **config["optimizer"]["kwargs"]),
     requires_grad=config["trainable"],
     target=config["target"],

@@ -38,7 +38,7 @@ class Scenario:
 
     name: str
     tokens: bool  # input layer: Embedding of int64 tokens, else Linear of float features
-    loss: str  # "cross_entropy" (labels) or "mse" (target)
+    loss: str  # "cross_entropy" (labels), "mse" (target) or "binary_cross_entropy" (Sigmoid head, 0/1 target)
     reads_h_n: bool = False  # head on the last layer's final hidden states, else on every step's output
     batch_first: bool = False
     padded: bool = False  # pack_padded_sequence with per-sequence lengths; the step count varies per batch
@@ -82,6 +82,7 @@ TRAIN_STEP_SCENARIOS = [
         trainable_state=True,
         dynamic_batch=True,
     ),
+    Scenario("features_h_n_bce", tokens=False, loss="binary_cross_entropy", reads_h_n=True),
 ]
 
 
@@ -93,6 +94,7 @@ class Net(torch.nn.Module):
         self.reads_h_n = scenario.reads_h_n
         self.batch_first = scenario.batch_first
         self.flatten = scenario.loss == "cross_entropy" and not scenario.reads_h_n
+        self.probabilities = scenario.loss == "binary_cross_entropy"
         if scenario.tokens:
             self.input_layer: torch.nn.Module = torch.nn.Embedding(VOCAB, INPUT_SIZE)
         else:
@@ -110,7 +112,10 @@ class Net(torch.nn.Module):
             self.h0 = self.c0 = None
 
     def forward(self, x, lengths=None):
-        """Logits: per step (flattened to rows for cross entropy), or per sequence from h_n."""
+        """Logits: per step (flattened to rows for cross entropy), or per sequence from h_n.
+
+        Probabilities (a Sigmoid of them) for binary_cross_entropy.
+        """
         inputs = self.input_layer(x)
         state = None
         if self.h0 is not None:
@@ -122,8 +127,11 @@ class Net(torch.nn.Module):
             )
         y, (h_n, _) = self.lstm(inputs, state)
         if self.reads_h_n:
-            return self.head(torch.cat([h_n[-2], h_n[-1]], dim=1))
+            out = self.head(torch.cat([h_n[-2], h_n[-1]], dim=1))
+            return torch.sigmoid(out) if self.probabilities else out
         out = self.head(y)
+        if self.probabilities:
+            return torch.sigmoid(out)
         return out.reshape(-1, CLASSES) if self.flatten else out
 
 
@@ -144,6 +152,8 @@ def make_batch(scenario: Scenario, rng: np.random.Generator) -> dict[str, np.nda
         out_shape = (*shape, CLASSES)
     if scenario.loss == "cross_entropy":
         batch["labels"] = rng.integers(0, CLASSES, int(np.prod(out_shape[:-1])), dtype=np.int64)
+    elif scenario.loss == "binary_cross_entropy":  # multi-label, as a VAD or tagger trains
+        batch["target"] = (rng.random(out_shape) < 0.5).astype(np.float32)
     else:
         batch["target"] = rng.standard_normal(out_shape).astype(np.float32)
     return batch
@@ -161,6 +171,8 @@ def torch_loss(net: Net, batch: dict[str, np.ndarray]):
     out = torch_forward(net, batch)
     if "labels" in batch:
         return torch.nn.functional.cross_entropy(out, torch.from_numpy(batch["labels"]))
+    if net.probabilities:
+        return torch.nn.functional.binary_cross_entropy(out, torch.from_numpy(batch["target"]))
     return torch.nn.functional.mse_loss(out, torch.from_numpy(batch["target"]))
 
 
