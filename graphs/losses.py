@@ -330,8 +330,8 @@ def check_target_values(
     """Refuses target values torch refuses, before a graph would take them silently.
 
     - cross_entropy / nll_loss with class indices: each is in [0, C) or ``ignore_index`` (C from
-      the prediction's static type; unknown C is not checked). ONNX's GatherElements would read a
-      negative index from the end, a silent wrong loss, and fail on too large ones.
+      the prediction's static type; unknown C is not checked). The loss graph fails on such an
+      index too (``_nll_core``), with onnxruntime's out-of-range message naming no input.
     - binary_cross_entropy: every target in [0, 1].
 
     Raises:
@@ -426,7 +426,12 @@ def _nll_core(
     None without class weights).
     """
     ignored = emitter.op("Equal", [target, emitter.ints(ignore_index)])
-    safe = emitter.op("Where", [ignored, emitter.ints(0), target])
+    # A negative index that is not ignore_index would be read from the end by GatherElements, a
+    # silently wrong loss (torch raises); it becomes one no class count reaches, so onnxruntime
+    # fails on it as it does on an index >= C. (The Trainer refuses both first, with a message.)
+    negative = emitter.op("Less", [target, emitter.ints(0)])
+    unreachable = emitter.op("Where", [negative, emitter.ints(int(np.iinfo(np.int64).max)), target])
+    safe = emitter.op("Where", [ignored, emitter.ints(0), unreachable])
     picked = emitter.squeeze(emitter.op("GatherElements", [logp, emitter.unsqueeze(safe, [1])], axis=1), [1])
     loss = emitter.op("Neg", [picked])
     zero = _float_const(emitter, 0.0, logp)

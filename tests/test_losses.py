@@ -228,6 +228,23 @@ def test_wrong_target_is_refused(spec: losses.Loss, prediction: ValueType, targe
     assert not emitter.nodes
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        losses.Loss.cross_entropy(),
+        losses.Loss.nll_loss(weight=[1.0, 2.0, 3.0]),
+        losses.Loss.cross_entropy(ignore_index=5),
+    ],
+    ids=["cross_entropy", "nll_loss_weighted", "cross_entropy_ignore5"],
+)
+def test_negative_class_index_fails_instead_of_reading_from_the_end(spec: losses.Loss) -> None:
+    """GatherElements reads index -1 as the last class; the graph makes onnxruntime fail on it, as torch raises."""
+    logits = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    run_loss(spec, logits, np.asarray([0, spec.ignore_index, 2, 1]))  # ignore_index itself is fine
+    with pytest.raises(Exception, match=r"[Oo]ut of (range|data bounds)"):
+        run_loss(spec, logits, np.asarray([0, -1, 2, 1]))
+
+
 def test_target_values_are_checked_where_torch_checks_them() -> None:
     spec = losses.Loss.cross_entropy()
     # [C] input, 0-D target; an unknown class count is not checked; probabilities are not either.
