@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite, from a fresh clone: the README's test command and what
 # CI runs. Three virtual environments under .venvs/ (reused when present):
-#   infer     newest onnxruntime + the torch-free demo's deps       release build, full suite
+#   infer     newest onnxruntime + the torch-free demo's deps       release build, full suite,
+#             on the newest Python found (3.14 or 3.13; onnxruntime-training stops at 3.12)
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
 # plus the kernel tests with the GEMM backend this CPU does not choose (infer) and the drift check
@@ -17,11 +18,28 @@ venvs="$root/.venvs"
 # pip keeps its cache; the C++ builds go to build/ (see pyproject.toml), one dir per build type.
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-make_venv() {  # name, pip install arguments...
-  local name="$1"
-  shift
+# The torch-free path is meant for any Python onnxruntime supports, including those
+# onnxruntime-training never reached: its environment takes the newest interpreter on the machine
+# (a pyenv install counts), else $PYTHON. INFER_PYTHON overrides.
+newest_python() {
+  local version candidate
+  for version in 3.14 3.13; do
+    for candidate in "python$version" "$(pyenv root 2>/dev/null)/versions/$version"*/bin/python; do
+      if "$candidate" -c 'import venv' >/dev/null 2>&1; then
+        echo "$candidate"
+        return
+      fi
+    done
+  done
+  echo "$python"
+}
+infer_python="${INFER_PYTHON:-$(newest_python)}"
+
+make_venv() {  # name, interpreter, pip install arguments... (an existing venv is reused as it is)
+  local name="$1" interpreter="$2"
+  shift 2
   if [ ! -x "$venvs/$name/bin/python" ]; then
-    "$python" -m venv "$venvs/$name"
+    "$interpreter" -m venv "$venvs/$name"
   fi
   "$venvs/$name/bin/python" -m pip install -q --upgrade pip
   "$venvs/$name/bin/python" -m pip install -q "$@"
@@ -30,14 +48,14 @@ make_venv() {  # name, pip install arguments...
 section() { printf '\n=== %s ===\n' "$*"; }
 
 section "generated files are up to date (ops/codegen.py --check)"
-make_venv infer ".[demo,test]"
+make_venv infer "$infer_python" ".[demo,test]"
 "$venvs/infer/bin/python" -m ops.codegen --check
 
 section "real models: the silero-vad wheel (its ONNX files; the package itself needs torch, never installed)"
 "$venvs/infer/bin/python" -m pip download -q --no-deps silero-vad==6.2.3 -d "$root/.cache/real-models"
 export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 
-section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)')"
+section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, sys; print(onnxruntime.__version__, "on Python", sys.version.split()[0])')"
 "$venvs/infer/bin/pytest" tests "$@"
 
 # x86-64 builds link oneMKL and OpenBLAS and pick by CPU vendor (kernels_cpp/common/blas.cc): mkl
@@ -56,12 +74,12 @@ if [ -n "$other_blas" ]; then
 fi
 
 section "tests: onnxruntime-training-cpu"
-make_venv train ".[demo-training,test]"
+make_venv train "$python" ".[demo-training,test]"
 # The parity tests also load the trained models in plain onnxruntime, from the infer environment.
 ORTLSTM_INFERENCE_PYTHON="$venvs/infer/bin/python" "$venvs/train/bin/pytest" tests "$@"
 
 section "kernel tests under AddressSanitizer + UBSan"
-make_venv sanitize ".[infer,test]" -C cmake.build-type=Debug -C cmake.define.ORTLSTM_SANITIZE=ON
+make_venv sanitize "$python" ".[infer,test]" -C cmake.build-type=Debug -C cmake.define.ORTLSTM_SANITIZE=ON
 # The sanitizer runtime must come first in the process; python itself is not instrumented.
 # detect_leaks=0: CPython and ORT keep memory until exit, which LeakSanitizer reports.
 # ASan's operator new aborts when memory runs out instead of throwing std::bad_alloc, so the
