@@ -1,10 +1,11 @@
 """torch.optim's SGD, Adam and AdamW and clip_grad_norm_ as ONNX nodes.
 
-SGD and clipping are standard ops. Adam and AdamW emit one ``ortlstm::AdamUpdate`` node per
-parameter by default (the ortlstm library's kernel: one pass over the parameter, threaded, true
-fused multiply-adds; docs/ops.md#adamupdate), or the same update in standard ops with
-``implementation="onnx"`` (about 20 nodes per parameter, float64 temporaries), which runs without
-the library. Both follow the description below.
+Clipping is standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
+``ortlstm::AdamUpdate`` node per parameter by default (the ortlstm library's kernels: one pass
+over the parameter, threaded, true fused multiply-adds; docs/ops.md#sgdupdate, #adamupdate), or
+the same update in standard ops with ``implementation="onnx"`` (up to about 20 nodes per
+parameter, float64 temporaries), which runs without the library. Both follow the description
+below.
 
 Each optimizer is a frozen dataclass with torch's hyperparameter names and defaults. The
 learning rate and the step number are graph inputs, so a schedule changes them per run without
@@ -272,6 +273,41 @@ class Optimizer:
             for value in (new_param, *state.values()):
                 emitter.set_type(value, known.elem_type, known.shape)
 
+    def _fused_node(
+        self,
+        emitter: GraphEmitter,
+        op: schema.OpSpec,
+        param: str,
+        inputs: Mapping[str, str],
+        elem_type: int,
+        **flags: bool,
+    ) -> tuple[str, dict[str, str]]:
+        """One node of the ortlstm optimizer op ``op`` (inputs by port name, absent ones omitted).
+
+        Outputs: the updated parameter, then one per state slot, in ``state_slots()`` order (the
+        order of the op's state outputs).
+        """
+        if elem_type not in (onnx.TensorProto.FLOAT, _DOUBLE):
+            raise ValueError(
+                f"parameter {param!r} is {onnx.TensorProto.DataType.Name(elem_type)}; {op.name} takes FLOAT or "
+                "DOUBLE parameters: use implementation='onnx' for others"
+            )
+        ordered = [inputs.get(name, "") for name in schema.input_names(op)]
+        while not ordered[-1]:
+            ordered.pop()
+        slots = self.state_slots()
+        outputs = [emitter.fresh(f"{param}.new"), *(emitter.fresh(f"{param}.{slot}.new") for slot in slots)]
+        emitter.op_multi(
+            op.name,
+            ordered,
+            outputs=outputs,
+            domain=op.domain,
+            **{name: int(value) for name, value in flags.items()},
+        )
+        new_state = dict(zip(slots, outputs[1:], strict=True))
+        self._finish(emitter, param, outputs[0], new_state)
+        return outputs[0], new_state
+
 
 @dataclasses.dataclass(frozen=True)
 class SGD(Optimizer):
@@ -291,6 +327,12 @@ class SGD(Optimizer):
         maximize: Maximize the objective instead of minimizing it.
         fused_multiply_add: Round ``a * b + c`` once where torch's CPU kernels do (float32 and
             16-bit parameters; costs float64 temporaries). Not a torch hyperparameter.
+        implementation: ``"ortlstm"`` (default): one ``ortlstm::SGDUpdate`` node per parameter,
+            which needs the ortlstm library in the session (the train step does); always fused,
+            so it needs ``fused_multiply_add=True``, and float32 or float64 parameters.
+            ``"onnx"``: standard ops only, runnable without the library. The two agree bit for
+            bit for float32; for float64 the kernel's true fused multiply-adds are torch's, the
+            graph's round twice. Not a torch hyperparameter.
     """
 
     torch_name: ClassVar[str] = "SGD"
@@ -301,8 +343,10 @@ class SGD(Optimizer):
     nesterov: bool = False
     maximize: bool = False
     fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
+    implementation: str = dataclasses.field(default="ortlstm", kw_only=True)
 
     def __post_init__(self) -> None:
+        _check_implementation(self.implementation, self.fused_multiply_add)
         if self.lr < 0.0:
             raise ValueError(f"Invalid learning rate: {self.lr}")
         if self.momentum < 0.0:
@@ -319,7 +363,12 @@ class SGD(Optimizer):
     def prepare(
         self, emitter: GraphEmitter, lr: str, step: str, elem_type: int, lr_scale: float = 1.0
     ) -> dict[str, str]:
-        """The negated group lr in the parameters' type and, with momentum, ``step == 1``."""
+        """The negated group lr in the parameters' type and, with momentum, ``step == 1``.
+
+        For the SGDUpdate node only the group's lr and the step, as float64: it computes the rest.
+        """
+        if self.implementation == "ortlstm":
+            return _node_scalars(emitter, lr, step, lr_scale)
         lr_d = _scalar_double(emitter, lr)
         if lr_scale != 1.0:
             lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
@@ -336,6 +385,22 @@ class SGD(Optimizer):
         """See the class docstring."""
         self._check_state(param, state)
         elem_type = _param_elem_type(emitter, param)
+        if self.implementation == "ortlstm":
+            hyperparameters = {
+                "momentum": self.momentum,
+                "dampening": self.dampening,
+                "weight_decay": self.weight_decay,
+            }
+            inputs = {"param": param, "grad": grad, "lr": scalars["lr"]}
+            if self.momentum != 0:
+                inputs.update(momentum_buffer=state["momentum_buffer"], step=scalars["step"])
+            # The hyperparameters as float64 constants (0 ones left out): the kernel rounds them where torch does.
+            inputs.update(
+                {name: emitter.constant(value, _DOUBLE) for name, value in hyperparameters.items() if value != 0}
+            )
+            return self._fused_node(
+                emitter, schema.SGD_UPDATE, param, inputs, elem_type, nesterov=self.nesterov, maximize=self.maximize
+            )
         fused = self.fused_multiply_add
         g = emitter.op("Neg", [grad]) if self.maximize else grad
         if self.weight_decay != 0:
@@ -410,16 +475,7 @@ class Adam(Optimizer):
                 raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
         if not self.weight_decay >= 0.0:
             raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
-        if self.implementation not in ADAM_IMPLEMENTATIONS:
-            raise ValueError(
-                f"implementation: expected one of {', '.join(map(repr, ADAM_IMPLEMENTATIONS))}, "
-                f"got {self.implementation!r}"
-            )
-        if self.implementation == "ortlstm" and not self.fused_multiply_add:
-            raise ValueError(
-                "implementation='ortlstm' always fuses the multiply-adds torch fuses; "
-                "for fused_multiply_add=False use implementation='onnx'"
-            )
+        _check_implementation(self.implementation, self.fused_multiply_add)
 
     def state_slots(self) -> tuple[str, ...]:
         """``exp_avg``, ``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``."""
@@ -434,10 +490,7 @@ class Adam(Optimizer):
         """
         beta1, beta2 = self.betas
         if self.implementation == "ortlstm":
-            lr_d = _as_double(emitter, lr)
-            if lr_scale != 1.0:
-                lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
-            return {"lr": lr_d, "step": _as_double(emitter, step)}
+            return _node_scalars(emitter, lr, step, lr_scale)
         lr_d = _scalar_double(emitter, lr)
         if lr_scale != 1.0:
             lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
@@ -520,13 +573,7 @@ class Adam(Optimizer):
         elem_type: int,
     ) -> tuple[str, dict[str, str]]:
         """The same update as one ``ortlstm::AdamUpdate`` node (docs/ops.md#adamupdate)."""
-        if elem_type not in (onnx.TensorProto.FLOAT, _DOUBLE):
-            raise ValueError(
-                f"parameter {param!r} is {onnx.TensorProto.DataType.Name(elem_type)}; AdamUpdate takes FLOAT or "
-                "DOUBLE parameters: use implementation='onnx' for others"
-            )
         beta1, beta2 = self.betas
-        op = schema.ADAM_UPDATE
         # The hyperparameters as float64 constants: the kernel rounds them where torch does.
         inputs = {
             "param": param,
@@ -543,22 +590,15 @@ class Adam(Optimizer):
             inputs["weight_decay"] = emitter.constant(self.weight_decay, _DOUBLE)
         if self.amsgrad:
             inputs["max_exp_avg_sq"] = state["max_exp_avg_sq"]
-        ordered = [inputs.get(name, "") for name in schema.input_names(op)]
-        while not ordered[-1]:
-            ordered.pop()
-        slots = self.state_slots()
-        outputs = [emitter.fresh(f"{param}.new"), *(emitter.fresh(f"{param}.{slot}.new") for slot in slots)]
-        emitter.op_multi(
-            op.name,
-            ordered,
-            outputs=outputs,
-            domain=op.domain,
-            decoupled_weight_decay=int(self.decoupled_weight_decay),
-            maximize=int(self.maximize),
+        return self._fused_node(
+            emitter,
+            schema.ADAM_UPDATE,
+            param,
+            inputs,
+            elem_type,
+            decoupled_weight_decay=self.decoupled_weight_decay,
+            maximize=self.maximize,
         )
-        new_state = dict(zip(slots, outputs[1:], strict=True))
-        self._finish(emitter, param, outputs[0], new_state)
-        return outputs[0], new_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,8 +625,29 @@ class AdamW(Adam):
     weight_decay: float = 1e-2
 
 
-ADAM_IMPLEMENTATIONS = ("ortlstm", "onnx")
-"""Values of Adam's and AdamW's ``implementation``: the fused ortlstm op or standard ONNX ops."""
+IMPLEMENTATIONS = ("ortlstm", "onnx")
+"""Values of the optimizers' ``implementation``: the fused ortlstm op or standard ONNX ops."""
+
+
+def _check_implementation(implementation: str, fused_multiply_add: bool) -> None:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation: expected one of {', '.join(map(repr, IMPLEMENTATIONS))}, got {implementation!r}"
+        )
+    if implementation == "ortlstm" and not fused_multiply_add:
+        raise ValueError(
+            "implementation='ortlstm' always fuses the multiply-adds torch fuses; "
+            "for fused_multiply_add=False use implementation='onnx'"
+        )
+
+
+def _node_scalars(emitter: GraphEmitter, lr: str, step: str, lr_scale: float) -> dict[str, str]:
+    """What an ortlstm optimizer node reads of the graph: the group's lr and the step, as float64."""
+    lr_d = _as_double(emitter, lr)
+    if lr_scale != 1.0:
+        lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
+    return {"lr": lr_d, "step": _as_double(emitter, step)}
+
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"SGD": SGD, "Adam": Adam, "AdamW": AdamW}
 """torch.optim class name -> the optimizer here."""

@@ -195,7 +195,7 @@ def _opsets_for(
 ) -> list[onnx.OperatorSetIdProto]:
     """``opsets``, plus the ortlstm domain if a node uses it and they lack it.
 
-    That happens for the optimizer's AdamUpdate nodes in a model without LSTMs.
+    That happens for the optimizer's AdamUpdate and SGDUpdate nodes in a model without LSTMs.
     """
     result = list(opsets)
     if any(node.domain == ortlstm_schema.DOMAIN for node in nodes) and all(

@@ -714,6 +714,15 @@ def _scalar_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
     )
 
 
+_MAXIMIZE = AttrSpec(
+    name="maximize",
+    type=AttrType.INT,
+    default=0,
+    required=False,
+    doc="1 maximizes the objective (the gradient is negated first), as torch's maximize=True.",
+    accepts="0 or 1",
+)
+
 ADAM_UPDATE = OpSpec(
     name="AdamUpdate",
     domain=DOMAIN,
@@ -776,14 +785,7 @@ threads; the result does not depend on how.""",
             "1 - lr * weight_decay before the step instead of weight_decay * param joining the gradient.",
             accepts="0 or 1",
         ),
-        AttrSpec(
-            name="maximize",
-            type=AttrType.INT,
-            default=0,
-            required=False,
-            doc="1 maximizes the objective (the gradient is negated first), as torch's maximize=True.",
-            accepts="0 or 1",
-        ),
+        _MAXIMIZE,
     ),
     type_constraints=(
         TypeConstraintSpec(
@@ -804,5 +806,70 @@ threads; the result does not depend on how.""",
     ),
 )
 
-OPTIMIZER_OPS: tuple[OpSpec, ...] = (ADAM_UPDATE,)
+_OPTIMIZER_TYPE_CONSTRAINTS = ADAM_UPDATE.type_constraints
+
+SGD_UPDATE = OpSpec(
+    name="SGDUpdate",
+    domain=DOMAIN,
+    version=OPSET_VERSION,
+    doc="""\
+One parameter's update by torch.optim.SGD (torch's single-tensor path), in one pass.
+
+With `g` the gradient (negated if `maximize`): `g += weight_decay * param`; with momentum, the
+buffer becomes `g` itself at step 1 and `(momentum * buffer) + (1 - dampening) * g` after, and `g`
+becomes `g + momentum * buffer` (`nesterov`) or the buffer; then `param += -lr * g`. `-lr`,
+`weight_decay`, `momentum` and `1 - dampening` are computed in float64 as torch computes them in
+Python floats and rounded once to T. Each `a * b + c` above is one fused multiply-add, rounded
+once, as torch's CPU kernels compute `add(alpha=)`; `momentum * buffer` is rounded before it.
+
+The hyperparameters are float64 inputs, not attributes, because onnx's float attributes are
+float32 and torch's are Python floats. Elementwise work is split over the session's intra-op
+threads; the result does not depend on how.""",
+    inputs=(
+        _tensor_port("param", "The parameter before the update."),
+        _tensor_port("grad", "Its gradient."),
+        _scalar_port("lr", "Learning rate of this update (the parameter group's)."),
+        _tensor_port(
+            "momentum_buffer",
+            "Momentum buffer (torch's state name); given exactly when momentum_buffer_out is, i.e. with momentum.",
+            optional=True,
+        ),
+        _scalar_port(
+            "step",
+            "1-based number of this update (the buffer starts as the gradient at step 1); required with "
+            "momentum_buffer.",
+            optional=True,
+        ),
+        _scalar_port(
+            "momentum", "Momentum factor, > 0; required with momentum_buffer, refused without.", optional=True
+        ),
+        _scalar_port("dampening", "Dampening of the momentum. Default 0.", optional=True),
+        _scalar_port("weight_decay", "L2 penalty added to the gradient. Default 0.", optional=True),
+    ),
+    outputs=(
+        _tensor_port("param_out", "The updated parameter."),
+        _tensor_port("momentum_buffer_out", "The updated momentum buffer.", optional=True),
+    ),
+    attributes=(
+        AttrSpec(
+            name="nesterov",
+            type=AttrType.INT,
+            default=0,
+            required=False,
+            doc="1: Nesterov momentum, the step uses g + momentum * buffer (needs momentum_buffer).",
+            accepts="0 or 1",
+        ),
+        _MAXIMIZE,
+    ),
+    type_constraints=_OPTIMIZER_TYPE_CONSTRAINTS,
+    refusals=(
+        "When run: grad or momentum_buffer of another shape than param; a scalar input with more than one element; "
+        "momentum_buffer given without momentum_buffer_out or the reverse; momentum_buffer without step or momentum, "
+        "a momentum that is not > 0 with it, or momentum without it; nesterov without momentum_buffer; an element type "
+        "outside the type constraints, e.g. a float32 lr (onnxruntime's own message, which names the types, not the "
+        "input).",
+    ),
+)
+
+OPTIMIZER_OPS: tuple[OpSpec, ...] = (ADAM_UPDATE, SGD_UPDATE)
 """Ops of the domain that are not LSTMs: the train step's optimizer updates."""

@@ -105,22 +105,28 @@ def make_session(
     dtype: str,
     present: set[str],
     *,
-    amsgrad_output: bool | None = None,
+    state_output: bool | None = None,
     attributes: dict[str, object] | None = None,
     threads: int = 2,
+    spec: schema.OpSpec = SPEC,
 ) -> ort.InferenceSession:
-    """One AdamUpdate node over graph inputs named as its ports (the ``present`` optional ones)."""
-    names = [port.name if (not port.optional or port.name in present) else "" for port in SPEC.inputs]
+    """One node of optimizer op ``spec`` over graph inputs named as its ports (the ``present`` optional ones).
+
+    Its optional state output (AdamUpdate's max_exp_avg_sq_out, SGDUpdate's momentum_buffer_out) is
+    wired when ``state_output`` says so, by default when the optional state input is present.
+    """
+    names = [port.name if (not port.optional or port.name in present) else "" for port in spec.inputs]
     while not names[-1]:
         names.pop()
-    amsgrad = "max_exp_avg_sq" in present if amsgrad_output is None else amsgrad_output
-    outputs = [port.name for port in SPEC.outputs if not port.optional or amsgrad]
-    node = onnx.helper.make_node(SPEC.name, names, outputs, domain=SPEC.domain, name="update", **(attributes or {}))
+    optional_state = {port.name for port in spec.inputs if port.optional and port.type_str == "T"}
+    wired = bool(optional_state & present) if state_output is None else state_output
+    outputs = [port.name for port in spec.outputs if not port.optional or wired]
+    node = onnx.helper.make_node(spec.name, names, outputs, domain=spec.domain, name="update", **(attributes or {}))
     elem = DTYPES[dtype]
-    float64_ports = {port.name for port in SPEC.inputs if port.type_str == "T1"}
+    float64_ports = {port.name for port in spec.inputs if port.type_str == "T1"}
     graph = onnx.helper.make_graph(
         [node],
-        "adam_update",
+        "optimizer_update",
         [
             onnx.helper.make_tensor_value_info(name, onnx.TensorProto.DOUBLE if name in float64_ports else elem, None)
             for name in names
@@ -238,7 +244,7 @@ def test_scalar_with_two_elements_is_refused() -> None:
 def test_amsgrad_input_and_output_go_together(amsgrad_input: bool) -> None:
     optional = {"max_exp_avg_sq"} if amsgrad_input else set()
     inputs = random_inputs("float32", (2,), beta1=0.9, seed=0, optional=optional)
-    message = _run_error(make_session("float32", optional, amsgrad_output=not amsgrad_input), inputs)
+    message = _run_error(make_session("float32", optional, state_output=not amsgrad_input), inputs)
     half = "the input without the output" if amsgrad_input else "the output without the input"
     assert f"input max_exp_avg_sq and output max_exp_avg_sq_out go together (amsgrad): the node has {half}" in message
 

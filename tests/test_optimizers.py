@@ -62,17 +62,16 @@ and step; with graph optimizations off too), where onnxruntime 1.32 and the Adam
 match the exact reference of tests/test_adam_update.py (which runs in 1.19.2 as well): there this
 comparison with the standard ops allows those two units."""
 
-ADAM_FAMILY = sorted(name for name, case in CASES.items() if case["optimizer"] in ("Adam", "AdamW"))
-IMPLEMENTATION_CASES = [(name, "onnx") for name in sorted(CASES)] + [(name, "ortlstm") for name in ADAM_FAMILY]
-"""(case, implementation): every case in standard ops; Adam and AdamW also as the fused node."""
+IMPLEMENTATION_CASES = [(name, implementation) for name in sorted(CASES) for implementation in ("onnx", "ortlstm")]
+"""(case, implementation): every case in standard ops and as the fused SGDUpdate / AdamUpdate node."""
 
 
 def _optimizer(
     case: dict[str, Any], implementation: str = "onnx"
 ) -> tuple[optimizers.Optimizer, list[optimizers.ParamGroup], optimizers.ClipGradNorm | None]:
-    optimizer = optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"])
-    if isinstance(optimizer, optimizers.Adam):
-        optimizer = dataclasses.replace(optimizer, implementation=implementation)
+    optimizer = dataclasses.replace(
+        optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"]), implementation=implementation
+    )
     groups = [
         optimizers.ParamGroup(
             params=tuple(f"p{i}" for i in group["params"]),
@@ -140,7 +139,7 @@ class StepModel:
         graph = onnx.helper.make_graph(emitter.nodes, "optimizer_step", inputs, outputs, emitter.initializers)
         opsets = [onnx.helper.make_opsetid("", OPSET)]
         fused = any(node.domain == ops.DOMAIN for node in emitter.nodes)
-        assert fused == (implementation == "ortlstm" and isinstance(optimizer, optimizers.Adam))
+        assert fused == (implementation == "ortlstm")
         if fused:
             opsets.append(onnx.helper.make_opsetid(ops.DOMAIN, ops.OPSET_VERSION))
         self.model = onnx.helper.make_model(graph, opset_imports=opsets)
@@ -223,14 +222,15 @@ def _recorded_inputs(model: StepModel, name: str, dtype: str, k: int) -> dict[st
     return values
 
 
-@pytest.mark.parametrize("name", ADAM_FAMILY)
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_fused_node_equals_standard_ops(name: str) -> None:
-    """float32: the AdamUpdate kernel equals the same update in standard ops, bit for bit.
+    """float32: the SGDUpdate and AdamUpdate kernels equal the same update in standard ops, bit for bit.
 
     Step by step from torch's recorded states: the standard ops compute each fused multiply-add in
     float64 and round once, the kernel rounds once. float64, where the standard ops round twice and
-    cancellation in ``grad + weight_decay * param`` magnifies that: tests/test_adam_update.py checks
-    the kernel against exact rational arithmetic, and the trajectories above against torch.
+    cancellation in ``grad + weight_decay * param`` magnifies that: tests/test_adam_update.py and
+    tests/test_sgd_update.py check the kernels against exact rational arithmetic, and the
+    trajectories above against torch.
     """
     case = CASES[name]
     fused, standard = (StepModel(case, "float32", implementation=impl) for impl in ("ortlstm", "onnx"))
@@ -251,6 +251,7 @@ def test_fused_node_equals_standard_ops(name: str) -> None:
     ("name", "implementation"),
     [
         ("sgd_momentum", "onnx"),
+        ("sgd_momentum", "ortlstm"),
         ("adam_default", "onnx"),
         ("adam_default", "ortlstm"),
         ("adamw_groups_clip2", "ortlstm"),

@@ -68,6 +68,28 @@ inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, false, false, true, true, true, true, true, true, false};
 }  // namespace adam_update
 
+// SGDUpdate: docs/ops.md#sgdupdate
+namespace sgd_update {
+inline constexpr char kName[] = "SGDUpdate";
+enum class In : int { kParam, kGrad, kLr, kMomentumBuffer, kStep, kMomentum, kDampening, kWeightDecay, kCount };
+enum class Out : int { kParamOut, kMomentumBufferOut, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"param", "grad", "lr", "momentum_buffer", "step", "momentum", "dampening", "weight_decay"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, true, true, true, true};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, false, false, false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"param_out", "momentum_buffer_out"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false, true};
+inline constexpr char kAttrNesterov[] = "nesterov";
+inline constexpr char kAttrMaximize[] = "maximize";
+inline constexpr std::int64_t kAttrNesterovDefault = 0;
+inline constexpr std::int64_t kAttrMaximizeDefault = 0;
+inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, true, false, true, true, true, true};
+}  // namespace sgd_update
+
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
 // "expected ...") and the defaults the schema declares.
 namespace attr {

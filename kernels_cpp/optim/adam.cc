@@ -1,33 +1,17 @@
 // See adam.h. Compiled with -fno-math-errno (CMakeLists.txt) so that sqrt vectorizes; every
-// multiply-add that torch fuses is an explicit std::fma (the library builds with
-// -ffp-contract=off, so nothing else is contracted). target_clones needs an ELF platform with
-// ifunc (glibc); elsewhere the loop is built once for the baseline, where fma may be libm's.
+// multiply-add that torch fuses is an explicit fused multiply-add (the library builds with
+// -ffp-contract=off, so nothing else is contracted); clones and task split: optim/elementwise.h.
 #include "optim/adam.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
-// arch=x86-64-v3: AVX2 with FMA, chosen by CPU features (arch=haswell would be chosen only on
-// Haswell itself: GCC dispatches arch= by CPU model except for the x86-64-vN levels).
-#define ORTLSTM_ADAM_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
-#else
-#define ORTLSTM_ADAM_CLONES
-#endif
+#include "optim/elementwise.h"
 
 namespace ortlstm {
 namespace {
 
-// Fewest elements worth a task of their own: below this the hand-off costs more than the work.
-constexpr int64_t kMinElementsPerTask = 1 << 15;
-
-// std::fma and std::sqrt are functions of the default target, which GCC does not inline into the
-// clones; the builtins become single instructions there.
-inline __attribute__((always_inline)) float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-inline __attribute__((always_inline)) double Fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
-inline __attribute__((always_inline)) float Sqrt(float x) { return __builtin_sqrtf(x); }
-inline __attribute__((always_inline)) double Sqrt(double x) { return __builtin_sqrt(x); }
+using optim::Fma;
+using optim::Sqrt;
 
 // torch.maximum: NaN if either is NaN.
 template <typename T>
@@ -70,7 +54,7 @@ inline __attribute__((always_inline)) void UpdateRange(const AdamScalars<T>& s, 
 }
 
 template <typename T, bool kMaximize, bool kWeightDecay, bool kDecay, bool kAmsgrad, bool kLerpFromStart>
-ORTLSTM_ADAM_CLONES void UpdateRangeCloned(const AdamScalars<T>& s, const AdamTensors<T>& t, int64_t begin,
+ORTLSTM_OPTIM_CLONES void UpdateRangeCloned(const AdamScalars<T>& s, const AdamTensors<T>& t, int64_t begin,
                                            int64_t end) {
   auto at = [begin](auto* pointer) { return pointer == nullptr ? pointer : pointer + begin; };
   UpdateRange<T, kMaximize, kWeightDecay, kDecay, kAmsgrad, kLerpFromStart>(
@@ -79,20 +63,12 @@ ORTLSTM_ADAM_CLONES void UpdateRangeCloned(const AdamScalars<T>& s, const AdamTe
 }
 
 template <typename T>
-using RangeFunction = void (*)(const AdamScalars<T>&, const AdamTensors<T>&, int64_t, int64_t);
-
-// The instantiation for the flags, chosen once per call.
-template <typename T, bool... kFlags>
-RangeFunction<T> Select(const bool* flags, int remaining) {
-  if constexpr (sizeof...(kFlags) == 5) {
-    (void)flags;
-    (void)remaining;
-    return &UpdateRangeCloned<T, kFlags...>;
-  } else {
-    return *flags ? Select<T, kFlags..., true>(flags + 1, remaining - 1)
-                  : Select<T, kFlags..., false>(flags + 1, remaining - 1);
-  }
-}
+struct Instances {
+  template <bool... kFlags>
+  struct Of {
+    static constexpr auto kFunction = &UpdateRangeCloned<T, kFlags...>;
+  };
+};
 
 }  // namespace
 
@@ -123,16 +99,11 @@ AdamScalars<T> AdamScalarsFor(const AdamHyperparameters& h) {
 
 template <typename T>
 void AdamUpdate(const AdamScalars<T>& scalars, const AdamTensors<T>& tensors, const Executor& executor) {
-  if (tensors.count <= 0) return;
   const bool flags[5] = {scalars.maximize, scalars.has_weight_decay, scalars.has_decay,
                          tensors.max_exp_avg_sq != nullptr, std::abs(scalars.exp_avg_weight) < T(0.5)};
-  const RangeFunction<T> update = Select<T>(flags, 5);
-  const int64_t by_size = (tensors.count + kMinElementsPerTask - 1) / kMinElementsPerTask;
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), by_size));
-  executor.For(static_cast<std::size_t>(tasks), [&](std::size_t task) {
-    const Range range = SplitRange(tensors.count, tasks, static_cast<int64_t>(task));
-    update(scalars, tensors, range.begin, range.end);
-  });
+  const auto update = optim::SelectInstance<Instances<T>::template Of, 5>(flags);
+  optim::ForElementRanges(tensors.count, executor,
+                          [&](int64_t begin, int64_t end) { update(scalars, tensors, begin, end); });
 }
 
 template AdamScalars<float> AdamScalarsFor<float>(const AdamHyperparameters&);

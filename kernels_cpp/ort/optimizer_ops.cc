@@ -1,4 +1,5 @@
-// AdamUpdate as an ORT custom op. Port order and optionality come from the generated schema.
+// AdamUpdate and SGDUpdate as ORT custom ops. Port order and optionality come from the generated
+// schema; OptimizerOp below is what the two share (two 0/1 attributes, float64 hyperparameters).
 #include "ort/optimizer_ops.h"
 
 #include <array>
@@ -11,94 +12,117 @@
 #include "common/checked_math.h"
 #include "generated/op_schema.h"
 #include "optim/adam.h"
+#include "optim/sgd.h"
 
 namespace ortlstm::ort {
 namespace {
 
-namespace spec = schema::adam_update;
-using In = spec::In;
-using Out = spec::Out;
-
-const char* InputName(In port) { return spec::kInputNames[spec::Index(port)]; }
-const char* OutputName(Out port) { return spec::kOutputNames[spec::Index(port)]; }
-
-// Whether output `port` is wired in the node (ORT gives no query: an omitted optional output is an
+// Whether output `index` is wired in the node (ORT gives no query: an omitted optional output is an
 // empty name, whose count ORT reports, so an index past the node's outputs is absent too).
-bool OutputWired(OrtKernelContext* context, Out port) {
+bool OutputWired(OrtKernelContext* context, size_t index) {
   size_t count = 0;
   if (OrtStatus* status = Api().KernelContext_GetOutputCount(context, &count)) {
     Api().ReleaseStatus(status);
     return false;
   }
-  return spec::Index(port) < count;
+  return index < count;
 }
 
 // The value of a 0-D or one-element float64 input; "" or a message naming it.
-std::string ReadScalar(const std::array<TensorArg, spec::kNumInputs>& inputs, In port, double* value) {
-  const TensorArg& arg = inputs[spec::Index(port)];
+std::string ReadScalar(const TensorArg& arg, const char* name, double* value) {
   if (arg.shape.size() > 1 || CheckedProduct(arg.shape) != 1) {
-    return std::string("input ") + InputName(port) + ": expected a scalar (shape [] or [1]), got shape " +
+    return std::string("input ") + name + ": expected a scalar (shape [] or [1]), got shape " +
            FormatShape(arg.shape);
   }
   *value = *arg.template Data<double>();
   return "";
 }
 
+// "" or a message naming the first present input of `ports` whose shape is not `shape` (param's).
+template <size_t N, typename Port>
+std::string CheckSameShape(const std::array<TensorArg, N>& inputs, std::initializer_list<Port> ports,
+                           const char* const* names, const std::vector<int64_t>& shape) {
+  for (Port port : ports) {
+    const TensorArg& arg = inputs[static_cast<size_t>(port)];
+    if (arg.present && arg.shape != shape) {
+      return std::string("input ") + names[static_cast<size_t>(port)] + ": expected shape " + FormatShape(shape) +
+             " (param's), got " + FormatShape(arg.shape);
+    }
+  }
+  return "";
+}
+
+// "" or why the state input `in` and output `out` (named) are not both present or both absent.
+std::string CheckStatePair(bool in_present, bool out_wired, const char* in_name, const char* out_name,
+                           const char* what) {
+  if (in_present == out_wired) return "";
+  return std::string("input ") + in_name + " and output " + out_name + " go together (" + what + "): the node has " +
+         (in_present ? "the input without the output" : "the output without the input");
+}
+
 template <typename T>
 class AdamUpdateKernel {
  public:
-  AdamUpdateKernel(bool decoupled_weight_decay, bool maximize, std::string node)
-      : decoupled_weight_decay_(decoupled_weight_decay), maximize_(maximize), node_(std::move(node)) {}
+  AdamUpdateKernel(const std::array<int64_t, 2>& flags, std::string node)
+      : decoupled_weight_decay_(flags[0] == 1), maximize_(flags[1] == 1), node_(std::move(node)) {}
 
   OrtStatus* ComputeV2(OrtKernelContext* context) {
+    namespace spec = schema::adam_update;
+    using In = spec::In;
+    using Out = spec::Out;
     try {
       std::array<TensorArg, spec::kNumInputs> inputs;
+      auto arg = [&](In port) -> const TensorArg& { return inputs[spec::Index(port)]; };
       std::string error = ReadInputs(context, &inputs, spec::kInputOptional, spec::kInputNames);
-      if (error.empty()) error = Check(context, inputs);
-      if (!error.empty()) return Fail(spec::kName, node_, error);
-      auto in = [&](In port) { return inputs[spec::Index(port)].template Data<T>(); };
-
+      const std::vector<int64_t>& shape = arg(In::kParam).shape;
+      if (error.empty()) {
+        error = CheckSameShape(inputs, {In::kGrad, In::kExpAvg, In::kExpAvgSq, In::kMaxExpAvgSq}, spec::kInputNames,
+                               shape);
+      }
+      if (error.empty()) {
+        error = CheckStatePair(arg(In::kMaxExpAvgSq).present,
+                               OutputWired(context, spec::Index(Out::kMaxExpAvgSqOut)),
+                               spec::kInputNames[spec::Index(In::kMaxExpAvgSq)],
+                               spec::kOutputNames[spec::Index(Out::kMaxExpAvgSqOut)], "amsgrad");
+      }
       AdamHyperparameters h;
-      for (const auto& [port, value] : std::array<std::pair<In, double*>, 5>{{
+      for (const auto& [port, value] : std::array<std::pair<In, double*>, 6>{{
                {In::kLr, &h.lr},
                {In::kStep, &h.step},
                {In::kBeta1, &h.beta1},
                {In::kBeta2, &h.beta2},
                {In::kEps, &h.eps},
+               {In::kWeightDecay, &h.weight_decay},
            }}) {
-        error = ReadScalar(inputs, port, value);
-        if (!error.empty()) return Fail(spec::kName, node_, error);
+        if (error.empty() && arg(port).present) {
+          error = ReadScalar(arg(port), spec::kInputNames[spec::Index(port)], value);
+        }
       }
-      if (inputs[spec::Index(In::kWeightDecay)].present) {
-        error = ReadScalar(inputs, In::kWeightDecay, &h.weight_decay);
-        if (!error.empty()) return Fail(spec::kName, node_, error);
-      }
+      if (!error.empty()) return Fail(spec::kName, node_, error);
       h.decoupled_weight_decay = decoupled_weight_decay_;
       h.maximize = maximize_;
-      const AdamScalars<T> s = AdamScalarsFor<T>(h);
 
-      const std::vector<int64_t>& shape = inputs[spec::Index(In::kParam)].shape;
       AdamTensors<T> t;
       // ORT holds the tensor, so its element count fits; checked all the same.
       const std::optional<int64_t> count = CheckedProduct(shape);
       if (!count) return Fail(spec::kName, node_, "input param: shape " + FormatShape(shape) + " overflows");
       t.count = *count;
-      t.param = in(In::kParam);
-      t.grad = in(In::kGrad);
-      t.exp_avg = in(In::kExpAvg);
-      t.exp_avg_sq = in(In::kExpAvgSq);
-      t.max_exp_avg_sq = in(In::kMaxExpAvgSq);
+      t.param = arg(In::kParam).template Data<T>();
+      t.grad = arg(In::kGrad).template Data<T>();
+      t.exp_avg = arg(In::kExpAvg).template Data<T>();
+      t.exp_avg_sq = arg(In::kExpAvgSq).template Data<T>();
+      t.max_exp_avg_sq = arg(In::kMaxExpAvgSq).template Data<T>();
       std::array<void*, spec::kNumOutputs> out{};
       for (Out port : {Out::kParamOut, Out::kExpAvgOut, Out::kExpAvgSqOut, Out::kMaxExpAvgSqOut}) {
         if (port == Out::kMaxExpAvgSqOut && t.max_exp_avg_sq == nullptr) continue;
         error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
-        if (!error.empty()) return Fail(spec::kName, node_, std::string(OutputName(port)) + ": " + error);
+        if (!error.empty()) return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
       }
       t.param_out = static_cast<T*>(out[spec::Index(Out::kParamOut)]);
       t.exp_avg_out = static_cast<T*>(out[spec::Index(Out::kExpAvgOut)]);
       t.exp_avg_sq_out = static_cast<T*>(out[spec::Index(Out::kExpAvgSqOut)]);
       t.max_exp_avg_sq_out = static_cast<T*>(out[spec::Index(Out::kMaxExpAvgSqOut)]);
-      AdamUpdate<T>(s, t, OrtExecutor(context));
+      AdamUpdate<T>(AdamScalarsFor<T>(h), t, OrtExecutor(context));
       return nullptr;
     } catch (const std::bad_alloc&) {
       return OutOfMemory(spec::kName, node_);
@@ -106,84 +130,180 @@ class AdamUpdateKernel {
   }
 
  private:
-  // Shapes and the optional ports' pairing; "" or a message naming the input.
-  std::string Check(OrtKernelContext* context, const std::array<TensorArg, spec::kNumInputs>& inputs) const {
-    const std::vector<int64_t>& shape = inputs[spec::Index(In::kParam)].shape;
-    for (In port : {In::kGrad, In::kExpAvg, In::kExpAvgSq, In::kMaxExpAvgSq}) {
-      const TensorArg& arg = inputs[spec::Index(port)];
-      if (arg.present && arg.shape != shape) {
-        return std::string("input ") + InputName(port) + ": expected shape " + FormatShape(shape) +
-               " (param's), got " + FormatShape(arg.shape);
-      }
-    }
-    const bool amsgrad_in = inputs[spec::Index(In::kMaxExpAvgSq)].present;
-    const bool amsgrad_out = OutputWired(context, Out::kMaxExpAvgSqOut);
-    if (amsgrad_in != amsgrad_out) {
-      return std::string("input ") + InputName(In::kMaxExpAvgSq) + " and output " +
-             OutputName(Out::kMaxExpAvgSqOut) + " go together (amsgrad): the node has " +
-             (amsgrad_in ? "the input without the output" : "the output without the input");
-    }
-    return "";
-  }
-
   bool decoupled_weight_decay_;
   bool maximize_;
   std::string node_;
 };
 
 template <typename T>
-struct AdamUpdateOp : Ort::CustomOpBase<AdamUpdateOp<T>, AdamUpdateKernel<T>, /*WithStatus=*/true> {
-  AdamUpdateOp() {
+class SgdUpdateKernel {
+ public:
+  SgdUpdateKernel(const std::array<int64_t, 2>& flags, std::string node)
+      : nesterov_(flags[0] == 1), maximize_(flags[1] == 1), node_(std::move(node)) {}
+
+  OrtStatus* ComputeV2(OrtKernelContext* context) {
+    namespace spec = schema::sgd_update;
+    using In = spec::In;
+    using Out = spec::Out;
+    try {
+      std::array<TensorArg, spec::kNumInputs> inputs;
+      auto arg = [&](In port) -> const TensorArg& { return inputs[spec::Index(port)]; };
+      auto name = [](In port) { return spec::kInputNames[spec::Index(port)]; };
+      std::string error = ReadInputs(context, &inputs, spec::kInputOptional, spec::kInputNames);
+      const std::vector<int64_t>& shape = arg(In::kParam).shape;
+      if (error.empty()) error = CheckSameShape(inputs, {In::kGrad, In::kMomentumBuffer}, spec::kInputNames, shape);
+      const bool with_momentum = arg(In::kMomentumBuffer).present;
+      if (error.empty()) {
+        error = CheckStatePair(with_momentum, OutputWired(context, spec::Index(Out::kMomentumBufferOut)),
+                               name(In::kMomentumBuffer), spec::kOutputNames[spec::Index(Out::kMomentumBufferOut)],
+                               "momentum");
+      }
+      SgdHyperparameters h;
+      for (const auto& [port, value] : std::array<std::pair<In, double*>, 5>{{
+               {In::kLr, &h.lr},
+               {In::kStep, &h.step},
+               {In::kMomentum, &h.momentum},
+               {In::kDampening, &h.dampening},
+               {In::kWeightDecay, &h.weight_decay},
+           }}) {
+        if (error.empty() && arg(port).present) error = ReadScalar(arg(port), name(port), value);
+      }
+      if (error.empty() && with_momentum) {
+        for (In port : {In::kStep, In::kMomentum}) {
+          if (error.empty() && !arg(port).present) {
+            error = std::string("input ") + name(port) + ": required with input " + name(In::kMomentumBuffer);
+          }
+        }
+        if (error.empty() && !(h.momentum > 0.0)) {
+          error = std::string("input momentum: expected a value > 0 with a momentum buffer, got ") +
+                  std::to_string(h.momentum);
+        }
+      }
+      if (error.empty() && !with_momentum && arg(In::kMomentum).present) {
+        error = std::string("input momentum: given without input ") + name(In::kMomentumBuffer) +
+                " (momentum needs its buffer)";
+      }
+      if (error.empty() && nesterov_ && !with_momentum) {
+        error = std::string("attribute nesterov: 1 needs input ") + name(In::kMomentumBuffer);
+      }
+      if (!error.empty()) return Fail(spec::kName, node_, error);
+      h.nesterov = nesterov_;
+      h.maximize = maximize_;
+
+      SgdTensors<T> t;
+      const std::optional<int64_t> count = CheckedProduct(shape);
+      if (!count) return Fail(spec::kName, node_, "input param: shape " + FormatShape(shape) + " overflows");
+      t.count = *count;
+      t.param = arg(In::kParam).template Data<T>();
+      t.grad = arg(In::kGrad).template Data<T>();
+      t.momentum_buffer = arg(In::kMomentumBuffer).template Data<T>();
+      std::array<void*, spec::kNumOutputs> out{};
+      for (Out port : {Out::kParamOut, Out::kMomentumBufferOut}) {
+        if (port == Out::kMomentumBufferOut && !with_momentum) continue;
+        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
+        if (!error.empty()) return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
+      }
+      t.param_out = static_cast<T*>(out[spec::Index(Out::kParamOut)]);
+      t.momentum_buffer_out = static_cast<T*>(out[spec::Index(Out::kMomentumBufferOut)]);
+      SgdUpdate<T>(SgdScalarsFor<T>(h), t, OrtExecutor(context));
+      return nullptr;
+    } catch (const std::bad_alloc&) {
+      return OutOfMemory(spec::kName, node_);
+    }
+  }
+
+ private:
+  bool nesterov_;
+  bool maximize_;
+  std::string node_;
+};
+
+// What OptimizerOp reads of an op's generated schema: its ports and its two 0/1 attributes.
+struct AdamTraits {
+  template <typename T>
+  using Kernel = AdamUpdateKernel<T>;
+  static constexpr const char* kName = schema::adam_update::kName;
+  static constexpr int kNumInputs = schema::adam_update::kNumInputs;
+  static constexpr int kNumOutputs = schema::adam_update::kNumOutputs;
+  static constexpr const bool* kInputOptional = schema::adam_update::kInputOptional;
+  static constexpr const bool* kInputIsDouble = schema::adam_update::kInputIsDouble;
+  static constexpr const bool* kOutputOptional = schema::adam_update::kOutputOptional;
+  static constexpr std::array<std::pair<const char*, int64_t>, 2> kFlags{{
+      {schema::adam_update::kAttrDecoupledWeightDecay, schema::adam_update::kAttrDecoupledWeightDecayDefault},
+      {schema::adam_update::kAttrMaximize, schema::adam_update::kAttrMaximizeDefault},
+  }};
+};
+
+struct SgdTraits {
+  template <typename T>
+  using Kernel = SgdUpdateKernel<T>;
+  static constexpr const char* kName = schema::sgd_update::kName;
+  static constexpr int kNumInputs = schema::sgd_update::kNumInputs;
+  static constexpr int kNumOutputs = schema::sgd_update::kNumOutputs;
+  static constexpr const bool* kInputOptional = schema::sgd_update::kInputOptional;
+  static constexpr const bool* kInputIsDouble = schema::sgd_update::kInputIsDouble;
+  static constexpr const bool* kOutputOptional = schema::sgd_update::kOutputOptional;
+  static constexpr std::array<std::pair<const char*, int64_t>, 2> kFlags{{
+      {schema::sgd_update::kAttrNesterov, schema::sgd_update::kAttrNesterovDefault},
+      {schema::sgd_update::kAttrMaximize, schema::sgd_update::kAttrMaximizeDefault},
+  }};
+};
+
+template <typename Traits, typename T>
+struct OptimizerOp : Ort::CustomOpBase<OptimizerOp<Traits, T>, typename Traits::template Kernel<T>,
+                                       /*WithStatus=*/true> {
+  using Kernel = typename Traits::template Kernel<T>;
+
+  OptimizerOp() {
     // ORT 1.19 rejects ops that declare a newer struct version than it knows.
     OrtCustomOp::version = kOrtApiVersion;
   }
 
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
-    int64_t decoupled = spec::kAttrDecoupledWeightDecayDefault;
-    int64_t maximize = spec::kAttrMaximizeDefault;
-    std::string error;
-    for (const auto& [name, fallback, value] : std::array<std::tuple<const char*, int64_t, int64_t*>, 2>{{
-             {spec::kAttrDecoupledWeightDecay, spec::kAttrDecoupledWeightDecayDefault, &decoupled},
-             {spec::kAttrMaximize, spec::kAttrMaximizeDefault, &maximize},
-         }}) {
-      error = ReadIntAttribute(info, name, fallback, value);
-      if (error.empty() && *value != 0 && *value != 1) {
-        error = std::string("attribute ") + name + ": expected 0 or 1, got " + std::to_string(*value);
+    std::array<int64_t, 2> flags{};
+    for (size_t i = 0; i < flags.size(); ++i) {
+      const auto& [name, fallback] = Traits::kFlags[i];
+      std::string error = ReadIntAttribute(info, name, fallback, &flags[i]);
+      if (error.empty() && flags[i] != 0 && flags[i] != 1) {
+        error = std::string("attribute ") + name + ": expected 0 or 1, got " + std::to_string(flags[i]);
       }
-      if (!error.empty()) return Fail(spec::kName, node, error);
+      if (!error.empty()) return Fail(Traits::kName, node, error);
     }
     try {
-      *kernel = new AdamUpdateKernel<T>(decoupled == 1, maximize == 1, node);
+      *kernel = new Kernel(flags, node);
     } catch (const std::bad_alloc&) {
-      return MakeStatus(ORT_FAIL, std::string(spec::kName) + ": out of memory");
+      return MakeStatus(ORT_FAIL, std::string(Traits::kName) + ": out of memory");
     }
     return nullptr;
   }
 
-  const char* GetName() const { return spec::kName; }
-  size_t GetInputTypeCount() const { return static_cast<size_t>(spec::kNumInputs); }
+  const char* GetName() const { return Traits::kName; }
+  size_t GetInputTypeCount() const { return static_cast<size_t>(Traits::kNumInputs); }
   ONNXTensorElementDataType GetInputType(size_t index) const {
-    return spec::kInputIsDouble[index] ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : kElementType<T>;
+    return Traits::kInputIsDouble[index] ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : kElementType<T>;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return spec::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return Traits::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
-  size_t GetOutputTypeCount() const { return static_cast<size_t>(spec::kNumOutputs); }
+  size_t GetOutputTypeCount() const { return static_cast<size_t>(Traits::kNumOutputs); }
   ONNXTensorElementDataType GetOutputType(size_t) const { return kElementType<T>; }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
-    return spec::kOutputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return Traits::kOutputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 };
 
 // Static storage: ORT keeps pointers to the op definitions for the life of every session.
-AdamUpdateOp<float> g_adam_float;
-AdamUpdateOp<double> g_adam_double;
+OptimizerOp<AdamTraits, float> g_adam_float;
+OptimizerOp<AdamTraits, double> g_adam_double;
+OptimizerOp<SgdTraits, float> g_sgd_float;
+OptimizerOp<SgdTraits, double> g_sgd_double;
 
 }  // namespace
 
 std::string AddOptimizerOps(OrtCustomOpDomain* domain) {
-  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_adam_float, &g_adam_double}) {
+  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_adam_float, &g_adam_double, &g_sgd_float,
+                                                            &g_sgd_double}) {
     if (OrtStatus* status = Api().CustomOpDomain_Add(domain, op)) {
       std::string message = Api().GetErrorMessage(status);
       Api().ReleaseStatus(status);

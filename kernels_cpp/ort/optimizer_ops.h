@@ -1,5 +1,6 @@
 // ORT custom-op definitions of the optimizer ops (ops/schema.py OPTIMIZER_OPS) for float and
-// double: AdamUpdate reads and checks its inputs, allocates its outputs and calls optim/adam.h.
+// double: AdamUpdate and SGDUpdate read and check their inputs, allocate their outputs and call
+// optim/adam.h and optim/sgd.h.
 #pragma once
 
 #include <string>
@@ -8,7 +9,7 @@
 
 namespace ortlstm::ort {
 
-// Appends the op definitions (AdamUpdate x two element types) to `domain`.
+// Appends the op definitions (AdamUpdate and SGDUpdate x two element types) to `domain`.
 std::string AddOptimizerOps(OrtCustomOpDomain* domain);
 
 }  // namespace ortlstm::ort
