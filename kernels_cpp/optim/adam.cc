@@ -55,7 +55,7 @@ inline __attribute__((always_inline)) void UpdateRange(const AdamScalars<T>& s, 
 
 template <typename T, bool kMaximize, bool kWeightDecay, bool kDecay, bool kAmsgrad, bool kLerpFromStart>
 ORTLSTM_OPTIM_CLONES void UpdateRangeCloned(const AdamScalars<T>& s, const AdamTensors<T>& t, int64_t begin,
-                                           int64_t end) {
+                                            int64_t end) {
   auto at = [begin](auto* pointer) { return pointer == nullptr ? pointer : pointer + begin; };
   UpdateRange<T, kMaximize, kWeightDecay, kDecay, kAmsgrad, kLerpFromStart>(
       s, at(t.param), at(t.grad), at(t.exp_avg), at(t.exp_avg_sq), at(t.max_exp_avg_sq), at(t.param_out),
@@ -63,7 +63,7 @@ ORTLSTM_OPTIM_CLONES void UpdateRangeCloned(const AdamScalars<T>& s, const AdamT
 }
 
 template <typename T>
-struct Instances {
+struct AdamInstances {
   template <bool... kFlags>
   struct Of {
     static constexpr auto kFunction = &UpdateRangeCloned<T, kFlags...>;
@@ -101,7 +101,7 @@ template <typename T>
 void AdamUpdate(const AdamScalars<T>& scalars, const AdamTensors<T>& tensors, const Executor& executor) {
   const bool flags[5] = {scalars.maximize, scalars.has_weight_decay, scalars.has_decay,
                          tensors.max_exp_avg_sq != nullptr, std::abs(scalars.exp_avg_weight) < T(0.5)};
-  const auto update = optim::SelectInstance<Instances<T>::template Of, 5>(flags);
+  const auto update = optim::SelectInstance<AdamInstances<T>::template Of, 5>(flags);
   optim::ForElementRanges(tensors.count, executor,
                           [&](int64_t begin, int64_t end) { update(scalars, tensors, begin, end); });
 }

@@ -29,7 +29,11 @@ inline __attribute__((always_inline)) float Sqrt(float x) { return __builtin_sqr
 inline __attribute__((always_inline)) double Sqrt(double x) { return __builtin_sqrt(x); }
 
 // Instance<kFlags...>::kFunction for the run-time values of `flags` (kCount of them): the loop is
-// compiled once per combination, so it has no branches on them.
+// compiled once per combination, so it has no branches on them. Instance's name must be unique in
+// the library, even inside an anonymous namespace: GCC 12 emits this template's specializations
+// for a template template argument from an anonymous namespace in COMDAT groups named after it, so
+// two translation units' `(anonymous)::Instances` were merged by the linker and SGDUpdate ran
+// AdamUpdate's loop (caught by AddressSanitizer in the Debug build, where nothing is inlined).
 template <template <bool...> class Instance, int kCount, bool... kFlags>
 constexpr auto SelectInstance(const bool* flags) {
   if constexpr (sizeof...(kFlags) == kCount) {

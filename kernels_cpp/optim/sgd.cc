@@ -32,14 +32,14 @@ inline __attribute__((always_inline)) void UpdateRange(const SgdScalars<T>& s, c
 
 template <typename T, bool kMaximize, bool kWeightDecay, bool kMomentum, bool kFirstStep, bool kNesterov>
 ORTLSTM_OPTIM_CLONES void UpdateRangeCloned(const SgdScalars<T>& s, const SgdTensors<T>& t, int64_t begin,
-                                          int64_t end) {
+                                           int64_t end) {
   auto at = [begin](auto* pointer) { return pointer == nullptr ? pointer : pointer + begin; };
   UpdateRange<T, kMaximize, kWeightDecay, kMomentum, kFirstStep, kNesterov>(
       s, at(t.param), at(t.grad), at(t.momentum_buffer), at(t.param_out), at(t.momentum_buffer_out), end - begin);
 }
 
 template <typename T>
-struct Instances {
+struct SgdInstances {
   template <bool... kFlags>
   struct Of {
     static constexpr auto kFunction = &UpdateRangeCloned<T, kFlags...>;
@@ -69,7 +69,7 @@ void SgdUpdate(const SgdScalars<T>& scalars, const SgdTensors<T>& tensors, const
   const bool momentum = tensors.momentum_buffer != nullptr;
   const bool flags[5] = {scalars.maximize, scalars.has_weight_decay, momentum, momentum && scalars.first_step,
                          momentum && scalars.nesterov};
-  const auto update = optim::SelectInstance<Instances<T>::template Of, 5>(flags);
+  const auto update = optim::SelectInstance<SgdInstances<T>::template Of, 5>(flags);
   optim::ForElementRanges(tensors.count, executor,
                           [&](int64_t begin, int64_t end) { update(scalars, tensors, begin, end); });
 }

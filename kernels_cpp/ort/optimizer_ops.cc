@@ -116,7 +116,9 @@ class AdamUpdateKernel {
       for (Out port : {Out::kParamOut, Out::kExpAvgOut, Out::kExpAvgSqOut, Out::kMaxExpAvgSqOut}) {
         if (port == Out::kMaxExpAvgSqOut && t.max_exp_avg_sq == nullptr) continue;
         error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
-        if (!error.empty()) return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
+        if (!error.empty()) {
+          return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
+        }
       }
       t.param_out = static_cast<T*>(out[spec::Index(Out::kParamOut)]);
       t.exp_avg_out = static_cast<T*>(out[spec::Index(Out::kExpAvgOut)]);
@@ -201,7 +203,9 @@ class SgdUpdateKernel {
       for (Out port : {Out::kParamOut, Out::kMomentumBufferOut}) {
         if (port == Out::kMomentumBufferOut && !with_momentum) continue;
         error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
-        if (!error.empty()) return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
+        if (!error.empty()) {
+          return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
+        }
       }
       t.param_out = static_cast<T*>(out[spec::Index(Out::kParamOut)]);
       t.momentum_buffer_out = static_cast<T*>(out[spec::Index(Out::kMomentumBufferOut)]);
