@@ -1,6 +1,6 @@
-"""torch.optim's SGD, Adam and AdamW and clip_grad_norm_ as ONNX nodes.
+"""torch.optim's SGD, Adam, AdamW, RMSprop and Adagrad and clip_grad_norm_ as ONNX nodes.
 
-Clipping is standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
+Clipping, RMSprop and Adagrad are standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
 ``ortlstm::AdamUpdate`` node per parameter by default (the ortlstm library's kernels: one pass
 over the parameter, threaded, true fused multiply-adds; docs/ops.md#sgdupdate, #adamupdate), or
 the same update in standard ops with ``implementation="onnx"`` (up to about 20 nodes per
@@ -73,11 +73,11 @@ class ParamGroup:
         params: Names of the parameters (graph values) in the group.
         lr_scale: This group's learning rate is ``lr * lr_scale``.
         weight_decay: Override (e.g. 0.0 for biases and norms).
-        momentum: Override (SGD).
+        momentum: Override (SGD, RMSprop).
         dampening: Override (SGD).
         nesterov: Override (SGD).
         betas: Override (Adam, AdamW).
-        eps: Override (Adam, AdamW).
+        eps: Override (Adam, AdamW, RMSprop, Adagrad).
         amsgrad: Override (Adam, AdamW).
         maximize: Override (all).
     """
@@ -175,11 +175,43 @@ def _fma(
     return emitter.op("Add", [emitter.op("Mul", [a, factor]), c], outputs=outputs)
 
 
+def _lerp(emitter: GraphEmitter, start: str, end: str, weight: float, elem_type: int, fused: bool, *, name: str) -> str:
+    """The lerp of torch's ``start.lerp_(end, weight)``, the weight rounded to the tensor's type.
+
+    ``start + w * (end - start)`` for ``|w| < 0.5``, else ``end + (w - 1) * (end - start)``.
+    """
+    rounded = np.asarray(weight, dtype=np.float64).astype(_np_dtype(elem_type))
+    diff = emitter.op("Sub", [end, start])
+    if abs(float(rounded)) < 0.5:
+        return _fma(emitter, diff, float(rounded), start, elem_type, fused, name=name)
+    return _fma(emitter, diff, float(rounded - rounded.dtype.type(1)), end, elem_type, fused, name=name)
+
+
+def _decayed_square(
+    emitter: GraphEmitter, average: str, g: str, decay: float, elem_type: int, fused: bool, *, name: str
+) -> str:
+    """The average of ``average.mul_(decay).addcmul_(g, g, value=1 - decay)``, torch's order.
+
+    ``((1 - decay) * g) * g + average * decay``, the multiply-add fused as torch's CPU kernel fuses it.
+    """
+    scaled = emitter.op("Mul", [average, _const(emitter, decay, elem_type)])
+    weighted = emitter.op("Mul", [g, _const(emitter, 1.0 - decay, elem_type)])
+    return _fma(emitter, weighted, g, scaled, elem_type, fused, name=name)
+
+
+def _addcdiv(emitter: GraphEmitter, base: str, numerator: str, denominator: str, *, name: str) -> str:
+    """The result of torch's CPU ``base.addcdiv_(numerator, denominator)``, the value folded into ``numerator``.
+
+    ``base + numerator / denominator``, each operation rounded.
+    """
+    return emitter.op("Add", [base, emitter.op("Div", [numerator, denominator])], outputs=[emitter.fresh(name)])
+
+
 # ---- the optimizers ----------------------------------------------------------------------------
 
 
 class Optimizer:
-    """What SGD, Adam and AdamW share: state slots, group overrides, the two-phase update.
+    """What the optimizers share: state slots, group overrides, the two-phase update.
 
     ``prepare`` emits the per-update scalars (once per group and dtype), ``update`` the tensor
     arithmetic of one parameter; ``apply`` does both for a single parameter.
@@ -519,7 +551,6 @@ class Adam(Optimizer):
         elem_type = _param_elem_type(emitter, param)
         if self.implementation == "ortlstm":
             return self._update_node(emitter, param, grad, state, scalars, elem_type)
-        dtype = _np_dtype(elem_type)
         beta1, beta2 = self.betas
         fused = self.fused_multiply_add
         g = emitter.op("Neg", [grad]) if self.maximize else grad
@@ -528,20 +559,12 @@ class Adam(Optimizer):
                 param = emitter.op("Mul", [param, scalars["decay"]])  # param.mul_(1 - lr * weight_decay)
             else:
                 g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
-        # exp_avg.lerp_(grad, 1 - beta1), torch's lerp with the weight rounded to the tensor's type:
-        # m + w * (g - m) for |w| < 0.5, else g - (g - m) * (1 - w) = g + (w - 1) * (g - m).
-        weight = np.asarray(1.0 - beta1, dtype=np.float64).astype(dtype)
-        exp_avg = state["exp_avg"]
-        diff = emitter.op("Sub", [g, exp_avg])
-        name = f"{param}.exp_avg.new"
-        if abs(float(weight)) < 0.5:
-            new_exp_avg = _fma(emitter, diff, float(weight), exp_avg, elem_type, fused, name=name)
-        else:
-            new_exp_avg = _fma(emitter, diff, float(weight - dtype.type(1)), g, elem_type, fused, name=name)
-        # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2): v * beta2 + ((1 - beta2) * g) * g
-        scaled = emitter.op("Mul", [state["exp_avg_sq"], _const(emitter, beta2, elem_type)])
-        weighted = emitter.op("Mul", [g, _const(emitter, 1.0 - beta2, elem_type)])
-        new_exp_avg_sq = _fma(emitter, weighted, g, scaled, elem_type, fused, name=f"{param}.exp_avg_sq.new")
+        # exp_avg.lerp_(grad, 1 - beta1)
+        new_exp_avg = _lerp(emitter, state["exp_avg"], g, 1.0 - beta1, elem_type, fused, name=f"{param}.exp_avg.new")
+        # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        new_exp_avg_sq = _decayed_square(
+            emitter, state["exp_avg_sq"], g, beta2, elem_type, fused, name=f"{param}.exp_avg_sq.new"
+        )
         new_state = {"exp_avg": new_exp_avg, "exp_avg_sq": new_exp_avg_sq}
         second = new_exp_avg_sq
         if self.amsgrad:
@@ -558,8 +581,8 @@ class Adam(Optimizer):
             ],
         )
         # addcdiv_'s CPU kernel: param + value * exp_avg / denom, i.e. ((value * exp_avg) / denom) + param.
-        step = emitter.op("Div", [emitter.op("Mul", [scalars["neg_step_size"], new_exp_avg]), denom])
-        new_param = emitter.op("Add", [param, step], outputs=[emitter.fresh(f"{param}.new")])
+        scaled_exp_avg = emitter.op("Mul", [scalars["neg_step_size"], new_exp_avg])
+        new_param = _addcdiv(emitter, param, scaled_exp_avg, denom, name=f"{param}.new")
         self._finish(emitter, param, new_param, new_state)
         return new_param, new_state
 
@@ -625,6 +648,176 @@ class AdamW(Adam):
     weight_decay: float = 1e-2
 
 
+@dataclasses.dataclass(frozen=True)
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop (single-tensor path), ``lr`` fed per step; standard ops only; not centered yet.
+
+    With ``g`` the gradient (``-g`` if ``maximize``), ``g += weight_decay * p``;
+    ``v = alpha * v + (1 - alpha) * g * g``; ``avg = sqrt(v) + eps``; with momentum
+    ``b = momentum * b + g / avg`` and ``p -= lr * b``, else ``p -= lr * g / avg``.
+
+    Attributes:
+        lr: torch's default learning rate (the trainer's lr input when no schedule is given).
+        alpha: Smoothing constant of the squared-gradient average.
+        eps: Added to the denominator.
+        weight_decay: L2 penalty added to the gradient.
+        momentum: Momentum factor.
+        centered: torch's variance-normalized variant; only False (torch's default) for now: see
+            ``__post_init__``.
+        maximize: Maximize the objective instead of minimizing it.
+        fused_multiply_add: Round ``a * b + c`` once where torch's CPU kernels do. Not a torch
+            hyperparameter.
+    """
+
+    torch_name: ClassVar[str] = "RMSprop"
+    lr: float = 1e-2
+    alpha: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    centered: bool = False
+    maximize: bool = False
+    fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        # torch's checks, in its order and words.
+        for value, label in (
+            (self.lr, "learning rate"),
+            (self.eps, "epsilon value"),
+            (self.momentum, "momentum value"),
+            (self.weight_decay, "weight_decay value"),
+            (self.alpha, "alpha value"),
+        ):
+            if not value >= 0.0:
+                raise ValueError(f"Invalid {label}: {value}")
+        if self.centered:
+            raise ValueError(
+                "RMSprop(centered=True) is not supported yet: its variance, square_avg - grad_avg**2, cancels, "
+                "and written in standard ops it ended 1 ulp (float32) to thousands of ulps (float64) away from "
+                "torch's recorded updates where it did; centered=False is torch's default"
+            )
+
+    def state_slots(self) -> tuple[str, ...]:
+        """``square_avg``, then ``momentum_buffer`` with momentum."""
+        return ("square_avg", "momentum_buffer") if self.momentum > 0 else ("square_avg",)
+
+    def prepare(
+        self, emitter: GraphEmitter, lr: str, step: str, elem_type: int, lr_scale: float = 1.0
+    ) -> dict[str, str]:
+        """The negated group lr in the parameters' type (torch's ``alpha=-lr`` / ``value=-lr``)."""
+        return {"neg_lr": _cast_to(emitter, emitter.op("Neg", [_group_lr(emitter, lr, lr_scale)]), elem_type)}
+
+    def update(
+        self, emitter: GraphEmitter, param: str, grad: str, state: Mapping[str, str], scalars: Mapping[str, str]
+    ) -> tuple[str, dict[str, str]]:
+        """See the class docstring."""
+        self._check_state(param, state)
+        elem_type = _param_elem_type(emitter, param)
+        fused = self.fused_multiply_add
+        g = emitter.op("Neg", [grad]) if self.maximize else grad
+        if self.weight_decay != 0:
+            g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
+        # square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+        square_avg = _decayed_square(
+            emitter, state["square_avg"], g, self.alpha, elem_type, fused, name=f"{param}.square_avg.new"
+        )
+        new_state = {"square_avg": square_avg}
+        # avg = square_avg.sqrt().add_(eps)
+        avg = emitter.op("Add", [emitter.op("Sqrt", [square_avg]), _const(emitter, self.eps, elem_type)])
+        if self.momentum > 0:
+            # buf.mul_(momentum).addcdiv_(grad, avg); param.add_(buf, alpha=-lr)
+            decayed = emitter.op("Mul", [state["momentum_buffer"], _const(emitter, self.momentum, elem_type)])
+            buf = _addcdiv(emitter, decayed, g, avg, name=f"{param}.momentum_buffer.new")
+            new_state["momentum_buffer"] = buf
+            new_param = _fma(emitter, buf, scalars["neg_lr"], param, elem_type, fused, name=f"{param}.new")
+        else:
+            # param.addcdiv_(grad, avg, value=-lr)
+            scaled = emitter.op("Mul", [scalars["neg_lr"], g])
+            new_param = _addcdiv(emitter, param, scaled, avg, name=f"{param}.new")
+        self._finish(emitter, param, new_param, new_state)
+        return new_param, new_state
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad (single-tensor path, dense gradients), ``lr`` fed per step; standard ops only.
+
+    With ``g`` the gradient (``-g`` if ``maximize``), ``g += weight_decay * p``; ``s += g * g``
+    (``s`` starts at ``initial_accumulator_value``); ``p -= clr * g / (sqrt(s) + eps)`` with
+    ``clr = lr / (1 + (step - 1) * lr_decay)`` in float64.
+
+    Attributes:
+        lr: torch's default learning rate (the trainer's lr input when no schedule is given).
+        lr_decay: Learning-rate decay per step.
+        weight_decay: L2 penalty added to the gradient.
+        initial_accumulator_value: Where the sum of squared gradients starts.
+        eps: Added to the denominator.
+        maximize: Maximize the objective instead of minimizing it.
+        fused_multiply_add: Round ``a * b + c`` once where torch's CPU kernels do. Not a torch
+            hyperparameter.
+    """
+
+    torch_name: ClassVar[str] = "Adagrad"
+    lr: float = 1e-2
+    lr_decay: float = 0.0
+    weight_decay: float = 0.0
+    initial_accumulator_value: float = 0.0
+    eps: float = 1e-10
+    maximize: bool = False
+    fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
+
+    def __post_init__(self) -> None:
+        # torch's checks, in its order and words.
+        for value, label in (
+            (self.lr, "learning rate"),
+            (self.lr_decay, "lr_decay value"),
+            (self.weight_decay, "weight_decay value"),
+            (self.initial_accumulator_value, "initial_accumulator_value value"),
+            (self.eps, "epsilon value"),
+        ):
+            if not value >= 0.0:
+                raise ValueError(f"Invalid {label}: {value}")
+
+    def state_slots(self) -> tuple[str, ...]:
+        """``("sum",)``, torch's name for the running sum of squared gradients."""
+        return ("sum",)
+
+    def initial_state(self, param: np.ndarray) -> dict[str, np.ndarray]:
+        """``sum`` filled with ``initial_accumulator_value`` (rounded to the parameter's type), as torch."""
+        return {"sum": np.full_like(param, self.initial_accumulator_value)}
+
+    def prepare(
+        self, emitter: GraphEmitter, lr: str, step: str, elem_type: int, lr_scale: float = 1.0
+    ) -> dict[str, str]:
+        """``-lr / (1 + (step - 1) * lr_decay)`` in float64, rounded to the parameters' type."""
+        clr = _group_lr(emitter, lr, lr_scale)
+        if self.lr_decay != 0:
+            one = emitter.constant(1.0, _DOUBLE)
+            steps_before = emitter.op("Sub", [_scalar_double(emitter, step), one])
+            decayed_steps = emitter.op("Mul", [steps_before, emitter.constant(self.lr_decay, _DOUBLE)])
+            clr = emitter.op("Div", [clr, emitter.op("Add", [one, decayed_steps])])
+        return {"neg_clr": _cast_to(emitter, emitter.op("Neg", [clr]), elem_type)}
+
+    def update(
+        self, emitter: GraphEmitter, param: str, grad: str, state: Mapping[str, str], scalars: Mapping[str, str]
+    ) -> tuple[str, dict[str, str]]:
+        """See the class docstring."""
+        self._check_state(param, state)
+        elem_type = _param_elem_type(emitter, param)
+        fused = self.fused_multiply_add
+        g = emitter.op("Neg", [grad]) if self.maximize else grad
+        if self.weight_decay != 0:
+            g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
+        # state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps)
+        state_sum = _fma(emitter, g, g, state["sum"], elem_type, fused, name=f"{param}.sum.new")
+        std = emitter.op("Add", [emitter.op("Sqrt", [state_sum]), _const(emitter, self.eps, elem_type)])
+        # param.addcdiv_(grad, std, value=-clr)
+        new_param = _addcdiv(emitter, param, emitter.op("Mul", [scalars["neg_clr"], g]), std, name=f"{param}.new")
+        new_state = {"sum": state_sum}
+        self._finish(emitter, param, new_param, new_state)
+        return new_param, new_state
+
+
 IMPLEMENTATIONS = ("ortlstm", "onnx")
 """Values of the optimizers' ``implementation``: the fused ortlstm op or standard ONNX ops."""
 
@@ -649,7 +842,19 @@ def _node_scalars(emitter: GraphEmitter, lr: str, step: str, lr_scale: float) ->
     return {"lr": lr_d, "step": _as_double(emitter, step)}
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {"SGD": SGD, "Adam": Adam, "AdamW": AdamW}
+def _group_lr(emitter: GraphEmitter, lr: str, lr_scale: float) -> str:
+    """The group's learning rate, 0-D float64 (torch's Python float)."""
+    lr_d = _scalar_double(emitter, lr)
+    return lr_d if lr_scale == 1.0 else emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "SGD": SGD,
+    "Adam": Adam,
+    "AdamW": AdamW,
+    "RMSprop": RMSprop,
+    "Adagrad": Adagrad,
+}
 """torch.optim class name -> the optimizer here."""
 
 
@@ -657,7 +862,7 @@ def optimizer_from_torch(name: str, **kwargs: Any) -> Optimizer:
     """The optimizer torch.optim's ``name(params, **kwargs)`` describes (``foreach``/``fused`` ignored).
 
     Raises:
-        ValueError: The name is not SGD, Adam or AdamW, or a keyword is not one of its hyperparameters.
+        ValueError: The name is not one of ``OPTIMIZERS``, or a keyword is not one of its hyperparameters.
     """
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")

@@ -227,7 +227,8 @@ def build_training_models(
         model: The model as exported (standard ``LSTM`` nodes are converted on the way).
         loss: The loss applied to the prediction (``losses.Loss``); ``Loss(kind="output")`` uses
             the model output itself as the loss.
-        optimizer: The optimizer, with torch.optim's semantics (``optimizers.SGD/Adam/AdamW``).
+        optimizer: The optimizer, with torch.optim's semantics (``optimizers.SGD``, ``Adam``, ``AdamW``,
+            ``RMSprop``, ``Adagrad``).
         requires_grad: Parameters to train. Default: every float initializer or Constant
             tensor that reaches the loss; others stay constants.
         output: The model output the loss reads (required when the model has several).

@@ -23,7 +23,7 @@ _TRAIN_LOSSES = {
     "bce_with_logits": "binary_cross_entropy_with_logits",
     "output": "output",
 }
-_TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+_TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1196,8 +1196,8 @@ class Trainer:
                 "values would be lost); build it with requires_grad naming them"
             )
         values: dict[str, np.ndarray] = {name: content.parameters[name] for name in signature.params}
-        for name in signature.params:  # every slot is set: what is not carried restarts at zeros
-            values.update({value: np.zeros_like(self._initial[value]) for value in signature.state[name].values()})
+        for name in signature.params:  # every slot is set: what is not carried restarts where it starts
+            values.update({value: np.array(self._initial[value]) for value in signature.state[name].values()})
         notes: list[str] = []
         carried: dict[str, tuple[str, ...]] = {}
         slots_here = {slot for name in signature.params for slot in signature.state[name]}

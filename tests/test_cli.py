@@ -206,6 +206,27 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     np.testing.assert_array_equal(weights["W"], trainer.parameters["W"])
 
 
+@pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad")])
+def test_train_step_takes_rmsprop_and_adagrad(tmp_path: Path, flag: str, name: str) -> None:
+    from ortlstm.training import Trainer
+
+    rng = np.random.default_rng(7)
+    lstm_model(tmp_path / "model.onnx", rng)
+    result = ortlstm_cli(
+        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", flag, "--lr", "0.01", cwd=tmp_path
+    )
+    assert result.returncode == 0, describe(result)
+    assert f"{name} lr 0.01" in result.stdout, describe(result)
+    trainer = Trainer.open(tmp_path / "run", threads=1)
+    assert type(trainer.spec.optimizer).__name__ == name
+    x = rng.standard_normal((SEQ_LENGTH, BATCH_SIZE, INPUT_SIZE)).astype(np.float32)
+    target = np.zeros((2, BATCH_SIZE, HIDDEN_SIZE), np.float32)
+    first = trainer.step(x, target=target)
+    for _ in range(3):
+        last = trainer.step(x, target=target)
+    assert last < first
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -62,16 +62,21 @@ and step; with graph optimizations off too), where onnxruntime 1.32 and the Adam
 match the exact reference of tests/test_adam_update.py (which runs in 1.19.2 as well): there this
 comparison with the standard ops allows those two units."""
 
-IMPLEMENTATION_CASES = [(name, implementation) for name in sorted(CASES) for implementation in ("onnx", "ortlstm")]
-"""(case, implementation): every case in standard ops and as the fused SGDUpdate / AdamUpdate node."""
+FUSED_OPTIMIZERS = ("SGD", "Adam", "AdamW")
+"""The optimizers with an ortlstm update op (SGDUpdate, AdamUpdate) besides their standard ops."""
+FUSED_CASES = sorted(name for name, case in CASES.items() if case["optimizer"] in FUSED_OPTIMIZERS)
+IMPLEMENTATION_CASES = [(name, "onnx") for name in sorted(CASES)] + [(name, "ortlstm") for name in FUSED_CASES]
+"""(case, implementation): every case in standard ops; SGD, Adam and AdamW also as the fused node."""
 
 
 def _optimizer(
     case: dict[str, Any], implementation: str = "onnx"
 ) -> tuple[optimizers.Optimizer, list[optimizers.ParamGroup], optimizers.ClipGradNorm | None]:
-    optimizer = dataclasses.replace(
-        optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"]), implementation=implementation
-    )
+    optimizer = optimizers.optimizer_from_torch(case["optimizer"], **case["kwargs"])
+    if case["optimizer"] in FUSED_OPTIMIZERS:
+        optimizer = dataclasses.replace(optimizer, implementation=implementation)
+    else:
+        assert implementation == "onnx", f"{case['optimizer']} has no ortlstm update op"
     groups = [
         optimizers.ParamGroup(
             params=tuple(f"p{i}" for i in group["params"]),
@@ -200,9 +205,20 @@ def run_trajectory(name: str, dtype: str, lr_dtype: str = "float64", implementat
     return worst
 
 
+CANCELLING_ON_OLD_RUNTIME = {("rmsprop_momentum_weight_decay", "float32")}
+"""Cases whose float32 trajectory fails the tolerance on onnxruntime-training 1.19.2 only: RMSprop's
+momentum buffer, ``momentum * b + g / avg``, cancels (to -0.57 from terms near +-9 in one element
+of 12 at step 6), which magnifies that runtime's 1-2 ulp misroundings (see
+``STANDARD_OPS_CORRECTLY_ROUNDED``) to 25 ulps. onnxruntime 1.32, which the Trainer targets, passes."""
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize(("name", "implementation"), IMPLEMENTATION_CASES)
-def test_trajectory_matches_torch(name: str, implementation: str, dtype: str) -> None:
+def test_trajectory_matches_torch(name: str, implementation: str, dtype: str, request: pytest.FixtureRequest) -> None:
+    if (name, dtype) in CANCELLING_ON_OLD_RUNTIME and not STANDARD_OPS_CORRECTLY_ROUNDED:
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="onnxruntime 1.19.2 misrounds, the case cancels: see the set's note")
+        )
     run_trajectory(name, dtype, implementation=implementation)
 
 
@@ -222,7 +238,7 @@ def _recorded_inputs(model: StepModel, name: str, dtype: str, k: int) -> dict[st
     return values
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", FUSED_CASES)
 def test_fused_node_equals_standard_ops(name: str) -> None:
     """float32: the SGDUpdate and AdamUpdate kernels equal the same update in standard ops, bit for bit.
 
@@ -263,6 +279,17 @@ def test_float32_lr_input(name: str, implementation: str) -> None:
 
 
 def test_defaults_are_torchs() -> None:
+    assert optimizers.RMSprop() == optimizers.RMSprop(
+        lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False, maximize=False
+    )
+    assert optimizers.Adagrad() == optimizers.Adagrad(
+        lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10, maximize=False
+    )
+    assert optimizers.RMSprop(momentum=0.9).state_slots() == ("square_avg", "momentum_buffer")
+    assert optimizers.Adagrad(initial_accumulator_value=0.25).initial_state(np.ones(2, np.float32))["sum"].tolist() == [
+        0.25,
+        0.25,
+    ]
     assert optimizers.SGD() == optimizers.SGD(lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False)
     assert optimizers.Adam() == optimizers.Adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False)
     assert optimizers.AdamW().weight_decay == 1e-2
@@ -291,7 +318,11 @@ def test_initial_state_is_zeros_of_the_param() -> None:
         (lambda: optimizers.Adam(betas=(1.0, 0.999)), "Invalid beta parameter at index 0"),
         (lambda: optimizers.AdamW(eps=-1.0), "Invalid epsilon value"),
         (lambda: optimizers.Adam().with_overrides(optimizers.ParamGroup(("w",), momentum=0.9)), "momentum"),
-        (lambda: optimizers.optimizer_from_torch("RMSprop"), "not supported"),
+        (lambda: optimizers.optimizer_from_torch("LBFGS"), "not supported"),
+        (lambda: optimizers.RMSprop(alpha=-0.5), "Invalid alpha value: -0.5"),
+        (lambda: optimizers.RMSprop(centered=True), r"RMSprop\(centered=True\) is not supported yet"),
+        (lambda: optimizers.Adagrad(lr_decay=-1.0), "Invalid lr_decay value: -1.0"),
+        (lambda: optimizers.Adagrad(initial_accumulator_value=-1.0), "Invalid initial_accumulator_value value"),
         (lambda: optimizers.ClipGradNorm(1.0, norm_type=0.0), "norm_type"),
         (
             lambda: optimizers.resolve_groups(

@@ -41,6 +41,8 @@ def lr_factor(step_index: int) -> float:
 
 SGD_LR = 0.05
 ADAM_LR = 0.01
+RMSPROP_LR = 0.01
+ADAGRAD_LR = 0.05
 CLIP2 = {"max_norm": 3.5, "norm_type": 2.0}
 CLIPINF = {"max_norm": 1.5, "norm_type": "inf"}
 
@@ -115,6 +117,40 @@ OPTIMIZER_CASES: list[dict[str, Any]] = [
         "kwargs": {"lr": ADAM_LR, "weight_decay": 0.1},
         "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1], "lr_scale": 0.3}],
         "clip": {**CLIP2, "max_norm": 4.965},
+    },
+    {"name": "rmsprop_default", "optimizer": "RMSprop", "kwargs": {"lr": RMSPROP_LR}},
+    {
+        "name": "rmsprop_momentum_weight_decay",
+        "optimizer": "RMSprop",
+        "kwargs": {"lr": RMSPROP_LR, "momentum": 0.9, "weight_decay": 0.05},
+        "wide": True,
+    },
+    {
+        "name": "rmsprop_alpha_eps_maximize",
+        "optimizer": "RMSprop",
+        "kwargs": {"lr": RMSPROP_LR, "alpha": 0.3, "eps": 1e-3, "maximize": True},
+        "wide": True,
+    },
+    {
+        "name": "rmsprop_groups_clip2",
+        "optimizer": "RMSprop",
+        "kwargs": {"lr": RMSPROP_LR, "momentum": 0.5},
+        "groups": [{"params": [0, 2], "momentum": 0.0}, {"params": [1], "lr_scale": 0.3, "weight_decay": 0.1}],
+        "clip": CLIP2,
+    },
+    {"name": "adagrad_default", "optimizer": "Adagrad", "kwargs": {"lr": ADAGRAD_LR}},
+    {
+        "name": "adagrad_lr_decay_initial_accumulator_weight_decay",
+        "optimizer": "Adagrad",
+        "kwargs": {"lr": ADAGRAD_LR, "lr_decay": 0.1, "initial_accumulator_value": 0.5, "weight_decay": 0.05},
+        "wide": True,
+    },
+    {
+        "name": "adagrad_eps_maximize_groups",
+        "optimizer": "Adagrad",
+        "kwargs": {"lr": ADAGRAD_LR, "eps": 1e-3, "maximize": True},
+        "groups": [{"params": [0, 3], "lr_scale": 0.5}, {"params": [1, 2], "weight_decay": 0.02}],
+        "wide": True,
     },
 ]
 
