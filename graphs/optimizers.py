@@ -680,16 +680,13 @@ class RMSprop(Optimizer):
     fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
-        # torch's checks, in its order and words.
-        for value, label in (
+        _check_nonnegative(
             (self.lr, "learning rate"),
             (self.eps, "epsilon value"),
             (self.momentum, "momentum value"),
             (self.weight_decay, "weight_decay value"),
             (self.alpha, "alpha value"),
-        ):
-            if not value >= 0.0:
-                raise ValueError(f"Invalid {label}: {value}")
+        )
         if self.centered:
             raise ValueError(
                 "RMSprop(centered=True) is not supported yet: its variance, square_avg - grad_avg**2, cancels, "
@@ -767,16 +764,13 @@ class Adagrad(Optimizer):
     fused_multiply_add: bool = dataclasses.field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
-        # torch's checks, in its order and words.
-        for value, label in (
+        _check_nonnegative(
             (self.lr, "learning rate"),
             (self.lr_decay, "lr_decay value"),
             (self.weight_decay, "weight_decay value"),
             (self.initial_accumulator_value, "initial_accumulator_value value"),
             (self.eps, "epsilon value"),
-        ):
-            if not value >= 0.0:
-                raise ValueError(f"Invalid {label}: {value}")
+        )
 
     def state_slots(self) -> tuple[str, ...]:
         """``("sum",)``, torch's name for the running sum of squared gradients."""
@@ -840,6 +834,13 @@ def _node_scalars(emitter: GraphEmitter, lr: str, step: str, lr_scale: float) ->
     if lr_scale != 1.0:
         lr_d = emitter.op("Mul", [lr_d, emitter.constant(lr_scale, _DOUBLE)])
     return {"lr": lr_d, "step": _as_double(emitter, step)}
+
+
+def _check_nonnegative(*checks: tuple[float, str]) -> None:
+    """Raises torch's ``Invalid <label>: <value>`` for the first value that is negative or NaN (torch's order)."""
+    for value, label in checks:
+        if not value >= 0.0:
+            raise ValueError(f"Invalid {label}: {value}")
 
 
 def _group_lr(emitter: GraphEmitter, lr: str, lr_scale: float) -> str:
