@@ -175,6 +175,14 @@ def _fma(
     return emitter.op("Add", [emitter.op("Mul", [a, factor]), c], outputs=outputs)
 
 
+def _l2_gradient(
+    emitter: GraphEmitter, param: str, grad: str, maximize: bool, weight_decay: float, elem_type: int, fused: bool
+) -> str:
+    """The gradient as torch's first lines make it: ``-grad`` if maximize, then ``+ weight_decay * param``."""
+    g = emitter.op("Neg", [grad]) if maximize else grad
+    return g if weight_decay == 0 else _fma(emitter, param, weight_decay, g, elem_type, fused)
+
+
 def _lerp(emitter: GraphEmitter, start: str, end: str, weight: float, elem_type: int, fused: bool, *, name: str) -> str:
     """The lerp of torch's ``start.lerp_(end, weight)``, the weight rounded to the tensor's type.
 
@@ -434,9 +442,7 @@ class SGD(Optimizer):
                 emitter, schema.SGD_UPDATE, param, inputs, elem_type, nesterov=self.nesterov, maximize=self.maximize
             )
         fused = self.fused_multiply_add
-        g = emitter.op("Neg", [grad]) if self.maximize else grad
-        if self.weight_decay != 0:
-            g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
+        g = _l2_gradient(emitter, param, grad, self.maximize, self.weight_decay, elem_type, fused)
         new_state: dict[str, str] = {}
         if self.momentum != 0:
             # buf.mul_(momentum).add_(grad, alpha=1 - dampening)
@@ -711,9 +717,7 @@ class RMSprop(Optimizer):
         self._check_state(param, state)
         elem_type = _param_elem_type(emitter, param)
         fused = self.fused_multiply_add
-        g = emitter.op("Neg", [grad]) if self.maximize else grad
-        if self.weight_decay != 0:
-            g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
+        g = _l2_gradient(emitter, param, grad, self.maximize, self.weight_decay, elem_type, fused)
         # square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
         square_avg = _decayed_square(
             emitter, state["square_avg"], g, self.alpha, elem_type, fused, name=f"{param}.square_avg.new"
@@ -799,9 +803,7 @@ class Adagrad(Optimizer):
         self._check_state(param, state)
         elem_type = _param_elem_type(emitter, param)
         fused = self.fused_multiply_add
-        g = emitter.op("Neg", [grad]) if self.maximize else grad
-        if self.weight_decay != 0:
-            g = _fma(emitter, param, self.weight_decay, g, elem_type, fused)  # grad.add(param, alpha=wd)
+        g = _l2_gradient(emitter, param, grad, self.maximize, self.weight_decay, elem_type, fused)
         # state_sum.addcmul_(grad, grad, value=1); std = state_sum.sqrt().add_(eps)
         state_sum = _fma(emitter, g, g, state["sum"], elem_type, fused, name=f"{param}.sum.new")
         std = emitter.op("Add", [emitter.op("Sqrt", [state_sum]), _const(emitter, self.eps, elem_type)])
