@@ -162,13 +162,14 @@ def test_trains_on_an_energy_task(name: str, loss: str, rng: np.random.Generator
 
 # Each optimizer's other default path on the same task: SGD with momentum as the fused SGDUpdate
 # node, RMSprop and Adagrad in standard ops. Measured after 20 steps (mse_loss, the rng fixture's
-# batch): SGD 0.498 -> 0.0018, RMSprop -> 0.029, Adagrad -> 0.32 (with seed 0's batch 0.493 ->
-# 0.114, 0.058, 0.172; RMSprop at lr 1e-3 and Adagrad at 1e-2 barely moved it: RMSprop's first
-# steps are about 10 lr per weight). Asked: a clear decrease, not a tuned one.
+# batch, onnxruntime 1.32 and 1.19.2 alike unless said): SGD 0.498 -> 0.0018, RMSprop -> 0.029,
+# Adagrad at lr 0.1 -> 0.195. Adagrad's progress on this task is not monotonic in lr (0.03: 0.32 in
+# 1.32 and 0.38 in 1.19.2; 0.05: 0.4985, stuck where the sigmoid output saturates), and RMSprop at
+# 1e-3 did not move it (its first steps are about 10 lr per weight). Asked: a clear decrease.
 OTHER_OPTIMIZERS = [
     (optimizers.SGD(momentum=0.9), 1e-2),
     (optimizers.RMSprop(), 1e-4),
-    (optimizers.Adagrad(), 3e-2),
+    (optimizers.Adagrad(), 0.1),
 ]
 
 
