@@ -714,14 +714,12 @@ def _scalar_port(name: str, doc: str, *, optional: bool = False) -> PortSpec:
     )
 
 
-_MAXIMIZE = AttrSpec(
-    name="maximize",
-    type=AttrType.INT,
-    default=0,
-    required=False,
-    doc="1 maximizes the objective (the gradient is negated first), as torch's maximize=True.",
-    accepts="0 or 1",
-)
+def _flag(name: str, doc: str) -> AttrSpec:
+    """A 0/1 int attribute of an optimizer op, default 0."""
+    return AttrSpec(name=name, type=AttrType.INT, default=0, required=False, doc=doc, accepts="0 or 1")
+
+
+_MAXIMIZE = _flag("maximize", "1 maximizes the objective (the gradient is negated first), as torch's maximize=True.")
 
 ADAM_UPDATE = OpSpec(
     name="AdamUpdate",
@@ -776,14 +774,10 @@ threads; the result does not depend on how.""",
         _tensor_port("max_exp_avg_sq_out", "The updated maximum (amsgrad).", optional=True),
     ),
     attributes=(
-        AttrSpec(
-            name="decoupled_weight_decay",
-            type=AttrType.INT,
-            default=0,
-            required=False,
-            doc="1: AdamW (torch's AdamW, or Adam's decoupled_weight_decay=True): the parameter is scaled by "
+        _flag(
+            "decoupled_weight_decay",
+            "1: AdamW (torch's AdamW, or Adam's decoupled_weight_decay=True): the parameter is scaled by "
             "1 - lr * weight_decay before the step instead of weight_decay * param joining the gradient.",
-            accepts="0 or 1",
         ),
         _MAXIMIZE,
     ),
@@ -851,14 +845,7 @@ threads; the result does not depend on how.""",
         _tensor_port("momentum_buffer_out", "The updated momentum buffer.", optional=True),
     ),
     attributes=(
-        AttrSpec(
-            name="nesterov",
-            type=AttrType.INT,
-            default=0,
-            required=False,
-            doc="1: Nesterov momentum, the step uses g + momentum * buffer (needs momentum_buffer).",
-            accepts="0 or 1",
-        ),
+        _flag("nesterov", "1: Nesterov momentum, the step uses g + momentum * buffer (needs momentum_buffer)."),
         _MAXIMIZE,
     ),
     type_constraints=_OPTIMIZER_TYPE_CONSTRAINTS,
