@@ -39,9 +39,12 @@ PP-OCRv2 outputs Softmax probabilities, not logits).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -298,12 +301,142 @@ def test_other_silero_exports_train(rng: np.random.Generator) -> None:
         assert after < 0.5 * before, f"{name}: loss {before:.4f} -> {after:.4f}"
 
 
-# ---- what the Trainer says of silero_vad.onnx's control flow --------------------------------------
+# ---- every shipped model through the Trainer, exported, run without ortlstm -----------------------
+
+_TRAINER_TAKES_FIXED_SHAPES = "fixed_shapes" in inspect.signature(Trainer).parameters
+_NEEDS_FIXED_SHAPES = pytest.mark.xfail(
+    not _TRAINER_TAKES_FIXED_SHAPES,
+    reason="Trainer(...) has no fixed_shapes keyword yet (issue 22: the lead adds the build options to the Trainer)",
+    raises=TypeError,
+    strict=True,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShippedModel:
+    """A shipped ONNX file and how to train it.
+
+    Attributes:
+        wheel: The wheel's file name in ORTLSTM_REAL_MODELS.
+        member: The ONNX file's path inside the wheel.
+        output: The output the loss reads.
+        options: Other Trainer options (fixed_inputs, fixed_shapes).
+        batches: rng -> the batches (model inputs by name, and the target) a step cycles through.
+        trained: Substrings of parameter names that must be among the trained ones.
+    """
+
+    wheel: str
+    member: str
+    output: str
+    options: dict
+    batches: Callable[[np.random.Generator], list[tuple[dict[str, np.ndarray], np.ndarray]]]
+    trained: tuple[str, ...]
+
+
+def _vad_batches(state: str | None, batch: int, sequence_model: bool = False):
+    """The energy task for a silero model: its state input(s) zero, one batch (or windows as a sequence)."""
+
+    def make(rng: np.random.Generator) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
+        windows, labels = _energy_task(rng, max(batch, 2))
+        if sequence_model:  # h, c of one stream; the windows are its sequence, one probability each
+            zeros = np.zeros((1, 1, 128), np.float32)
+            return [({"input": windows, "h": zeros, "c": zeros}, labels[:, 0])]
+        if batch == 1:  # batch declared 1: a loud window and a silent one, one step each
+            return [
+                ({"input": windows[i : i + 1], "state": np.zeros((2, 1, 128), np.float32)}, labels[i : i + 1])
+                for i in range(2)
+            ]
+        inputs = {"input": windows}
+        if state is not None:
+            inputs[state] = np.zeros((2, batch, 128), np.float32)
+        return [(inputs, labels)]
+
+    return make
+
+
+_SILERO = "silero_vad/data/{}.onnx"
+_VAD_OPTIONS = {"fixed_inputs": FIXED_INPUTS, "fixed_shapes": FIXED_SHAPES}
+_VAD = _vad_batches("state", 8)
+_VAD_SEQUENCE = _vad_batches(None, 8, sequence_model=True)
+_LSTM = ("rnn.weight_ih",)
+# The evaluated loss before -> after (onnxruntime 1.32, the rng fixture's seed, Adam at torch's
+# defaults, STEPS_TRAINER steps), measured: silero_vad_op18_ifless 0.498 -> 0.150,
+# silero_vad_openvino_16k 0.494 -> 0.162, silero_vad_16k_sequence 0.497 -> 0.041, faster-whisper's
+# 0.427 -> 0.0013. Asked of each: below half, a clear and not a tuned decrease.
+SHIPPED_MODELS = {
+    "silero_vad": pytest.param(
+        ShippedModel(WHEEL, _SILERO.format("silero_vad"), "output", _VAD_OPTIONS, _VAD, _LSTM),
+        marks=_NEEDS_FIXED_SHAPES,
+    ),
+    "silero_vad_16k_op15": pytest.param(
+        ShippedModel(WHEEL, _SILERO.format("silero_vad_16k_op15"), "output", _VAD_OPTIONS, _VAD, _LSTM),
+        marks=_NEEDS_FIXED_SHAPES,
+    ),
+    "silero_vad_half": pytest.param(
+        ShippedModel(WHEEL, _SILERO.format("silero_vad_half"), "output", {"fixed_shapes": FIXED_SHAPES}, _VAD, _LSTM),
+        marks=_NEEDS_FIXED_SHAPES,
+    ),
+    "silero_vad_op18_ifless": ShippedModel(
+        WHEEL, _SILERO.format("silero_vad_op18_ifless"), "output", {"fixed_inputs": FIXED_INPUTS}, _VAD, ("rnn",)
+    ),
+    "silero_vad_openvino_16k": ShippedModel(
+        WHEEL, _SILERO.format("silero_vad_openvino_16k"), "output", {}, _vad_batches("state", 1), ("rnn",)
+    ),
+    "silero_vad_16k_sequence": ShippedModel(
+        WHEEL, _SILERO.format("silero_vad_16k_sequence"), "speech_probs", {}, _VAD_SEQUENCE, ()
+    ),
+    "faster_whisper_silero_vad_v6": ShippedModel(
+        FASTER_WHISPER_WHEEL, "faster_whisper/assets/silero_vad_v6.onnx", "speech_probs", {}, _VAD_SEQUENCE, ()
+    ),
+}
+STEPS_TRAINER = 8
 
 
 def _plain_session(model: onnx.ModelProto) -> ort.InferenceSession:
     """onnxruntime without the ortlstm library: what a user of the exported model has."""
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("case", list(SHIPPED_MODELS.values()), ids=list(SHIPPED_MODELS))
+def test_shipped_model_trains_and_exports(case: ShippedModel, rng: np.random.Generator) -> None:
+    """Trainer defaults (Adam, lr 1e-3) lower the loss; the export is the shipped graph with the trained values.
+
+    The exported model runs in onnxruntime without the ortlstm library and computes what the
+    trainer's own eval model (ortlstm's LSTM kernels) computes with the trained parameters.
+    """
+    shipped = _load_member(case.wheel, case.member)
+    trainer = Trainer(
+        shipped, loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam(), output=case.output, **case.options
+    )
+    params = trainer.signature.params
+    assert params and all(any(want in name for name in params) for want in case.trained), params
+    batches = case.batches(rng)
+
+    def evaluated() -> float:
+        return float(np.mean([trainer.evaluate(**inputs, target=target) for inputs, target in batches]))
+
+    before = evaluated()
+    for step in range(STEPS_TRAINER):
+        inputs, target = batches[step % len(batches)]
+        trainer.step(**inputs, target=target)
+    after = evaluated()
+    assert after < 0.5 * before, f"loss {before:.5g} -> {after:.5g}"
+
+    exported = trainer.export()
+    assert [(entry.domain, entry.version) for entry in exported.opset_import] == [
+        (entry.domain, entry.version) for entry in shipped.opset_import
+    ]
+    assert exported.ir_version == shipped.ir_version
+    assert graph_hash(exported) == graph_hash(shipped), "export changed the graph, not only the values"
+    plain = _plain_session(exported)
+    names = [output.name for output in plain.get_outputs()]
+    fixed = dict(case.options.get("fixed_inputs", {}))
+    for inputs, target in batches:
+        got = dict(zip(names, plain.run(None, {**inputs, **fixed}), strict=True))[case.output]
+        _, expected = trainer.evaluate(**inputs, target=target, outputs=[case.output])
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=case.member)
+        (untrained,) = _plain_session(shipped).run([case.output], {**inputs, **fixed})
+        assert not np.allclose(got, untrained, rtol=1e-4, atol=1e-5), "the export holds the shipped values"
 
 
 def test_control_flow_refusals_say_what_to_fix() -> None:
