@@ -6,7 +6,7 @@ arithmetic that is static once the model's fixed dims are known (torch's dynamo 
 chosen by an input the user fixes (a sample rate), output shapes declared wrongly, and
 standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 
-- an ai.onnx opset older than the builders' oldest (13) is converted up to 13 by
+- an ai.onnx opset older than the builders' oldest (13) is converted to 17 by
   ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch 1.9 wrote); weights keep
   their names, so the trained values go back into the model as shipped;
 - input dims an exporter declared as -1 or 0 (paddle2onnx's batch) are symbolic: only a positive
@@ -60,6 +60,10 @@ except ModuleNotFoundError:
     from ops import schema  # type: ignore[no-redef]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
+# A model older than MIN_OPSET is converted to this opset: 15 at least (the losses emit CastLike,
+# new in 15), and below 18, where the reductions and Split take their axes as inputs (fewer nodes
+# for the converter to rewrite). ddddocr's and PP-OCRv2's opset-12 exports train at 17.
+CONVERTED_OPSET = 17
 # Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs.
 _NOT_FOLDED = frozenset(
     {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
@@ -254,12 +258,10 @@ def _fix_input_shapes(graph: onnx.GraphProto, fixed_shapes: Mapping[str, Sequenc
 
 
 def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of the model, its ai.onnx opset converted up to ``MIN_OPSET`` when older.
+    """A copy of the model, its ai.onnx opset converted to ``CONVERTED_OPSET`` when older than ``MIN_OPSET``.
 
-    The gradient rules and losses emit opset >= 13 signatures (Squeeze, ReduceSum and Split take
-    axes as inputs), so an older model is converted just that far: the fewest of onnx's adapters
-    run. The converter keeps initializer and Constant names, which is what export relies on to put
-    the trained values back into the model as shipped.
+    The converter keeps initializer and Constant names, which is what export relies on to put the
+    trained values back into the model as shipped.
 
     Raises:
         ValueError: onnx's converter cannot convert the model (an op without adapter).
@@ -268,12 +270,12 @@ def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset is None or opset >= MIN_OPSET:
         return copy.deepcopy(model)
     try:
-        converted = onnx.version_converter.convert_version(model, MIN_OPSET)
+        converted = onnx.version_converter.convert_version(model, CONVERTED_OPSET)
     except Exception as error:
         raise ValueError(
             f"the model's ai.onnx opset {opset} is older than {MIN_OPSET}, the oldest the training-graph builders "
-            f"support, and onnx.version_converter cannot convert it ({error}); re-export it with opset_version>="
-            f"{MIN_OPSET}"
+            f"support, and onnx.version_converter cannot convert it to {CONVERTED_OPSET} ({error}); re-export it "
+            f"with opset_version>={MIN_OPSET}"
         ) from error
     return converted
 
