@@ -9,9 +9,17 @@ standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 - each fixed input is an initializer, each fixed input shape is declared on its input, and
   ``If`` nodes whose condition is then constant are replaced by the chosen branch's nodes,
   nested ones too (names the branch defines are renamed where they would collide);
-- float ``Constant`` tensors are initializers, so they can be trained like any other (0-D ones,
-  the exporter's literals such as an epsilon, and values read only as a ``Pow`` exponent are
-  not candidates for training by default);
+- float ``Constant`` tensors are initializers, so they can be trained like any other;
+- the candidates for training by default are what torch trains: with a torch export's metadata,
+  the initializers that are torch parameters or were folded from them (``export_metadata``),
+  never buffers or an exporter's constants (a zero initial state); without it, the float
+  initializers of rank >= 1 (0-D ones are an exporter's literals, an epsilon or a zero state to
+  expand) and the float ``Constant`` tensors of rank >= 1 that are not filled with one value
+  (TorchScript's zero initial states), all of them in a model that keeps every weight in
+  ``Constant`` nodes (spox); never a value read only as a ``Pow`` exponent;
+- a candidate that a ``BatchNormalization`` also reads as its running mean or variance gets its
+  own constant copy there (onnxscript's optimizer merges equal initializers: a zero bias and a
+  zero running mean become one, and training the bias must not move the statistic);
 - nodes computing from constants only are folded into initializers when they read no candidate
   parameter (so a weight sliced from a parameter stays differentiable), and ``Shape``/``Size`` of
   a value whose shape is static become constants, and so do ``Gather(Shape(x), k)`` where dim
@@ -41,6 +49,7 @@ import onnx.shape_inference
 try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
     from ortlstm.graphs.convert import convert, is_onnx_lstm
+    from ortlstm.graphs.export_metadata import read_torch_origins
     from ortlstm.ops import schema
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import (  # type: ignore[no-redef]
@@ -50,6 +59,7 @@ except ModuleNotFoundError:
         used_names,
     )
     from graphs.convert import convert, is_onnx_lstm  # type: ignore[no-redef]
+    from graphs.export_metadata import read_torch_origins  # type: ignore[no-redef]
     from ops import schema  # type: ignore[no-redef]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
@@ -66,12 +76,15 @@ class PreparedModel:
 
     Attributes:
         model: The prepared model.
-        candidates: Float initializers that may be trained: the model's own float initializers
-            and lifted float ``Constant`` tensors of rank >= 1, not the values folding created.
+        candidates: Float initializers trained by default (see the module docstring), and those
+            the caller named to keep; never the values folding created.
         specialized: Names of the ``If`` nodes replaced by a branch.
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
         remaining_ifs: Names of the ``If`` nodes left in the main graph (their condition is not
             constant: fix the inputs or input shapes that decide it to differentiate through them).
+        sources: For a torch export with metadata, each candidate -> the torch parameters it is
+            or was folded from; empty without metadata.
+        dropped: Torch parameters the export lost (see ``export_metadata.TorchOrigins``).
     """
 
     model: onnx.ModelProto
@@ -79,6 +92,8 @@ class PreparedModel:
     specialized: tuple[str, ...]
     converted: tuple[str, ...]
     remaining_ifs: tuple[str, ...] = ()
+    sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
 
 def _is_onnx(node: onnx.NodeProto) -> bool:
@@ -258,6 +273,7 @@ def prepare_model(
     model: onnx.ModelProto,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+    keep: Iterable[str] = (),
 ) -> PreparedModel:
     """Returns the model made ready for differentiation (see the module docstring).
 
@@ -269,6 +285,8 @@ def prepare_model(
             fixes that dim, None keeps the declared one (e.g. ``{"input": [None, 576]}`` fixes
             the sample count and keeps the batch dynamic). ``If`` conditions computed from those
             dims then fold; the prepared model accepts only inputs of these shapes.
+        keep: Initializers to keep as candidates whatever the defaults say (the parameters a
+            caller names to train, a 0-D scale say): they are never folded away.
 
     Raises:
         ValueError: A fixed input or shape is not a graph input, or a fixed shape contradicts the
@@ -297,9 +315,32 @@ def prepare_model(
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
 
-    candidates = {
-        init.name for init in graph.initializer if init.data_type in FLOAT_TYPES and init.name in initializer_names
-    }
+    origins = read_torch_origins(model)
+    kept = set(keep)
+    if origins is not None:
+        candidates = {
+            init.name
+            for init in graph.initializer
+            if init.data_type in FLOAT_TYPES and (init.name in origins.sources or init.name in kept)
+        }
+    else:
+        candidates = {
+            init.name
+            for init in graph.initializer
+            if init.data_type in FLOAT_TYPES and init.name in initializer_names and (init.dims or init.name in kept)
+        }
+    # Where the weights are initializers (torch, paddle2onnx), a Constant node filled with one value
+    # is a literal of the forward (TorchScript writes torch.zeros initial states so); spox writes
+    # every weight as a Constant.
+    constants_are_weights = origins is None and not candidates
+
+    def is_weight_constant(name: str, value: np.ndarray) -> bool:
+        if name in kept:
+            return True
+        if origins is not None or value.ndim == 0 or value.size == 0:
+            return False
+        return constants_are_weights or bool(np.any(value != value.reshape(-1)[0]))
+
     opsets = list(result.opset_import)
     specialized: list[str] = []
     constants: dict[str, np.ndarray] = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
@@ -317,8 +358,10 @@ def prepare_model(
                 if literal is not None:
                     constants[node.output[0]] = literal
                     graph.initializer.append(onnx.numpy_helper.from_array(literal, node.output[0]))
-                    # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight.
-                    if onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES and literal.ndim > 0:
+                    # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight;
+                    # a torch export's constants are never parameters.
+                    is_float = onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES
+                    if is_float and is_weight_constant(node.output[0], literal):
                         candidates.add(node.output[0])
                     changed = True
                     continue
@@ -335,7 +378,7 @@ def prepare_model(
                 graph.initializer.extend(branch_initializers)
                 for init in branch_initializers:
                     constants[init.name] = onnx.numpy_helper.to_array(init)
-                    if init.data_type in FLOAT_TYPES:
+                    if init.data_type in FLOAT_TYPES and is_weight_constant(init.name, constants[init.name]):
                         candidates.add(init.name)
                 specialized.append(node.name)
                 changed = True
@@ -358,6 +401,14 @@ def prepare_model(
                     start = next((attr.i for attr in node.attribute if attr.name == "start"), None)
                     end = next((attr.i for attr in node.attribute if attr.name == "end"), None)
                     shape_of[node.output[0]] = (node.input[0], start, end)
+                    # Shape(x, start, end) over static dims of a partly dynamic x (a fixed width).
+                    sliced = _static_shape_dims(shape_of[node.output[0]], types)
+                    if sliced is not None and all(isinstance(dim, int) for dim in sliced):
+                        value = np.asarray(sliced, dtype=np.int64)
+                        constants[node.output[0]] = value
+                        graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
+                        changed = True
+                        continue
             partial = _fold_partial_shape(node, shape_of, types, constants)
             if partial is not None:
                 constants[node.output[0]] = partial
@@ -394,10 +445,62 @@ def prepare_model(
         converted = tuple(node.name for node in result.graph.node if _is_lstm_training(node))[already:]
     # An exponent is a literal of the formula (x ** 2), not a weight; its gradient, log(x), is NaN
     # wherever the base is negative (an STFT's real part). Named in requires_grad it still trains.
-    candidates -= _only_pow_exponents(result.graph, candidates)
+    candidates -= _only_pow_exponents(result.graph, candidates) - kept
+    _untie_running_statistics(result.graph, candidates)
     _declare_inferred_output_shapes(result)
     remaining = tuple(node.name for node in result.graph.node if _is_onnx(node) and node.op_type == "If")
-    return PreparedModel(result, frozenset(candidates), tuple(specialized), converted, remaining)
+    sources = {name: origins.sources[name] for name in candidates if name in origins.sources} if origins else {}
+    return PreparedModel(
+        result,
+        frozenset(candidates),
+        tuple(specialized),
+        converted,
+        remaining,
+        sources,
+        origins.dropped if origins else (),
+    )
+
+
+def _untie_running_statistics(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Gives each BatchNormalization that reads a candidate as its running mean or variance a copy.
+
+    The statistics are data, never trained; a candidate read there is an equal initializer the
+    exporter's optimizer merged with a parameter (zeros of a bias and of a running mean).
+    """
+    initializers = {init.name: init for init in graph.initializer}
+    statistic_reads = {
+        (position, index)
+        for position, node in enumerate(graph.node)
+        if _is_onnx(node) and node.op_type == "BatchNormalization"
+        for index in (3, 4)
+        if index < len(node.input) and node.input[index] in candidates
+    }
+    if not statistic_reads:
+        return
+    read_elsewhere = (
+        {
+            name
+            for position, node in enumerate(graph.node)
+            for index, name in enumerate(node.input)
+            if (position, index) not in statistic_reads
+        }
+        | _subgraph_reads(graph)
+        | {output.name for output in graph.output}
+    )
+    taken = used_names(graph)
+    for position, node in enumerate(graph.node):
+        for index in (3, 4):
+            name = node.input[index] if (position, index) in statistic_reads else ""
+            if name in read_elsewhere and name in initializers:
+                copy_name, k = f"{name}.running_statistic", 1
+                while copy_name in taken:
+                    copy_name, k = f"{name}.running_statistic_{k}", k + 1
+                taken.add(copy_name)
+                copied = onnx.TensorProto()
+                copied.CopyFrom(initializers[name])
+                copied.name = copy_name
+                graph.initializer.append(copied)
+                node.input[index] = copy_name
 
 
 def _declare_inferred_output_shapes(model: onnx.ModelProto) -> None:
