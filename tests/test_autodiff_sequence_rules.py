@@ -208,6 +208,73 @@ CASES = [
         ),
         {"x": _r(4, 3)},
     ),
+    # the split axis dynamic: torch.chunk(x, 2, dim=1) writes a run-time chunk size, ceil(width / 2)
+    SequenceCase(
+        "chunk_run_time_size_dynamic_axis",
+        (
+            _ints("axis1", [1]),
+            _ints("one", 1),
+            _ints("two", 2),
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "axis1"], ["width_1d"]),
+            helper.make_node("Squeeze", ["width_1d"], ["width"]),
+            helper.make_node("Add", ["width", "two"], ["width_plus_two"]),
+            helper.make_node("Sub", ["width_plus_two", "one"], ["rounded"]),
+            helper.make_node("Div", ["rounded", "two"], ["chunk"]),
+            helper.make_node("SplitToSequence", ["x", "chunk"], ["halves"], axis=1),
+            *_at("halves", 0, "first"),
+            *_at("halves", 1, "second"),
+            helper.make_node("Tanh", ["first"], ["t"]),
+            helper.make_node("Mul", ["t", "second"], ["y"]),
+        ),
+        {"x": _r(2, 8)},
+        shapes={"x": ["batch", "width"]},
+    ),
+    # torch.split(x, 2, dim=1) on a dynamic axis: a constant chunk, positions from the front and the back
+    SequenceCase(
+        "constant_chunk_dynamic_axis_negative_positions",
+        (
+            _ints("chunk", 2),
+            helper.make_node("SplitToSequence", ["x", "chunk"], ["parts"], axis=1),
+            *_at("parts", 1, "second"),
+            *_at("parts", -1, "last"),
+            *_at("parts", -2, "before_last"),
+            helper.make_node("Mul", ["second", "last"], ["product"]),
+            helper.make_node("Concat", ["product", "before_last"], ["y"], axis=1),
+        ),
+        {"x": _r(2, 7)},  # pieces 2, 2, 2, 1: the last one shorter
+        shapes={"x": ["batch", "width"]},
+    ),
+    SequenceCase(
+        "no_split_keepdims0_dynamic_axis",
+        (
+            helper.make_node("SplitToSequence", ["x"], ["rows"], axis=0, keepdims=0),
+            *_at("rows", 0, "r0"),
+            *_at("rows", -1, "r_last"),
+            helper.make_node("Sub", ["r0", "r_last"], ["y"]),
+        ),
+        {"x": _r(4, 3)},
+        shapes={"x": ["rows", 3]},
+    ),
+    # run-time sizes of a static count: [width - 2, 2]
+    SequenceCase(
+        "run_time_sizes_static_count",
+        (
+            _ints("axis1", [1]),
+            _ints("two", [2]),
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "axis1"], ["width"]),
+            helper.make_node("Sub", ["width", "two"], ["head"]),
+            helper.make_node("Concat", ["head", "two"], ["sizes"], axis=0),
+            helper.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+            *_at("parts", 1, "tail"),
+            *_at("parts", 0, "front"),
+            helper.make_node("ReduceSum", ["front", "axis1"], ["front_sum"], keepdims=1),
+            helper.make_node("Mul", ["tail", "front_sum"], ["y"]),
+        ),
+        {"x": _r(3, 6)},
+        shapes={"x": ["batch", "width"]},
+    ),
     # SequenceConstruct read by ConcatFromSequence, without and with new_axis
     SequenceCase(
         "construct_concat",
@@ -286,27 +353,41 @@ def test_sequence_gradient_float32(case: SequenceCase, optimize: bool) -> None:
         np.testing.assert_allclose(got[name], expected, rtol=0, atol=FLOAT32_RTOL * scale, err_msg=f"{case.id}: {name}")
 
 
-def _dynamic_chunk() -> onnx.ModelProto:
-    """torch.chunk-like split of an axis whose extent is dynamic: its piece count is not known."""
-    case = dataclasses.replace(CASES[2], shapes={"x": ["batch", "width"]})
-    forward, _ = _forward(case, np.dtype(np.float64))
-    return forward
-
-
-def test_unresolved_sequence_is_refused_with_advice() -> None:
-    """A scalar split of a dynamic axis stays a sequence; its SequenceAt on the path is named, with the fix."""
-    prepared = prepare_model(_dynamic_chunk()).model
+def test_run_time_position_is_refused_with_advice() -> None:
+    """A SequenceAt at a position fed at run time stays a sequence read; on the path it is named, with advice."""
+    nodes = [
+        _ints("sizes", [2, 5]),
+        helper.make_node("SplitToSequence", ["x", "sizes"], ["parts"], axis=1),
+        helper.make_node("SequenceAt", ["parts", "k"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "run_time_position",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 7]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=IR_VERSION)
+    prepared = prepare_model(model).model
     assert "SequenceAt" in {node.op_type for node in prepared.graph.node}
     emitter = GraphEmitter(onnx_opset(prepared), used_names(prepared.graph), infer_value_types(prepared))
-    with pytest.raises(ValueError, match=r"no gradient rule for ai\.onnx::SequenceAt.*fixed_shapes"):
+    with pytest.raises(ValueError, match=r"no gradient rule for ai\.onnx::SequenceAt.*must be constants"):
         build_backward(prepared.graph, "loss", ["x"], emitter)
 
 
-def test_fixed_shapes_resolve_a_dynamic_split() -> None:
-    """Fixing the split axis's extent (fixed_shapes) makes the same model's sequences tensors."""
-    prepared = prepare_model(_dynamic_chunk(), fixed_shapes={"x": [None, 7]}).model
-    assert not {node.op_type for node in prepared.graph.node} & set(SEQUENCE_OPS)
-    assert [node.op_type for node in prepared.graph.node].count("Split") == 1
+def test_fixed_shapes_make_a_dynamic_chunk_one_split() -> None:
+    """A chunked dynamic axis is read piece by piece (Slice); fixing its extent gives one Split instead."""
+    chunked = next(case for case in CASES if case.id == "chunk_scalar_split")
+    forward, _ = _forward(dataclasses.replace(chunked, shapes={"x": ["batch", "width"]}), np.dtype(np.float64))
+    dynamic = [node.op_type for node in prepare_model(forward).model.graph.node]
+    assert "Split" not in dynamic
+    assert dynamic.count("Slice") == 3
+    fixed = [node.op_type for node in prepare_model(forward, fixed_shapes={"x": [None, 7]}).model.graph.node]
+    assert fixed.count("Split") == 1
+    assert "Slice" not in fixed
 
 
 # ---- end to end: torch.split / torch.chunk / torch.unbind exported with dynamo, optimize=False ----
