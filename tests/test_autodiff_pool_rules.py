@@ -19,9 +19,12 @@ import onnx
 import onnx.reference
 import onnxruntime as ort
 import pytest
-from gradcheck import Case, build, check_case, check_case_float32, wrt
+from gradcheck import FLOAT32_RTOL, Case, build, check_case, check_case_float32, wrt
 from onnx import TensorProto, helper
 from test_autodiff_conv_rules import _FLOAT64_OPS as CONV_FLOAT64_OPS
+
+import ortlstm.ops
+from ortlstm.graphs import build_training_models, losses, optimizers
 
 _RNG = np.random.default_rng(31)
 
@@ -311,3 +314,71 @@ def test_ties_as_torch(case: Case) -> None:
         y = torch.nn.functional.adaptive_max_pool2d(x, 1)
     (y * torch.from_numpy(weights)).sum().backward()
     np.testing.assert_array_equal(grad, x.grad.numpy())
+
+
+def test_torch_pooling_export_gradient_is_torchs() -> None:
+    """Max and average pools exported from torch with dynamo: the built gradient is torch autograd's.
+
+    A CNN with ceil_mode, pads, count_include_pad both ways, dilations, 1-D and 3-D pools, exported
+    with ``optimize=False`` and a dynamic batch; float32 in onnxruntime (it has no float64
+    AveragePool) against torch in float64. The sizes keep every ceil_mode window starting inside the
+    input (onnxruntime 1.19 keeps a window that starts in the end pad, torch drops it) and
+    count_include_pad=1 off ceil_mode (1.19 divides an overhanging window by the whole kernel).
+    """
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+
+    class Pools(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+            self.conv1d = torch.nn.Conv1d(3, 2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.conv(x))
+            a = functional.max_pool2d(h, 3, stride=2, padding=1, ceil_mode=True)
+            b = functional.avg_pool2d(h, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+            c = functional.avg_pool2d(h, 2, stride=2, padding=1, count_include_pad=True)
+            m3 = functional.max_pool3d(h.unsqueeze(1), 2, stride=1, dilation=(1, 2, 1))
+            e = functional.max_pool1d(self.conv1d(h.flatten(2)), 3, stride=2)
+            return (
+                a.sum((2, 3))
+                + b.mean((2, 3)) * c.mean((2, 3))
+                + m3.flatten(1).mean(1, keepdim=True)
+                + e.mean(2).sum(1, keepdim=True)
+            )
+
+    torch.manual_seed(0)
+    module = Pools()
+    program = torch.onnx.export(
+        module,
+        (torch.randn(2, 2, 8, 10),),
+        dynamo=True,
+        optimize=False,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+    )
+    built = build_training_models(program.model_proto, loss=losses.Loss.mse_loss(), optimizer=optimizers.SGD())
+    signature = built.signature
+    rng = np.random.default_rng(3)
+    batch = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in (("x", (3, 2, 8, 10)), ("target", (3, 3)))
+    }
+    names = [output.name for output in built.gradients.graph.output]
+    session = ort.InferenceSession(built.gradients.SerializeToString(), ortlstm.ops.session_options())
+    values = dict(zip(names, session.run(None, {**batch, **built.initial_params}), strict=True))
+
+    module = module.double()
+    loss = functional.mse_loss(
+        module(torch.from_numpy(batch["x"]).double()), torch.from_numpy(batch["target"]).double()
+    )
+    loss.backward()
+    assert float(values[signature.loss]) == pytest.approx(float(loss), rel=1e-5)
+    for name, parameter in module.named_parameters():
+        expected = parameter.grad.numpy()
+        scale = max(float(np.max(np.abs(expected))), 1e-3)
+        np.testing.assert_allclose(
+            values[signature.grads[name]], expected, rtol=0, atol=FLOAT32_RTOL * scale, err_msg=name
+        )
