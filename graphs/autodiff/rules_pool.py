@@ -63,8 +63,7 @@ def _window(ctx: GradientContext) -> _Geometry:
         pads = None
     else:
         raise ctx.fail(f"auto_pad {auto_pad!r} is not an ONNX auto_pad value")
-    shape = ctx.emitter.static_shape(ctx.input(0))
-    spatial = list(shape[2:]) if shape is not None else None
+    spatial = _static_spatial(ctx, ctx.input(0))
     strides = _ints_attribute(ctx, "strides", [1] * r)
     dilations = _ints_attribute(ctx, "dilations", [1] * r)
     return _Geometry(r, kernel, strides, dilations, 1, auto_pad, pads, spatial)
@@ -185,11 +184,18 @@ def average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
     return [_as_input(ctx, cut)]
 
 
+def _static_spatial(ctx: GradientContext, value: str) -> list[int] | None:
+    """A value's dims after N and C when they are all static (N may be dynamic)."""
+    found = ctx.emitter.value_type(value)
+    dims = found.shape[2:] if found is not None and found.shape is not None else None
+    return [int(dim) for dim in dims] if dims is not None and all(isinstance(dim, int) for dim in dims) else None  # type: ignore[arg-type]
+
+
 def _spatial_tail(ctx: GradientContext, value: str, rank: int) -> str:
     """A value's dims after N and C as 1-D int64 (a constant when static)."""
-    static = ctx.emitter.static_shape(value)
+    static = _static_spatial(ctx, value)
     if static is not None:
-        return ctx.emitter.ints(list(static[2:]))
+        return ctx.emitter.ints(static)
     return ctx.op("Slice", [ctx.emitter.shape(value), ctx.emitter.ints([2]), ctx.emitter.ints([2 + rank])])
 
 
@@ -199,9 +205,9 @@ def global_average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
     (dy,) = grad_outputs
     assert dy is not None
     x, y, e = ctx.input(0), ctx.output(0), ctx.emitter
-    x_shape = e.static_shape(x)
-    if x_shape is not None:
-        count = ctx.scalar(float(math.prod(x_shape[2:])), x)
+    spatial = _static_spatial(ctx, x)
+    if spatial is not None:
+        count = ctx.scalar(float(math.prod(spatial)), x)
     else:
         count = cast_like(ctx, ctx.op("Div", [ctx.op("Size", [x]), ctx.op("Size", [y])]), x)
     return [ctx.op("Expand", [ctx.op("Div", [dy, count]), e.shape(x)])]
