@@ -141,7 +141,11 @@ def _scatter_windows(ctx: GradientContext, window: _Geometry, dy: str, indices: 
 
 @register_gradient_rule("", "MaxPool", differentiable=(0,))
 def max_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX[i] = sum of dY over the windows whose (first) maximum is X[i]."""
+    """dX[i] = sum of dY over the windows whose (first) maximum is X[i].
+
+    Ties go to one element per window, the first maximum in row-major scan order (onnxruntime's
+    Indices), as torch's max_pool*d on the CPU; none for the Indices output.
+    """
     dy = grad_outputs[0]
     assert dy is not None
     window = _window(ctx)
@@ -215,7 +219,11 @@ def global_average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
 
 @register_gradient_rule("", "GlobalMaxPool")
 def global_max_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY at the first maximum of each (n, c) plane (row-major), zero elsewhere."""
+    """dX = dY at the first maximum of each (n, c) plane (row-major), zero elsewhere.
+
+    Ties go to the first maximum only, as torch's adaptive_max_pool*d(x, 1); torch.amax (and the
+    ReduceMax rule, which torch exports adaptive max pools to) splits dY among tied maxima instead.
+    """
     (dy,) = grad_outputs
     assert dy is not None
     x, e = ctx.input(0), ctx.emitter
