@@ -24,28 +24,25 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 
 try:
     from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-    from ortlstm.graphs.autodiff.rules_conv import _Geometry, _run_time_same_pads, _spatial_shape
+    from ortlstm.graphs.autodiff.rules_conv import _Geometry, _ints_attribute, _run_time_same_pads, _spatial_shape
     from ortlstm.graphs.autodiff.rules_math import cast_like
     from ortlstm.graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET
 except ModuleNotFoundError:
     from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
     from graphs.autodiff.rules_conv import (  # type: ignore[no-redef]
         _Geometry,
+        _ints_attribute,
         _run_time_same_pads,
         _spatial_shape,
     )
     from graphs.autodiff.rules_math import cast_like  # type: ignore[no-redef]
     from graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET  # type: ignore[no-redef]
-
-
-def _ints_attribute(ctx: GradientContext, name: str, default: list[int]) -> list[int]:
-    value = ctx.attribute(name)
-    return [int(v) for v in value] if value else default  # type: ignore[union-attr]
 
 
 def _window(ctx: GradientContext) -> _Geometry:
@@ -97,7 +94,8 @@ def _size(ctx: GradientContext, value: str) -> str:
     return ctx.op("Reshape", [ctx.op("Size", [value]), ctx.emitter.ints([1])])
 
 
-def _forward_attributes(ctx: GradientContext, **changes: object) -> dict[str, object]:
+def _forward_attributes(ctx: GradientContext, **changes: object) -> dict[str, Any]:
+    """The forward node's attributes, with ``changes`` (None drops one)."""
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in ctx.node.attribute}
     attributes.update(changes)
     return {name: value for name, value in attributes.items() if value is not None}
