@@ -12,6 +12,7 @@ its own test.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -19,12 +20,25 @@ import onnx
 import onnx.reference
 import onnxruntime as ort
 import pytest
-from gradcheck import FLOAT32_RTOL, Case, build, check_case, check_case_float32, wrt
+from gradcheck import (
+    FLOAT32_RTOL,
+    FLOAT64_ATOL,
+    FLOAT64_RTOL,
+    Case,
+    analytic_gradients,
+    build,
+    check_case,
+    check_case_float32,
+    numeric_gradients,
+    wrt,
+)
 from onnx import TensorProto, helper
 from test_autodiff_conv_rules import _FLOAT64_OPS as CONV_FLOAT64_OPS
 
 import ortlstm.ops
 from ortlstm.graphs import build_training_models, losses, optimizers
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+from ortlstm.graphs.autodiff.emitter import used_names
 
 _RNG = np.random.default_rng(31)
 
@@ -382,3 +396,52 @@ def test_torch_pooling_export_gradient_is_torchs() -> None:
         np.testing.assert_allclose(
             values[signature.grads[name]], expected, rtol=0, atol=FLOAT32_RTOL * scale, err_msg=name
         )
+
+
+BATCH_DYNAMIC_IDS = (
+    "max_1d_ceil_mode",
+    "max_2d_same_upper",
+    "max_2d_opset13_overlapping",
+    "avg_1d_ceil_exclude",
+    "avg_2d_same_upper_include",
+    "global_avg_2d",
+    "global_max_2d",
+)
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.id in BATCH_DYNAMIC_IDS], ids=lambda case: case.id)
+def test_pool_gradient_with_only_the_batch_dynamic(case: Case) -> None:
+    """X declared [N, C, static...] (a torch export's dynamic batch): spatial constants, run-time sizes.
+
+    The rows' models from ``build`` with X's first dim made symbolic, differentiated again, against
+    central differences.
+    """
+    static = build(case, np.float64)
+    forward = onnx.ModelProto()
+    forward.CopyFrom(static.forward)
+    pool = helper.make_node(case.op_type, ["in0"], ["out0"], name="under_test", **case.attributes)
+    stand_in = len(case.float64_forward(pool)) if case.float64_forward is not None else 1
+    loss_nodes = list(forward.graph.node)[stand_in:]
+    del forward.graph.node[:]
+    forward.graph.node.extend([pool, *loss_nodes])
+    batch = forward.graph.input[0].type.tensor_type.shape.dim[0]
+    batch.Clear()
+    batch.dim_param = "N"
+    with_gradients = onnx.ModelProto()
+    with_gradients.CopyFrom(forward)
+    types = infer_value_types(forward)
+    assert types["in0"].shape[0] == "N"
+    emitter = GraphEmitter(onnx_opset(forward), used_names(forward.graph), types)
+    result = build_backward(with_gradients.graph, {"out0": "weight_out0"}, ["in0"], emitter)
+    with_gradients.graph.node.extend(emitter.nodes)
+    with_gradients.graph.initializer.extend(emitter.initializers)
+    with_gradients.graph.output.append(helper.make_empty_tensor_value_info(result.gradients["in0"]))
+    if case.float64_forward is not None:  # the float64 stand-in for the pool, as ``build`` places it
+        for model in (forward, with_gradients):
+            nodes = list(model.graph.node)
+            del model.graph.node[:]
+            model.graph.node.extend([*case.float64_forward(nodes[0]), *nodes[1:]])
+    built = dataclasses.replace(static, forward=forward, with_gradients=with_gradients)
+    np.testing.assert_allclose(
+        analytic_gradients(built)["in0"], numeric_gradients(built)["in0"], rtol=FLOAT64_RTOL, atol=FLOAT64_ATOL
+    )
