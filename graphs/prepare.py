@@ -14,14 +14,25 @@ standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 - each fixed input is an initializer, each fixed input shape is declared on its input, and
   ``If`` nodes whose condition is then constant are replaced by the chosen branch's nodes,
   nested ones too (names the branch defines are renamed where they would collide);
-- float ``Constant`` tensors are initializers, so they can be trained like any other (0-D ones,
-  the exporter's literals such as an epsilon, and values read only as a ``Pow`` exponent are
-  not candidates for training by default);
+- float ``Constant`` tensors are initializers, so they can be trained like any other;
+- the candidates for training by default are what torch trains: with a torch export's metadata,
+  the initializers that are torch parameters or were folded from them (``export_metadata``),
+  never buffers or an exporter's constants (a zero initial state); without it, the float
+  initializers of rank >= 1 (0-D ones are an exporter's literals, an epsilon or a zero state to
+  expand) and the float ``Constant`` tensors of rank >= 1 that are not filled with one value
+  (TorchScript's zero initial states), all of them in a model that keeps every weight in
+  ``Constant`` nodes (spox); never a value read only as a ``Pow`` exponent;
+- a candidate that a ``BatchNormalization`` also reads as its running mean or variance gets its
+  own constant copy there (onnxscript's optimizer merges equal initializers: a zero bias and a
+  zero running mean become one, and training the bias must not move the statistic);
 - nodes computing from constants only are folded into initializers when they read no candidate
   parameter (so a weight sliced from a parameter stays differentiable), and ``Shape``/``Size`` of
   a value whose shape is static become constants, and so do ``Gather(Shape(x), k)`` where dim
   ``k`` of ``x`` is static and ``Size(Shape(x))`` where the rank of ``x`` is known (the rank and
   dim checks exporters write around squeezes, whatever the dynamic dims);
+- reads of sequences whose structure is static (``SequenceAt`` of a ``SplitToSequence`` at a
+  constant position: torch.split / torch.chunk exported with ``optimize=False``) are tensor ops
+  (``autodiff.rules_sequence.resolve_static_sequences``);
 - ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - declared output shapes and intermediate ``value_info`` are dropped (shape inference redoes them;
   an exporter's wrong declaration is never trusted for labels or losses), and each output then
@@ -46,7 +57,9 @@ import onnx.version_converter
 
 try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, MIN_OPSET, ValueType, infer_value_types, used_names
+    from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences
     from ortlstm.graphs.convert import convert, is_onnx_lstm
+    from ortlstm.graphs.export_metadata import read_torch_origins
     from ortlstm.ops import schema
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import (  # type: ignore[no-redef]
@@ -56,7 +69,9 @@ except ModuleNotFoundError:
         infer_value_types,
         used_names,
     )
+    from graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences  # type: ignore[no-redef]
     from graphs.convert import convert, is_onnx_lstm  # type: ignore[no-redef]
+    from graphs.export_metadata import read_torch_origins  # type: ignore[no-redef]
     from ops import schema  # type: ignore[no-redef]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
@@ -64,10 +79,11 @@ _ONNX_DOMAINS = ("", "ai.onnx")
 # new in 15), and below 18, where the reductions and Split take their axes as inputs (fewer nodes
 # for the converter to rewrite). ddddocr's and PP-OCRv2's opset-12 exports train at 17.
 CONVERTED_OPSET = 17
-# Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs.
+# Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,
+# never sequence ops (a folded sequence would become a tensor initializer; see resolve_static_sequences).
 _NOT_FOLDED = frozenset(
     {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
-)
+) | frozenset(SEQUENCE_OPS)
 _MAX_FOLDED_ELEMENTS = 1 << 16
 
 
@@ -77,12 +93,15 @@ class PreparedModel:
 
     Attributes:
         model: The prepared model.
-        candidates: Float initializers that may be trained: the model's own float initializers
-            and lifted float ``Constant`` tensors of rank >= 1, not the values folding created.
+        candidates: Float initializers trained by default (see the module docstring), and those
+            the caller named to keep; never the values folding created.
         specialized: Names of the ``If`` nodes replaced by a branch.
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
         remaining_ifs: Names of the ``If`` nodes left in the main graph (their condition is not
             constant: fix the inputs or input shapes that decide it to differentiate through them).
+        sources: For a torch export with metadata, each candidate -> the torch parameters it is
+            or was folded from; empty without metadata.
+        dropped: Torch parameters the export lost (see ``export_metadata.TorchOrigins``).
         control_flow: For each remaining ``If``, by its first output: what decides it and what to
             pass to fix it, in words (the advice of a refusal that meets it).
     """
@@ -92,6 +111,8 @@ class PreparedModel:
     specialized: tuple[str, ...]
     converted: tuple[str, ...]
     remaining_ifs: tuple[str, ...] = ()
+    sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
     control_flow: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -319,6 +340,7 @@ def prepare_model(
     model: onnx.ModelProto,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+    keep: Iterable[str] = (),
 ) -> PreparedModel:
     """Returns the model made ready for differentiation (see the module docstring).
 
@@ -330,14 +352,16 @@ def prepare_model(
             fixes that dim, None keeps the declared one (e.g. ``{"input": [None, 576]}`` fixes
             the sample count and keeps the batch dynamic). ``If`` conditions computed from those
             dims then fold; the prepared model accepts only inputs of these shapes.
+        keep: Initializers to keep as candidates whatever the defaults say (the parameters a
+            caller names to train, a 0-D scale say): they are never folded away.
 
     Raises:
         ValueError: A fixed input or shape is not a graph input, or a fixed shape contradicts the
             declared one.
     """
-    prepared = _prepare(model, fixed_inputs, fixed_shapes)
+    prepared = _prepare(model, fixed_inputs, fixed_shapes, keep)
     if prepared.remaining_ifs:
-        advice = _ControlFlowAdvice(model, fixed_inputs, fixed_shapes, prepared)
+        advice = _ControlFlowAdvice(model, fixed_inputs, fixed_shapes, keep, prepared)
         prepared = dataclasses.replace(prepared, control_flow=advice)
     return prepared
 
@@ -346,6 +370,7 @@ def _prepare(
     model: onnx.ModelProto,
     fixed_inputs: Mapping[str, np.ndarray] | None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None,
+    keep: Iterable[str] = (),
     *,
     decide_only: bool = False,
 ) -> PreparedModel:
@@ -378,9 +403,32 @@ def _prepare(
         if output.type.HasField("tensor_type"):
             output.type.tensor_type.ClearField("shape")
 
-    candidates = {
-        init.name for init in graph.initializer if init.data_type in FLOAT_TYPES and init.name in initializer_names
-    }
+    origins = read_torch_origins(model)
+    kept = set(keep)
+    if origins is not None:
+        candidates = {
+            init.name
+            for init in graph.initializer
+            if init.data_type in FLOAT_TYPES and (init.name in origins.sources or init.name in kept)
+        }
+    else:
+        candidates = {
+            init.name
+            for init in graph.initializer
+            if init.data_type in FLOAT_TYPES and init.name in initializer_names and (init.dims or init.name in kept)
+        }
+    # Where the weights are initializers (torch, paddle2onnx), a Constant node filled with one value
+    # is a literal of the forward (TorchScript writes torch.zeros initial states so); spox writes
+    # every weight as a Constant.
+    constants_are_weights = origins is None and not candidates
+
+    def is_weight_constant(name: str, value: np.ndarray) -> bool:
+        if name in kept:
+            return True
+        if origins is not None or value.ndim == 0 or value.size == 0:
+            return False
+        return constants_are_weights or bool(np.any(value != value.reshape(-1)[0]))
+
     opsets = list(result.opset_import)
     specialized: list[str] = []
     constants: dict[str, np.ndarray] = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
@@ -398,8 +446,10 @@ def _prepare(
                 if literal is not None:
                     constants[node.output[0]] = literal
                     graph.initializer.append(onnx.numpy_helper.from_array(literal, node.output[0]))
-                    # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight.
-                    if onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES and literal.ndim > 0:
+                    # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight;
+                    # a torch export's constants are never parameters.
+                    is_float = onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES
+                    if is_float and is_weight_constant(node.output[0], literal):
                         candidates.add(node.output[0])
                     changed = True
                     continue
@@ -416,7 +466,7 @@ def _prepare(
                 graph.initializer.extend(branch_initializers)
                 for init in branch_initializers:
                     constants[init.name] = onnx.numpy_helper.to_array(init)
-                    if init.data_type in FLOAT_TYPES:
+                    if init.data_type in FLOAT_TYPES and is_weight_constant(init.name, constants[init.name]):
                         candidates.add(init.name)
                 specialized.append(node.name)
                 changed = True
@@ -439,6 +489,14 @@ def _prepare(
                     start = next((attr.i for attr in node.attribute if attr.name == "start"), None)
                     end = next((attr.i for attr in node.attribute if attr.name == "end"), None)
                     shape_of[node.output[0]] = (node.input[0], start, end)
+                    # Shape(x, start, end) over static dims of a partly dynamic x (a fixed width).
+                    sliced = _static_shape_dims(shape_of[node.output[0]], types)
+                    if sliced is not None and all(isinstance(dim, int) for dim in sliced):
+                        value = np.asarray(sliced, dtype=np.int64)
+                        constants[node.output[0]] = value
+                        graph.initializer.append(onnx.numpy_helper.from_array(value, node.output[0]))
+                        changed = True
+                        continue
             partial = _fold_partial_shape(node, shape_of, types, constants)
             if partial is not None:
                 constants[node.output[0]] = partial
@@ -469,6 +527,7 @@ def _prepare(
     if decide_only:
         left = tuple(node.name for node in graph.node if _is_onnx(node) and node.op_type == "If")
         return PreparedModel(result, frozenset(), tuple(specialized), (), left)
+    resolve_static_sequences(result, constants)  # torch.split / chunk with optimize=False: tensor ops
     _drop_dead_nodes(graph)
     _drop_unused_initializers(graph)
     converted: tuple[str, ...] = ()
@@ -478,10 +537,20 @@ def _prepare(
         converted = tuple(node.name for node in result.graph.node if _is_lstm_training(node))[already:]
     # An exponent is a literal of the formula (x ** 2), not a weight; its gradient, log(x), is NaN
     # wherever the base is negative (an STFT's real part). Named in requires_grad it still trains.
-    candidates -= _only_pow_exponents(result.graph, candidates)
+    candidates -= _only_pow_exponents(result.graph, candidates) - kept
+    _untie_running_statistics(result.graph, candidates)
     _declare_inferred_output_shapes(result)
     remaining = tuple(node.name for node in result.graph.node if _is_onnx(node) and node.op_type == "If")
-    return PreparedModel(result, frozenset(candidates), tuple(specialized), converted, remaining)
+    sources = {name: origins.sources[name] for name in candidates if name in origins.sources} if origins else {}
+    return PreparedModel(
+        result,
+        frozenset(candidates),
+        tuple(specialized),
+        converted,
+        remaining,
+        sources,
+        origins.dropped if origins else (),
+    )
 
 
 # ---- what decides an If that preparation could not replace ---------------------------------------
@@ -503,9 +572,11 @@ class _ControlFlowAdvice(Mapping[str, str]):
         model: onnx.ModelProto,
         fixed_inputs: Mapping[str, np.ndarray] | None,
         fixed_shapes: Mapping[str, Sequence[int | str | None]] | None,
+        keep: Iterable[str],
         prepared: PreparedModel,
     ) -> None:
         self._model = model
+        self._keep = tuple(keep)
         self._fixed_inputs = dict(fixed_inputs or {})
         self._fixed_shapes = {name: list(dims) for name, dims in (fixed_shapes or {}).items()}
         self._prepared = prepared
@@ -541,7 +612,7 @@ class _ControlFlowAdvice(Mapping[str, str]):
                         shapes = {name: list(dims) for name, dims in self._fixed_shapes.items()}
                         shapes.setdefault(value.name, [None] * len(declared))[axis] = size
                         try:
-                            probe = _prepare(self._model, self._fixed_inputs, shapes, decide_only=True)
+                            probe = _prepare(self._model, self._fixed_inputs, shapes, self._keep, decide_only=True)
                         except Exception:  # noqa: BLE001 - a size the model cannot take decides nothing
                             continue
                         decided |= set(self._ifs) - set(_if_nodes(probe.model.graph))
@@ -643,6 +714,48 @@ def _inputs_reaching(graph: onnx.GraphProto, names: Sequence[str]) -> list[str]:
         if node is not None:
             stack.extend(node.input)
     return found
+
+
+def _untie_running_statistics(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Gives each BatchNormalization that reads a candidate as its running mean or variance a copy.
+
+    The statistics are data, never trained; a candidate read there is an equal initializer the
+    exporter's optimizer merged with a parameter (zeros of a bias and of a running mean).
+    """
+    initializers = {init.name: init for init in graph.initializer}
+    statistic_reads = {
+        (position, index)
+        for position, node in enumerate(graph.node)
+        if _is_onnx(node) and node.op_type == "BatchNormalization"
+        for index in (3, 4)
+        if index < len(node.input) and node.input[index] in candidates
+    }
+    if not statistic_reads:
+        return
+    read_elsewhere = (
+        {
+            name
+            for position, node in enumerate(graph.node)
+            for index, name in enumerate(node.input)
+            if (position, index) not in statistic_reads
+        }
+        | _subgraph_reads(graph)
+        | {output.name for output in graph.output}
+    )
+    taken = used_names(graph)
+    for position, node in enumerate(graph.node):
+        for index in (3, 4):
+            name = node.input[index] if (position, index) in statistic_reads else ""
+            if name in read_elsewhere and name in initializers:
+                copy_name, k = f"{name}.running_statistic", 1
+                while copy_name in taken:
+                    copy_name, k = f"{name}.running_statistic_{k}", k + 1
+                taken.add(copy_name)
+                copied = onnx.TensorProto()
+                copied.CopyFrom(initializers[name])
+                copied.name = copy_name
+                graph.initializer.append(copied)
+                node.input[index] = copy_name
 
 
 def _declare_inferred_output_shapes(model: onnx.ModelProto) -> None:

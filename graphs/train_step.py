@@ -17,6 +17,7 @@ guesses names. Protos only; nothing here imports onnxruntime.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -30,6 +31,7 @@ try:
     from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names
     from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.graphs.parameters import resolve_frozen
     from ortlstm.graphs.prepare import PreparedModel, prepare_model
     from ortlstm.ops import schema as ortlstm_schema
 except ModuleNotFoundError:
@@ -43,6 +45,7 @@ except ModuleNotFoundError:
     )
     from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names  # type: ignore[no-redef]
     from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
+    from graphs.parameters import resolve_frozen  # type: ignore[no-redef]
     from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
     from ops import schema as ortlstm_schema  # type: ignore[no-redef]
 
@@ -221,6 +224,7 @@ def build_training_models(
     loss: losses_module.Loss,
     optimizer: optimizers_module.Optimizer,
     requires_grad: Sequence[str] | None = None,
+    frozen: Sequence[str] = (),
     output: str | None = None,
     target: str = "target",
     extra_outputs: Sequence[str] = (),
@@ -239,8 +243,13 @@ def build_training_models(
             the model output itself as the loss.
         optimizer: The optimizer, with torch.optim's semantics (``optimizers.SGD``, ``Adam``, ``AdamW``,
             ``RMSprop``, ``Adagrad``).
-        requires_grad: Parameters to train. Default: every float initializer or Constant
-            tensor that reaches the loss; others stay constants.
+        requires_grad: Parameters to train. Default: what torch trains that reaches the loss: with
+            a torch export's metadata its parameters (and initializers folded from them), never
+            buffers or constants; without metadata every float initializer or Constant tensor
+            of rank >= 1 (0-D ones are an exporter's literals). Others stay constants.
+        frozen: Names, globs or module prefixes of parameters not to train, matched against
+            initializer names and the torch parameters they were folded from
+            (``parameters.resolve_frozen``).
         output: The model output the loss reads (required when the model has several).
         target: Name of the target input the loss compares the prediction with.
         extra_outputs: Model outputs to return from the train step too.
@@ -261,8 +270,15 @@ def build_training_models(
             an empty set of parameters, an op without gradient rule on a parameter's path, a
             target the loss cannot take.
     """
-    prepared = prepare_model(model, fixed_inputs, fixed_shapes)
+    prepared = prepare_model(model, fixed_inputs, fixed_shapes, keep=requires_grad or ())
     forward = prepared.model
+    if requires_grad is None and prepared.dropped:
+        warnings.warn(
+            f"torch parameters {list(prepared.dropped)} are not in the export, so they cannot be trained: the "
+            "exporter's optimizer removes a zero-valued bias (an addition of zeros) and merges equal tensors, or the "
+            "forward does not use them. Export with torch.onnx.export(..., optimize=False) to keep every parameter.",
+            stacklevel=2,
+        )
     prediction = _select_prediction(forward, output)
     for name in extra_outputs:
         _select_prediction(forward, name)
@@ -301,8 +317,14 @@ def build_training_models(
     # The loss nodes' static types, so that their gradients' broadcasting resolves when the graph
     # is built (a scalar loss's chain rule took 14 run-time shape nodes per broadcast op without).
     _add_inferred_types(emitter, forward_and_loss, target_info, forward.opset_import)
+    frozen_names = resolve_frozen(
+        frozen,
+        [*dict.fromkeys([*_default_requires_grad(prepared), *(requires_grad or ())])],
+        prepared.sources,
+        known=[*(init.name for init in graph.initializer), *prepared.dropped],
+    )
     if requires_grad is None:
-        candidates = _default_requires_grad(prepared)
+        candidates = [name for name in _default_requires_grad(prepared) if name not in frozen_names]
         probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
         probe.record_constants(graph.initializer)
         reachable = build_backward(
@@ -318,9 +340,9 @@ def build_training_models(
             raise ValueError(_nothing_reaches_the_loss(prepared, candidates))
     else:
         _check_requires_grad(prepared, requires_grad)
-        params = list(dict.fromkeys(requires_grad))
+        params = [name for name in dict.fromkeys(requires_grad) if name not in frozen_names]
         if not params:
-            raise ValueError("requires_grad is empty: name at least one parameter to train")
+            raise ValueError("requires_grad is empty (or all frozen): name at least one parameter to train")
     initializers = {init.name: init for init in graph.initializer}
     frozen = [name for name in _default_requires_grad(prepared) if name not in params]
 

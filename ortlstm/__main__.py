@@ -26,6 +26,36 @@ _TRAIN_LOSSES = {
 _TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 
 
+def _named_value(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` of ``--fixed-input``: an int, a float, or a comma-separated list of them."""
+    import numpy as np
+
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. sr=16000), got {text!r}")
+    items = value.split(",")
+    try:
+        numbers = [int(item) for item in items]
+        array = np.asarray(numbers if len(items) > 1 else numbers[0], dtype=np.int64)
+    except ValueError:
+        try:
+            array = np.asarray([float(item) for item in items] if len(items) > 1 else float(value), dtype=np.float32)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be numbers, e.g. sr=16000 or scale=0.5") from None
+    return name, array
+
+
+def _named_dims(text: str) -> tuple[str, list[int | None]]:
+    """``NAME=D0,D1,...`` of ``--fixed-shape``: an int fixes an axis, ``?`` keeps it."""
+    name, _, dims = text.partition("=")
+    try:
+        return name, [None if dim.strip() in ("?", "") else int(dim) for dim in dims.split(",")] if name else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=D0,D1,... with ints or '?', e.g. input=?,576; got {text!r}"
+        ) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortlstm", description="LSTM training ops for ONNX Runtime.")
     parser.add_argument("--version", action="version", version=f"ortlstm {ortlstm.__version__}")
@@ -99,12 +129,41 @@ def _parser() -> argparse.ArgumentParser:
     train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
     train_step.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
     train_step.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
+    train_step.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
     train_step.add_argument(
-        "--requires-grad", nargs="+", default=None, metavar="NAME", help="default: every float initializer on the loss"
+        "--requires-grad",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="default: what torch trains (a torch export's parameters; without metadata, float tensors of rank >= 1)",
+    )
+    train_step.add_argument(
+        "--frozen",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
     )
     train_step.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
     train_step.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
     train_step.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME")
+    train_step.add_argument(
+        "--fixed-input",
+        action="append",
+        default=[],
+        type=_named_value,
+        metavar="NAME=VALUE",
+        help="fix an input for training (e.g. sr=16000; a list as 1,2,3): the If nodes it decides keep one branch",
+    )
+    train_step.add_argument(
+        "--fixed-shape",
+        action="append",
+        default=[],
+        type=_named_dims,
+        metavar="NAME=DIMS",
+        help="fix an input's shape for training, one entry per axis, '?' keeps an axis (e.g. input=?,576)",
+    )
+    train_step.add_argument("--ir-version", type=int, default=None, help="IR version of the written models")
 
     export = commands.add_parser(
         "export",
@@ -209,17 +268,24 @@ def _train_step(args: argparse.Namespace) -> int:
         loss=getattr(losses.Loss, _TRAIN_LOSSES[args.loss])(),
         optimizer=optimizer,
         requires_grad=args.requires_grad,
+        frozen=args.frozen,
         output=args.output,
         target=args.target,
         extra_outputs=args.extra_outputs,
         clip_grad_norm=args.clip_grad_norm,
+        clip_norm_type=args.clip_norm_type,
+        fixed_inputs=dict(args.fixed_input) or None,
+        fixed_shapes=dict(args.fixed_shape) or None,
+        **({"ir_version": args.ir_version} if args.ir_version is not None else {}),
     )
     trainer.write(args.directory)
     signature = trainer.signature
     feeds = [*signature.batch_inputs, *([signature.target] if signature.target else [])]
     print(f"{args.directory}: train_step.onnx, eval.onnx, gradients.onnx, apply.onnx, model.onnx, training.json, ")
-    print(f"  state.safetensors (step 0) for {len(signature.params)} parameter(s): {', '.join(signature.params)}")
-    print(f"  batch feeds: {', '.join(feeds)}; {type(optimizer).__name__} lr {optimizer.lr:g}")
+    print(
+        f"  state.safetensors (step 0); batch feeds: {', '.join(feeds)}; {type(optimizer).__name__} lr {optimizer.lr:g}"
+    )
+    print(trainer.summary())
     print(f"train: ortlstm.training.Trainer.open({str(args.directory)!r})")
     print(f"export: ortlstm export {args.directory} OUT.onnx")
     return 0

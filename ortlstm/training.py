@@ -29,6 +29,9 @@ import onnx.numpy_helper
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
+from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.export_metadata import read_torch_origins
+from ortlstm.graphs.parameters import TrainedParameter
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
 
 CHECKPOINT_FORMAT = "ortlstm.trainer/1"
@@ -60,6 +63,9 @@ class TrainingSpec:
         clip_grad_norm: Maximum global gradient norm, or None.
         clip_norm_type: The norm's type.
         stateful: Each LSTM's final state is the next step's initial state (truncated BPTT).
+        frozen: Names, globs or module prefixes of parameters left untrained (as given).
+        fixed_shapes: Input shapes fixed for training (``prepare_model``), or None.
+        ir_version: The IR version of the training models.
     """
 
     loss: losses.Loss
@@ -72,6 +78,9 @@ class TrainingSpec:
     clip_grad_norm: float | None = None
     clip_norm_type: float = 2.0
     stateful: bool = False
+    frozen: tuple[str, ...] = ()
+    fixed_shapes: dict[str, tuple[int | str | None, ...]] | None = None
+    ir_version: int = MAX_IR_VERSION
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready description (exact floats: JSON keeps Python's repr)."""
@@ -91,6 +100,9 @@ class TrainingSpec:
             "clip_grad_norm": self.clip_grad_norm,
             "clip_norm_type": self.clip_norm_type,
             "stateful": self.stateful,
+            "frozen": list(self.frozen),
+            "fixed_shapes": _listed(self.fixed_shapes) if self.fixed_shapes is not None else None,
+            "ir_version": self.ir_version,
         }
 
     @classmethod
@@ -108,7 +120,17 @@ class TrainingSpec:
             clip_grad_norm=data["clip_grad_norm"],
             clip_norm_type=data["clip_norm_type"],
             stateful=bool(data.get("stateful", False)),
+            frozen=tuple(data.get("frozen", ())),
+            fixed_shapes=_fixed_shapes(data.get("fixed_shapes")),
+            ir_version=int(data.get("ir_version", MAX_IR_VERSION)),
         )
+
+
+def _fixed_shapes(
+    shapes: Mapping[str, Sequence[int | str | None]] | None,
+) -> dict[str, tuple[int | str | None, ...]] | None:
+    """``fixed_shapes`` in the spec's form (tuples, so that specs compare and hash alike)."""
+    return None if shapes is None else {name: tuple(dims) for name, dims in shapes.items()}
 
 
 def _listed(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -430,6 +452,7 @@ class Trainer:
         optimizer: optimizers.Optimizer,
         lr: LearningRate | None = None,
         requires_grad: Sequence[str] | None = None,
+        frozen: Sequence[str] = (),
         output: str | None = None,
         target: str = "target",
         extra_outputs: Sequence[str] = (),
@@ -437,8 +460,10 @@ class Trainer:
         clip_grad_norm: float | None = None,
         clip_norm_type: float = 2.0,
         fixed_inputs: Mapping[str, np.ndarray] | None = None,
+        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
         stateful: bool = False,
         threads: int | None = None,
+        ir_version: int = MAX_IR_VERSION,
     ) -> None:
         """Builds the training models of ``model``.
 
@@ -448,19 +473,27 @@ class Trainer:
             optimizer: The optimizer; its ``lr`` is the learning rate unless ``lr`` is given.
             lr: A constant learning rate, or a schedule ``f(n) -> lr`` called with the number of
                 updates done before the one it serves (0 first), as torch's LR schedulers count.
-            requires_grad: Parameters to train (default: every float initializer reaching the loss).
+            requires_grad: Parameters to train. Default: what torch trains that reaches the loss
+                (a torch export's parameters by its metadata; without metadata every float
+                tensor of rank >= 1); ``trained`` and ``summary()`` say what was chosen.
+            frozen: Names, globs (``"FeatureExtraction.*"``) or module prefixes of parameters not
+                to train; an initializer folded from torch parameters matches by their names.
             output: The model output the loss reads (needed when the model has several).
             target: Name given to the target input.
             extra_outputs: Model outputs ``step`` returns after the loss.
             param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
             clip_grad_norm: Clip the global gradient norm to this value.
             clip_norm_type: The clipping norm's type (2.0 or inf).
-            fixed_inputs: Model inputs fixed for training (they become constants).
+            fixed_inputs: Model inputs fixed for training (they become constants; an ``If`` they
+                decide keeps one branch).
+            fixed_shapes: Input shapes fixed for training, an int or None (keep) per axis, e.g.
+                ``{"input": [None, 576]}``; ``If`` nodes decided by those dims keep one branch.
             stateful: Truncated backpropagation through time: each step starts every LSTM of the
                 main graph (each direction) from the final state of the previous step, without a
                 gradient through that boundary (torch's ``h.detach()``); zeros at first and after
                 ``reset_state()``. The batch size must stay the same until a reset.
             threads: onnxruntime intra-op threads (default: onnxruntime's choice).
+            ir_version: The IR version of the training models (10: onnxruntime >= 1.19 loads them).
 
         Raises:
             ValueError: From ``build_training_models``: an unknown output or parameter, a target
@@ -476,6 +509,7 @@ class Trainer:
             loss=loss,
             optimizer=optimizer,
             requires_grad=requires_grad,
+            frozen=frozen,
             output=output,
             target=target,
             extra_outputs=list(dict.fromkeys([*extra_outputs, *carried_outputs])),
@@ -483,6 +517,8 @@ class Trainer:
             clip_grad_norm=clip_grad_norm,
             clip_norm_type=clip_norm_type,
             fixed_inputs=fixed_inputs,
+            fixed_shapes=fixed_shapes,
+            ir_version=ir_version,
         )
         outputs = [value.name for value in built.prepared.model.graph.output]
         spec = TrainingSpec(
@@ -496,6 +532,9 @@ class Trainer:
             clip_grad_norm=clip_grad_norm,
             clip_norm_type=clip_norm_type,
             stateful=stateful,
+            frozen=tuple(frozen),
+            fixed_shapes=_fixed_shapes(fixed_shapes),
+            ir_version=ir_version,
         )
         models = {
             "train_step": built.train_step,
@@ -616,6 +655,7 @@ class Trainer:
             optimizer=spec.optimizer,
             lr=lr,
             requires_grad=spec.requires_grad,
+            frozen=spec.frozen,
             output=spec.prediction,
             target=spec.target or "target",
             extra_outputs=spec.extra_outputs,
@@ -623,8 +663,10 @@ class Trainer:
             clip_grad_norm=spec.clip_grad_norm,
             clip_norm_type=spec.clip_norm_type,
             fixed_inputs=fixed or None,
+            fixed_shapes=spec.fixed_shapes,
             stateful=spec.stateful,
             threads=threads,
+            ir_version=spec.ir_version,
         )
         trainer.load(checkpoint)
         return trainer
@@ -1006,6 +1048,35 @@ class Trainer:
         """Copies of the trained parameters' current values, by their names in the model."""
         values = self._values()
         return {name: values[name] for name in self.signature.params}
+
+    @property
+    def trained(self) -> tuple[TrainedParameter, ...]:
+        """What this trainer trains: each parameter's name, shape, type and the torch parameters it stands for."""
+        origins = read_torch_origins(self._original)
+        sources = origins.sources if origins is not None else {}
+        return tuple(
+            TrainedParameter(
+                name, tuple(self._initial[name].shape), str(self._initial[name].dtype), sources.get(name, ())
+            )
+            for name in self.signature.params
+        )
+
+    def summary(self) -> str:
+        """A table of the trained and frozen parameters, for a reader to check against their torch model."""
+        trained = self.trained
+        lines = [f"trains {len(trained)} parameters, {sum(p.size for p in trained):,} values:"]
+        width = max(len(p.name) for p in trained)
+        for parameter in trained:
+            shape = "[" + ", ".join(map(str, parameter.shape)) + "]"
+            origin = (
+                f"  <- {', '.join(parameter.sources)}"
+                if parameter.sources and parameter.sources != (parameter.name,)
+                else ""
+            )
+            lines.append(f"  {parameter.name:<{width}}  {parameter.dtype:<7} {shape:<16} {parameter.size:>10,}{origin}")
+        if self.signature.frozen:
+            lines.append(f"frozen (constants): {', '.join(self.signature.frozen)}")
+        return "\n".join(lines)
 
     @property
     def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:

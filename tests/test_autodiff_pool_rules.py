@@ -12,6 +12,7 @@ its own test.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -19,9 +20,25 @@ import onnx
 import onnx.reference
 import onnxruntime as ort
 import pytest
-from gradcheck import Case, build, check_case, check_case_float32, wrt
+from gradcheck import (
+    FLOAT32_RTOL,
+    FLOAT64_ATOL,
+    FLOAT64_RTOL,
+    Case,
+    analytic_gradients,
+    build,
+    check_case,
+    check_case_float32,
+    numeric_gradients,
+    wrt,
+)
 from onnx import TensorProto, helper
 from test_autodiff_conv_rules import _FLOAT64_OPS as CONV_FLOAT64_OPS
+
+import ortlstm.ops
+from ortlstm.graphs import build_training_models, losses, optimizers
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+from ortlstm.graphs.autodiff.emitter import used_names
 
 _RNG = np.random.default_rng(31)
 
@@ -311,3 +328,120 @@ def test_ties_as_torch(case: Case) -> None:
         y = torch.nn.functional.adaptive_max_pool2d(x, 1)
     (y * torch.from_numpy(weights)).sum().backward()
     np.testing.assert_array_equal(grad, x.grad.numpy())
+
+
+def test_torch_pooling_export_gradient_is_torchs() -> None:
+    """Max and average pools exported from torch with dynamo: the built gradient is torch autograd's.
+
+    A CNN with ceil_mode, pads, count_include_pad both ways, dilations, 1-D and 3-D pools, exported
+    with ``optimize=False`` and a dynamic batch; float32 in onnxruntime (it has no float64
+    AveragePool) against torch in float64. The sizes keep every ceil_mode window starting inside the
+    input (onnxruntime 1.19 keeps a window that starts in the end pad, torch drops it) and
+    count_include_pad=1 off ceil_mode (1.19 divides an overhanging window by the whole kernel).
+    """
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+
+    class Pools(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+            self.conv1d = torch.nn.Conv1d(3, 2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.conv(x))
+            a = functional.max_pool2d(h, 3, stride=2, padding=1, ceil_mode=True)
+            b = functional.avg_pool2d(h, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+            c = functional.avg_pool2d(h, 2, stride=2, padding=1, count_include_pad=True)
+            m3 = functional.max_pool3d(h.unsqueeze(1), 2, stride=1, dilation=(1, 2, 1))
+            e = functional.max_pool1d(self.conv1d(h.flatten(2)), 3, stride=2)
+            return (
+                a.sum((2, 3))
+                + b.mean((2, 3)) * c.mean((2, 3))
+                + m3.flatten(1).mean(1, keepdim=True)
+                + e.mean(2).sum(1, keepdim=True)
+            )
+
+    torch.manual_seed(0)
+    module = Pools()
+    program = torch.onnx.export(
+        module,
+        (torch.randn(2, 2, 8, 10),),
+        dynamo=True,
+        optimize=False,
+        input_names=["x"],
+        output_names=["y"],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+    )
+    built = build_training_models(program.model_proto, loss=losses.Loss.mse_loss(), optimizer=optimizers.SGD())
+    signature = built.signature
+    rng = np.random.default_rng(3)
+    batch = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in (("x", (3, 2, 8, 10)), ("target", (3, 3)))
+    }
+    names = [output.name for output in built.gradients.graph.output]
+    session = ort.InferenceSession(built.gradients.SerializeToString(), ortlstm.ops.session_options())
+    values = dict(zip(names, session.run(None, {**batch, **built.initial_params}), strict=True))
+
+    module = module.double()
+    loss = functional.mse_loss(
+        module(torch.from_numpy(batch["x"]).double()), torch.from_numpy(batch["target"]).double()
+    )
+    loss.backward()
+    assert float(values[signature.loss]) == pytest.approx(float(loss), rel=1e-5)
+    for name, parameter in module.named_parameters():
+        expected = parameter.grad.numpy()
+        scale = max(float(np.max(np.abs(expected))), 1e-3)
+        np.testing.assert_allclose(
+            values[signature.grads[name]], expected, rtol=0, atol=FLOAT32_RTOL * scale, err_msg=name
+        )
+
+
+BATCH_DYNAMIC_IDS = (
+    "max_1d_ceil_mode",
+    "max_2d_same_upper",
+    "max_2d_opset13_overlapping",
+    "avg_1d_ceil_exclude",
+    "avg_2d_same_upper_include",
+    "global_avg_2d",
+    "global_max_2d",
+)
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.id in BATCH_DYNAMIC_IDS], ids=lambda case: case.id)
+def test_pool_gradient_with_only_the_batch_dynamic(case: Case) -> None:
+    """X declared [N, C, static...] (a torch export's dynamic batch): spatial constants, run-time sizes.
+
+    The rows' models from ``build`` with X's first dim made symbolic, differentiated again, against
+    central differences.
+    """
+    static = build(case, np.float64)
+    forward = onnx.ModelProto()
+    forward.CopyFrom(static.forward)
+    pool = helper.make_node(case.op_type, ["in0"], ["out0"], name="under_test", **case.attributes)
+    stand_in = len(case.float64_forward(pool)) if case.float64_forward is not None else 1
+    loss_nodes = list(forward.graph.node)[stand_in:]
+    del forward.graph.node[:]
+    forward.graph.node.extend([pool, *loss_nodes])
+    batch = forward.graph.input[0].type.tensor_type.shape.dim[0]
+    batch.Clear()
+    batch.dim_param = "N"
+    with_gradients = onnx.ModelProto()
+    with_gradients.CopyFrom(forward)
+    types = infer_value_types(forward)
+    assert types["in0"].shape[0] == "N"
+    emitter = GraphEmitter(onnx_opset(forward), used_names(forward.graph), types)
+    result = build_backward(with_gradients.graph, {"out0": "weight_out0"}, ["in0"], emitter)
+    with_gradients.graph.node.extend(emitter.nodes)
+    with_gradients.graph.initializer.extend(emitter.initializers)
+    with_gradients.graph.output.append(helper.make_empty_tensor_value_info(result.gradients["in0"]))
+    if case.float64_forward is not None:  # the float64 stand-in for the pool, as ``build`` places it
+        for model in (forward, with_gradients):
+            nodes = list(model.graph.node)
+            del model.graph.node[:]
+            model.graph.node.extend([*case.float64_forward(nodes[0]), *nodes[1:]])
+    built = dataclasses.replace(static, forward=forward, with_gradients=with_gradients)
+    np.testing.assert_allclose(
+        analytic_gradients(built)["in0"], numeric_gradients(built)["in0"], rtol=FLOAT64_RTOL, atol=FLOAT64_ATOL
+    )

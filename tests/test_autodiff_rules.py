@@ -439,8 +439,29 @@ def test_op_without_rule_is_refused_naming_node_op_and_parameter() -> None:
         helper.make_node("Tanh", ["weight"], ["t"], name="squash"),
         helper.make_node("Det", ["t"], ["loss"], name="determinant"),
     ]
-    with pytest.raises(ValueError, match=r"ai\.onnx::Det node 'determinant'.*parameter 'weight'"):
+    with pytest.raises(
+        ValueError,
+        match=r"ai\.onnx::Det node 'determinant'.*1 parameter\(s\) \['weight'\]. Freeze them \(frozen=\['weight'\]",
+    ):
         _backward(_model(nodes, [weight]), ["weight"])
+
+
+def test_op_without_rule_is_refused_naming_every_parameter_behind_it() -> None:
+    # Both of a module's weights lie behind the node; a third parameter after it does not.
+    first = onnx.numpy_helper.from_array(np.eye(2), "features.conv.weight")
+    second = onnx.numpy_helper.from_array(np.eye(2), "features.conv.bias")
+    after = onnx.numpy_helper.from_array(np.ones(()), "head.scale")
+    nodes = [
+        helper.make_node("Add", ["features.conv.weight", "features.conv.bias"], ["summed"]),
+        helper.make_node("Det", ["summed"], ["det"], name="determinant"),
+        helper.make_node("Mul", ["det", "head.scale"], ["loss"]),
+    ]
+    message = (
+        r"2 parameter\(s\) \['features.conv.bias', 'features.conv.weight'\]. Freeze them "
+        r"\(frozen=\['features.conv.bias', 'features.conv.weight'\], or frozen=\['features.\*'\] for the whole module"
+    )
+    with pytest.raises(ValueError, match=message):
+        _backward(_model(nodes, [first, second, after]), ["features.conv.weight", "features.conv.bias", "head.scale"])
 
 
 def test_cast_to_an_integer_type_stops_the_gradient() -> None:

@@ -175,7 +175,9 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
         "--weight-decay", "0", "--requires-grad", "W", "R", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
-    assert "for 2 parameter(s): W, R" in result.stdout, describe(result)
+    assert "trains 2 parameters" in result.stdout, describe(result)
+    assert re.search(r"\n  W +float32 \[2, 20, 4\] +160\n", result.stdout), describe(result)
+    assert "frozen (constants): B" in result.stdout, describe(result)
     assert "batch feeds: X, target; AdamW lr 0.05" in result.stdout, describe(result)
     names = ("train_step", "eval", "gradients", "apply", "model")
     for name in names:
@@ -206,6 +208,25 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     np.testing.assert_array_equal(weights["W"], trainer.parameters["W"])
 
 
+def test_train_step_takes_frozen_fixed_shapes_and_fixed_inputs(tmp_path: Path) -> None:
+    """--frozen (a glob), --fixed-shape and --fixed-input reach the Trainer and its saved spec."""
+    from ortlstm.training import Trainer
+
+    lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
+    result = ortlstm_cli(
+        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "sgd", "--frozen", "[WB]",
+        "--fixed-shape", f"X=?,{BATCH_SIZE},?", "--clip-grad-norm", "1", "--clip-norm-type", "inf", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    assert "trains 1 parameters" in result.stdout, describe(result)
+    assert "frozen (constants): W, B" in result.stdout, describe(result)
+    spec = Trainer.open(tmp_path / "run", threads=1).spec
+    assert spec.requires_grad == ("R",)
+    assert spec.frozen == ("[WB]",)
+    assert spec.fixed_shapes == {"X": (None, BATCH_SIZE, None)}
+    assert spec.clip_norm_type == float("inf")
+
+
 @pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad")])
 def test_train_step_takes_rmsprop_and_adagrad(tmp_path: Path, flag: str, name: str) -> None:
     from ortlstm.training import Trainer
@@ -233,8 +254,18 @@ def test_train_step_takes_rmsprop_and_adagrad(tmp_path: Path, flag: str, name: s
         (["--requires-grad", "W", "Q"], r"requires_grad: \['Q'\] are not initializers"),
         (["--output", "Y"], r"output 'Y' is not an output of the model; its outputs are \['Y_h'\]"),
         (["--lr", "-1"], r"Invalid learning rate: -1.0"),
+        (["--frozen", "encoder.*"], r"frozen: \['encoder\.\*'\] match no parameter of the model"),
+        (["--fixed-shape", "Q=?,2"], r"fixed_shapes: .*Q"),
+        (["--fixed-input", "sr=16000"], r"fixed_inputs: \['sr'\] are not inputs of the model; its inputs are \['X'\]"),
     ],
-    ids=["unknown_parameter", "unknown_output", "negative_lr"],
+    ids=[
+        "unknown_parameter",
+        "unknown_output",
+        "negative_lr",
+        "unknown_frozen",
+        "unknown_fixed_shape",
+        "unknown_fixed",
+    ],
 )
 def test_train_step_errors_say_what_is_wrong(tmp_path: Path, args: list[str], message: str) -> None:
     lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))

@@ -308,6 +308,9 @@ def test_unoptimized_dynamo_export_gives_a_train_step_of_similar_size() -> None:
     Measured with the optimizer in standard ops (about 20 nodes per parameter), as when the bound
     was set (871 vs 361 nodes; 1347 before the folding): the fused AdamUpdate (one node per
     parameter) makes both smaller, 371 vs 132, and the ratio a measure of the optimizer instead.
+    Since the default stopped training the exporter's zero initial states (torch's parameters
+    only), both are smaller again, 717 vs 275: the dynamo export lost a trained [2, 4, 7] state
+    and its gradient chain, which had padded its count.
     """
     sizes = {}
     for exporter in ("dynamo", "dynamo_unoptimized"):
@@ -316,7 +319,7 @@ def test_unoptimized_dynamo_export_gives_a_train_step_of_similar_size() -> None:
         optimizer = optimizers.AdamW(implementation="onnx")
         built = build_training_models(model, loss=losses.Loss.cross_entropy(), optimizer=optimizer)
         sizes[exporter] = len(built.train_step.graph.node)
-    assert sizes["dynamo_unoptimized"] < 2.5 * sizes["dynamo"], sizes
+    assert sizes["dynamo_unoptimized"] < 2.75 * sizes["dynamo"], sizes
 
 
 def test_models_load_in_the_runtime_asked_for(rng: np.random.Generator) -> None:

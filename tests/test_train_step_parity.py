@@ -146,24 +146,29 @@ def test_parameters_match_torch_after_every_step(path: Path) -> None:
     run = train(path)
     recording = run.recording
     assert set(run.params[0]) == set(recording.config["trainable"])
-    rtol, atol = TOLERANCES[next(iter(run.initial.values())).dtype]
     for step in range(recording.config["steps"]):
+        assert_step_matches(recording, step, run.losses[step], run.params[step])
+
+
+def assert_step_matches(recording: Recording, step: int, loss: float, params: dict[str, np.ndarray]) -> None:
+    """The loss of 0-based ``step`` and every parameter after it equal torch's, to the dtype's tolerance."""
+    rtol, atol = TOLERANCES[next(iter(params.values())).dtype]
+    np.testing.assert_allclose(
+        loss,
+        recording.arrays["losses"][step],
+        rtol=rtol,
+        atol=atol,
+        err_msg=f"{recording.name}: loss of step {step + 1}",
+    )
+    for name, value in params.items():
+        assert value.dtype == recording.arrays[f"param/{name}"].dtype, f"{recording.name}: {name} dtype"
         np.testing.assert_allclose(
-            run.losses[step],
-            recording.arrays["losses"][step],
+            value,
+            recording.arrays[f"param/{name}"][step],
             rtol=rtol,
             atol=atol,
-            err_msg=f"{recording.name}: loss of step {step + 1}",
+            err_msg=f"{recording.name}: {name} ({recording.config['sources'][name]}) after step {step + 1}",
         )
-        for name, value in run.params[step].items():
-            assert value.dtype == recording.arrays[f"param/{name}"].dtype, f"{recording.name}: {name} dtype"
-            np.testing.assert_allclose(
-                value,
-                recording.arrays[f"param/{name}"][step],
-                rtol=rtol,
-                atol=atol,
-                err_msg=f"{recording.name}: {name} ({recording.config['sources'][name]}) after step {step + 1}",
-            )
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
@@ -292,3 +297,49 @@ def test_training_needs_no_torch(tmp_path: Path) -> None:
                     atol=atol,
                     err_msg=f"{name} after step {step + 1}",
                 )
+
+
+# ---- the Trainer with its defaults, as a user arrives -------------------------------------------
+
+# How a user freezes what the frozen scenario's torch run froze (tests/torch_scenarios.py: the
+# embedding and the first layer's recurrent weights): by torch's names where the export records
+# them (dynamo: its metadata says which initializer came from which parameter), by the ONNX
+# initializer names where it does not (TorchScript renames LSTM weights to onnx::LSTM_N).
+FROZEN_BY_TORCH_NAME = {"tokens_frozen_embedding_R0_h_n": ["input_layer", "lstm.weight_hh_l0*"]}
+
+
+def _user_frozen(config: dict) -> list[str]:
+    if config["exporter"] == "torchscript":
+        return list(config["frozen"])
+    return FROZEN_BY_TORCH_NAME.get(config["scenario"], [])
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
+def test_trainer_defaults_train_what_torch_trains(path: Path) -> None:
+    """``Trainer(model, loss=..., optimizer=...)`` with no requires_grad follows torch, step by step.
+
+    The default trained set is exactly the torch parameters (never the exporter's zero initial
+    states: a 0-D initializer expanded to the batch, a folded zeros tensor, TorchScript's Constant
+    zeros), and every parameter after every step matches the recording.
+    """
+    from ortlstm.training import Trainer
+
+    recording = load(path)
+    config = recording.config
+    schedule = config["lr_schedule"]
+    trainer = Trainer(
+        recording.model,
+        loss=loss_of(config),
+        optimizer=optimizer_of(config),
+        lr=lambda done: schedule[done],
+        frozen=_user_frozen(config),
+        target=config["target"],
+        clip_grad_norm=config["clip_grad_norm"],
+        param_groups=[optimizers.ParamGroup(**group) for group in config.get("param_groups", ())],
+        threads=1,
+    )
+    assert sorted(trainer.signature.params) == sorted(config["trainable"]), trainer.summary()
+    for step in range(config["steps"]):
+        batch = recording.batch(step)
+        loss = trainer.step(target=batch.pop(config["target"]), **batch)
+        assert_step_matches(recording, step, loss, trainer.parameters)

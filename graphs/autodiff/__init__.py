@@ -18,6 +18,7 @@ try:
         rules_math,
         rules_nn,
         rules_pool,
+        rules_sequence,
         rules_shape,
     )
     from ortlstm.graphs.autodiff.backward import Backward, build_backward
@@ -36,6 +37,7 @@ except ModuleNotFoundError:
         rules_math,
         rules_nn,
         rules_pool,
+        rules_sequence,
         rules_shape,
     )
     from graphs.autodiff.backward import Backward, build_backward  # type: ignore[no-redef]

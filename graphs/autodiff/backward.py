@@ -23,6 +23,7 @@ try:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from ortlstm.graphs.parameters import freeze_hint
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
     from graphs.autodiff.registry import (  # type: ignore[no-redef]
@@ -31,6 +32,7 @@ except ModuleNotFoundError:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from graphs.parameters import freeze_hint  # type: ignore[no-redef]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,13 +151,13 @@ def build_backward(
                 (hints or {}).get(node.output[0] if node.output else "")
                 or missing_rule_hint(node.domain, node.op_type)
                 or (
-                    "Freeze that parameter, or register a rule with "
-                    f"ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+                    f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register "
+                    f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
                 )
             )
             raise ValueError(
-                f"no gradient rule for {_node_label(node)}, which lies between parameter {needing[0]!r} and the loss "
-                f"{loss_label}. {advice}"
+                f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
+                f"{len(needing)} parameter(s) {needing}. {advice}"
             )
 
     grads: dict[str, list[str]] = {

@@ -24,28 +24,25 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 
 try:
     from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-    from ortlstm.graphs.autodiff.rules_conv import _Geometry, _run_time_same_pads, _spatial_shape
+    from ortlstm.graphs.autodiff.rules_conv import _Geometry, _ints_attribute, _run_time_same_pads, _spatial_shape
     from ortlstm.graphs.autodiff.rules_math import cast_like
     from ortlstm.graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET
 except ModuleNotFoundError:
     from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
     from graphs.autodiff.rules_conv import (  # type: ignore[no-redef]
         _Geometry,
+        _ints_attribute,
         _run_time_same_pads,
         _spatial_shape,
     )
     from graphs.autodiff.rules_math import cast_like  # type: ignore[no-redef]
     from graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET  # type: ignore[no-redef]
-
-
-def _ints_attribute(ctx: GradientContext, name: str, default: list[int]) -> list[int]:
-    value = ctx.attribute(name)
-    return [int(v) for v in value] if value else default  # type: ignore[union-attr]
 
 
 def _window(ctx: GradientContext) -> _Geometry:
@@ -63,8 +60,7 @@ def _window(ctx: GradientContext) -> _Geometry:
         pads = None
     else:
         raise ctx.fail(f"auto_pad {auto_pad!r} is not an ONNX auto_pad value")
-    shape = ctx.emitter.static_shape(ctx.input(0))
-    spatial = list(shape[2:]) if shape is not None else None
+    spatial = _static_spatial(ctx, ctx.input(0))
     strides = _ints_attribute(ctx, "strides", [1] * r)
     dilations = _ints_attribute(ctx, "dilations", [1] * r)
     return _Geometry(r, kernel, strides, dilations, 1, auto_pad, pads, spatial)
@@ -98,7 +94,8 @@ def _size(ctx: GradientContext, value: str) -> str:
     return ctx.op("Reshape", [ctx.op("Size", [value]), ctx.emitter.ints([1])])
 
 
-def _forward_attributes(ctx: GradientContext, **changes: object) -> dict[str, object]:
+def _forward_attributes(ctx: GradientContext, **changes: object) -> dict[str, Any]:
+    """The forward node's attributes, with ``changes`` (None drops one)."""
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in ctx.node.attribute}
     attributes.update(changes)
     return {name: value for name, value in attributes.items() if value is not None}
@@ -142,7 +139,11 @@ def _scatter_windows(ctx: GradientContext, window: _Geometry, dy: str, indices: 
 
 @register_gradient_rule("", "MaxPool", differentiable=(0,))
 def max_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX[i] = sum of dY over the windows whose (first) maximum is X[i]."""
+    """dX[i] = sum of dY over the windows whose (first) maximum is X[i].
+
+    Ties go to one element per window, the first maximum in row-major scan order (onnxruntime's
+    Indices), as torch's max_pool*d on the CPU; none for the Indices output.
+    """
     dy = grad_outputs[0]
     assert dy is not None
     window = _window(ctx)
@@ -185,11 +186,18 @@ def average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
     return [_as_input(ctx, cut)]
 
 
+def _static_spatial(ctx: GradientContext, value: str) -> list[int] | None:
+    """A value's dims after N and C when they are all static (N may be dynamic)."""
+    found = ctx.emitter.value_type(value)
+    dims = found.shape[2:] if found is not None and found.shape is not None else None
+    return [int(dim) for dim in dims] if dims is not None and all(isinstance(dim, int) for dim in dims) else None  # type: ignore[arg-type]
+
+
 def _spatial_tail(ctx: GradientContext, value: str, rank: int) -> str:
     """A value's dims after N and C as 1-D int64 (a constant when static)."""
-    static = ctx.emitter.static_shape(value)
+    static = _static_spatial(ctx, value)
     if static is not None:
-        return ctx.emitter.ints(list(static[2:]))
+        return ctx.emitter.ints(static)
     return ctx.op("Slice", [ctx.emitter.shape(value), ctx.emitter.ints([2]), ctx.emitter.ints([2 + rank])])
 
 
@@ -199,9 +207,9 @@ def global_average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
     (dy,) = grad_outputs
     assert dy is not None
     x, y, e = ctx.input(0), ctx.output(0), ctx.emitter
-    x_shape = e.static_shape(x)
-    if x_shape is not None:
-        count = ctx.scalar(float(math.prod(x_shape[2:])), x)
+    spatial = _static_spatial(ctx, x)
+    if spatial is not None:
+        count = ctx.scalar(float(math.prod(spatial)), x)
     else:
         count = cast_like(ctx, ctx.op("Div", [ctx.op("Size", [x]), ctx.op("Size", [y])]), x)
     return [ctx.op("Expand", [ctx.op("Div", [dy, count]), e.shape(x)])]
@@ -209,7 +217,11 @@ def global_average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
 
 @register_gradient_rule("", "GlobalMaxPool")
 def global_max_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY at the first maximum of each (n, c) plane (row-major), zero elsewhere."""
+    """dX = dY at the first maximum of each (n, c) plane (row-major), zero elsewhere.
+
+    Ties go to the first maximum only, as torch's adaptive_max_pool*d(x, 1); torch.amax (and the
+    ReduceMax rule, which torch exports adaptive max pools to) splits dY among tied maxima instead.
+    """
     (dy,) = grad_outputs
     assert dy is not None
     x, e = ctx.input(0), ctx.emitter
