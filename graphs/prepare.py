@@ -627,9 +627,11 @@ class _ControlFlowAdvice(Mapping[str, str]):
         values, shape_reads = _condition_sources(graph, node.input[0])
         parts: list[str] = []
         options: list[str] = []
+        flags: list[str] = []  # the command line's spelling of the same options
         if values:
             parts.append("the value of input " + " and ".join(map(repr, values)))
             options.append("fixed_inputs={" + ", ".join(f"{name!r}: <value>" for name in values) + "}")
+            flags.extend(f"--fixed-input {name}=VALUE" for name in values)
         if shape_reads:
             decided = self._dims_deciding().get(key) or {
                 name: [] for name in _inputs_reaching(graph, shape_reads) if name not in values
@@ -638,11 +640,11 @@ class _ControlFlowAdvice(Mapping[str, str]):
                 declared = _declared_dims(graph, name) or []
                 which = f"dim {', '.join(map(str, axes))}" if axes else "no single dim decides it"
                 parts.append(f"the shape of input {name!r} ({which})")
-                dims = [
-                    f"<size of dim {axis}>" if axis in axes or (not axes and not isinstance(dim, int)) else "None"
-                    for axis, dim in enumerate(declared)
-                ]
+                chosen = [axis in axes or (not axes and not isinstance(dim, int)) for axis, dim in enumerate(declared)]
+                dims = [f"<size of dim {axis}>" if fix else "None" for axis, fix in enumerate(chosen)]
                 options.append(f"fixed_shapes={{{name!r}: [{', '.join(dims)}]}}")
+                spelled = ",".join(f"SIZE{axis}" if fix else "?" for axis, fix in enumerate(chosen))
+                flags.append(f"--fixed-shape {name}={spelled}")
         if not parts:
             return (
                 f"{label}: its condition is computed at run time from values training cannot fix; "
@@ -650,7 +652,8 @@ class _ControlFlowAdvice(Mapping[str, str]):
             )
         return (
             f"{label} is decided by {' and by '.join(parts)}; control flow is not differentiated, so fix it "
-            f"for training: pass {' and '.join(options)} (the If is then replaced by the branch chosen)."
+            f"for training: pass {' and '.join(options)} ({' '.join(flags)} on the command line; the If is then "
+            "replaced by the branch chosen)."
         )
 
 

@@ -470,13 +470,14 @@ def test_control_flow_refusals_say_what_to_fix() -> None:
     """silero_vad.onnx without its sample rate or sample count fixed: the refusal names the If and the option."""
     model = _load("silero_vad")
     options = {"loss": losses.Loss("mse_loss"), "optimizer": optimizers.Adam(), "output": "output"}
-    by_rate = r"If 'If_0' is decided by the value of input 'sr'.*fixed_inputs=\{'sr': <value>\}"
+    by_rate = r"If 'If_0' is decided by the value of input 'sr'.*fixed_inputs=\{'sr': <value>\} \(--fixed-input sr="
     with pytest.raises(ValueError, match=by_rate):
         Trainer(model, **options)
     with pytest.raises(
         ValueError,
         match=r"no gradient rule for ai\.onnx::If node '(?P<name>[^']+)'.*If '(?P=name)' is decided by the shape of "
-        r"input 'input' \(dim 1\).*fixed_shapes=\{'input': \[None, <size of dim 1>\]\}",
+        r"input 'input' \(dim 1\).*fixed_shapes=\{'input': \[None, <size of dim 1>\]\} "
+        r"\(--fixed-shape input=\?,SIZE1 on the command line",
     ):
         Trainer(model, **options, fixed_inputs=FIXED_INPUTS)
 
