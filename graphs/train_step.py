@@ -17,6 +17,7 @@ guesses names. Protos only; nothing here imports onnxruntime.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -68,6 +69,9 @@ class TrainStepSignature:
         lr: The learning-rate input (a float64 scalar: torch keeps lr as a Python float).
         step: The step-count input (1-based number of this update, as torch counts).
         grad_norm: The total gradient norm output, when gradients are clipped.
+        all_finite: A bool output of the train-step and apply models: the loss (train step) and
+            every gradient are finite, so the update may be kept (``nonfinite_check``). None in
+            models built without it (and in training directories written before it existed).
     """
 
     batch_inputs: tuple[str, ...]
@@ -83,6 +87,7 @@ class TrainStepSignature:
     lr: str
     step: str
     grad_norm: str | None
+    all_finite: str | None = None
 
 
 @dataclasses.dataclass
@@ -220,6 +225,7 @@ def build_training_models(
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
     ir_version: int = MAX_IR_VERSION,
+    nonfinite_check: bool = True,
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
 
@@ -242,6 +248,10 @@ def build_training_models(
             conditions computed from those dims fold (``prepare_model``). The training models
             then take inputs of these shapes only.
         ir_version: The IR version of the written models (10: onnxruntime >= 1.19 loads them).
+        nonfinite_check: Give the train-step and apply models the bool output
+            ``signature.all_finite`` (see ``_add_finite_check``), which a trainer reads to refuse an
+            update computed from a non-finite loss or gradient. False leaves it out (to measure
+            what it costs).
 
     Returns:
         The four models, their signature and the initial parameter and state values.
@@ -317,6 +327,7 @@ def build_training_models(
     grad_nodes = emitter.nodes[first_grad_node:]
 
     # ---- optimizer ----------------------------------------------------------------------------
+    loss_scalar = getattr(loss, "reduction", "mean") != "none"
     first_opt_node = len(emitter.nodes)
     lr = emitter.fresh(LR_INPUT)
     step = emitter.fresh(STEP_INPUT)
@@ -341,6 +352,7 @@ def build_training_models(
     outputs_of.update({new_state_outputs[name][slot]: new_state[name][slot] for name in params for slot in slots[name]})
     _name_outputs(emitter, first_opt_node, outputs_of)
     opt_nodes = emitter.nodes[first_opt_node:]
+    finite = _add_finite_check(emitter, loss_value, loss_scalar, grad_inputs, update.total_norm, clip) if nonfinite_check else None
 
     # ---- value infos -------------------------------------------------------------------------
     def param_info(name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
@@ -353,9 +365,10 @@ def build_training_models(
     new_state_infos = [param_info(name, new_state_outputs[name][slot]) for name in params for slot in slots[name]]
     batch_inputs = [value for value in graph.input if value.name not in initializers]
     loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
-    loss_info = _value_info_of(loss_value, loss_elem, [] if getattr(loss, "reduction", "mean") != "none" else None)
+    loss_info = _value_info_of(loss_value, loss_elem, [] if loss_scalar else None)
     extra_infos = [_inferred_info(name, types) for name in extra_outputs]
     grad_norm_infos = [_value_info_of(grad_norm, initializers[params[0]].data_type, [])] if grad_norm else []
+    finite_infos = [_value_info_of(finite.name, onnx.TensorProto.BOOL, [])] if finite else []
 
     kept_initializers = [init for init in graph.initializer if init.name not in params]
     forward_nodes = list(forward_and_loss.node)
@@ -389,9 +402,9 @@ def build_training_models(
     new_param_infos = [param_info(name, new_param_outputs[name]) for name in params]
     train_step = assemble(
         "train_step",
-        [*grad_nodes, *grad_links, *opt_nodes],
+        [*grad_nodes, *grad_links, *opt_nodes, *(finite.train_step_nodes if finite else [])],
         [*data_inputs, *param_inputs, *state_infos, lr_info, step_info],
-        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos],
+        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
     )
     gradients = assemble(
         "gradients",
@@ -401,9 +414,9 @@ def build_training_models(
     )
     apply_model = assemble(
         "apply",
-        list(opt_nodes),
+        [*opt_nodes, *(finite.apply_nodes if finite else [])],
         [*param_inputs, *[param_info(name, grad_inputs[name]) for name in params], *state_infos, lr_info, step_info],
-        [*new_param_infos, *new_state_infos, *grad_norm_infos],
+        [*new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
         with_forward=False,
     )
     eval_model = assemble(
@@ -428,6 +441,7 @@ def build_training_models(
         lr=lr,
         step=step,
         grad_norm=grad_norm,
+        all_finite=finite.name if finite else None,
     )
     initial_params = {name: onnx.numpy_helper.to_array(initializers[name]) for name in params}
     initial_state = {
@@ -437,6 +451,69 @@ def build_training_models(
     }
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _FiniteCheck:
+    """The nodes that compute ``TrainStepSignature.all_finite`` in each model that updates.
+
+    Attributes:
+        name: The bool output.
+        train_step_nodes: The train step's: the gradients' check and the loss's, joined.
+        apply_nodes: The apply model's: the gradients' check (the losses are the trainer's).
+    """
+
+    name: str
+    train_step_nodes: list[onnx.NodeProto]
+    apply_nodes: list[onnx.NodeProto]
+
+
+def _add_finite_check(
+    emitter: GraphEmitter,
+    loss: str,
+    loss_scalar: bool,
+    grads: Mapping[str, str],
+    total_norm: str | None,
+    clip: optimizers_module.ClipGradNorm | None,
+) -> _FiniteCheck:
+    """Emits the bool "the loss and every gradient are finite" of one update.
+
+    The gradients are finite exactly when the sum of their squares is (a NaN or inf anywhere
+    makes it NaN or inf; so does a sum past the type's range, a total norm that torch's
+    ``clip_grad_norm_`` calls non-finite too): one read of each gradient, never of a parameter or
+    moment. With clipping the total norm (``total_norm``) already tells it, except the max norm:
+    onnxruntime's ReduceMax skips a NaN that is not the first element. The loss ``x`` is finite
+    when ``x * 0`` is 0 (it is NaN for inf and NaN).
+    """
+    first = len(emitter.nodes)
+    if total_norm is not None and clip is not None and not math.isinf(clip.norm_type):
+        sums = [total_norm]
+    else:
+        by_type: dict[int, list[str]] = {}
+        for grad in grads.values():
+            square_sum = emitter.reduce("ReduceSumSquare", grad, None, keepdims=False)
+            by_type.setdefault(emitter.elem_type(grad), []).append(square_sum)
+        sums = [emitter.sum(square_sums) for square_sums in by_type.values()]
+    checks = [emitter.op("Less", [value, emitter.scalar_like(math.inf, value)]) for value in sums]
+    grads_finite = checks[0]
+    for check in checks[1:]:
+        grads_finite = emitter.op("And", [grads_finite, check])
+    grad_nodes = emitter.nodes[first:]
+    zeros = emitter.op("Mul", [loss, emitter.scalar_like(0.0, loss)])
+    if not loss_scalar:
+        zeros = emitter.reduce_sum(zeros, None, keepdims=False)
+    loss_finite = emitter.op("Equal", [zeros, emitter.scalar_like(0.0, loss)])
+    loss_nodes = emitter.nodes[first + len(grad_nodes) :]
+    name = emitter.fresh("all_finite")
+    return _FiniteCheck(
+        name,
+        train_step_nodes=[
+            *grad_nodes,
+            *loss_nodes,
+            onnx.helper.make_node("And", [loss_finite, grads_finite], [name], name=f"{name}/train_step"),
+        ],
+        apply_nodes=[*grad_nodes, onnx.helper.make_node("Identity", [grads_finite], [name], name=f"{name}/apply")],
     )
 
 
