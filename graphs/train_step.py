@@ -352,7 +352,11 @@ def build_training_models(
     outputs_of.update({new_state_outputs[name][slot]: new_state[name][slot] for name in params for slot in slots[name]})
     _name_outputs(emitter, first_opt_node, outputs_of)
     opt_nodes = emitter.nodes[first_opt_node:]
-    finite = _add_finite_check(emitter, loss_value, loss_scalar, grad_inputs, update.total_norm, clip) if nonfinite_check else None
+    finite = (
+        _add_finite_check(emitter, loss_value, loss_scalar, grad_inputs, update.total_norm, clip)
+        if nonfinite_check
+        else None
+    )
 
     # ---- value infos -------------------------------------------------------------------------
     def param_info(name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
