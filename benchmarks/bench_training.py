@@ -27,6 +27,7 @@ import bisect
 import collections
 import dataclasses
 import datetime
+import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -39,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -67,8 +69,10 @@ LR = 1e-3
 COMPETITORS = ("trainer", "module", "torch")
 # Diagnostics, only when named in --competitors: the Trainer with AdamW in standard ONNX ops
 # (implementation="onnx", the update before the fused AdamUpdate op), with torch's fused multiply-adds
-# emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step).
-EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma")
+# emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step);
+# the Trainer without the non-finite guard's all_finite output (trainer-noguard: the train step as
+# before the guard; run it with trainer for the guard's cost, side by side).
+EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard")
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -258,13 +262,20 @@ class TrainerRunner:
         threads: int,
         implementation: str = "ortlstm",
         fused_multiply_add: bool = True,
+        nonfinite_check: bool = True,
     ) -> None:
         from ortlstm.graphs import losses, optimizers
 
-        from ortlstm.training import Trainer
+        from ortlstm import training
 
         optimizer = optimizers.AdamW(lr=LR, implementation=implementation, fused_multiply_add=fused_multiply_add)
-        self.trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads)
+        # Without the check, the Trainer builds its models as before the guard (it then looks at
+        # the returned loss only, one np.isfinite of a scalar per step).
+        build = functools.partial(training.build_training_models, nonfinite_check=nonfinite_check)
+        with unittest.mock.patch.object(training, "build_training_models", build):
+            self.trainer = training.Trainer(
+                model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads
+            )
         self.x, self.y = batch
 
     def step(self) -> float:  # noqa: D102
@@ -343,6 +354,8 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
             return TrainerRunner(config, model, batch, threads, implementation="onnx")
         if name == "trainer-onnx-nofma":
             return TrainerRunner(config, model, batch, threads, implementation="onnx", fused_multiply_add=False)
+        if name == "trainer-noguard":
+            return TrainerRunner(config, model, batch, threads, nonfinite_check=False)
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
         return TorchRunner(config, model, batch, threads)
@@ -705,9 +718,38 @@ def render_markdown(results: Results) -> str:
                 )
             )
     lines += bench_lstm._table(["target", "config", "value", "met"], rows, align_left=2)
+    lines += _guard_lines(results)
     if results.profiles:
         lines += _profile_lines(results.profiles)
     return "\n".join(lines) + "\n"
+
+
+def _guard_lines(results: Results) -> list[str]:
+    """The non-finite guard's cost: the Trainer with and without it (when trainer-noguard ran)."""
+    if not any(key[0] == "trainer-noguard" for key in results.timings):
+        return []
+    rows = []
+    for config in results.configs:
+        guarded, unguarded = results.median("trainer", config.name), results.median("trainer-noguard", config.name)
+        change = _ratio(guarded, unguarded)
+        rows.append(
+            [
+                config.name,
+                _ms(unguarded),
+                _ms(guarded),
+                "n/a" if change is None else f"{100 * (change - 1):+.1f}%",
+            ]
+        )
+    return [
+        "",
+        "### The non-finite guard (medians, ms/step)",
+        "",
+        "without: the train step as before the guard (trainer-noguard); with: the default Trainer, whose "
+        "train step also outputs all_finite (loss and gradients' sum of squares) and skips the buffer swap "
+        "when it is false.",
+        "",
+        *bench_lstm._table(["config", "without", "with", "change"], rows),
+    ]
 
 
 def _target_row(target: str, config: str, value: float | None, bound: float, percent: bool = False) -> list[str]:
