@@ -328,6 +328,7 @@ def build_training_models(
 
     # ---- optimizer ----------------------------------------------------------------------------
     loss_scalar = getattr(loss, "reduction", "mean") != "none"
+    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
     first_opt_node = len(emitter.nodes)
     lr = emitter.fresh(LR_INPUT)
     step = emitter.fresh(STEP_INPUT)
@@ -353,7 +354,7 @@ def build_training_models(
     _name_outputs(emitter, first_opt_node, outputs_of)
     opt_nodes = emitter.nodes[first_opt_node:]
     finite = (
-        _add_finite_check(emitter, loss_value, loss_scalar, grad_inputs, update.total_norm, clip)
+        _add_finite_check(emitter, (loss_value, loss_elem, loss_scalar), grad_inputs, update.total_norm, clip)
         if nonfinite_check
         else None
     )
@@ -368,7 +369,6 @@ def build_training_models(
     state_infos = [param_info(name, state[name][slot]) for name in params for slot in slots[name]]
     new_state_infos = [param_info(name, new_state_outputs[name][slot]) for name in params for slot in slots[name]]
     batch_inputs = [value for value in graph.input if value.name not in initializers]
-    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
     loss_info = _value_info_of(loss_value, loss_elem, [] if loss_scalar else None)
     extra_infos = [_inferred_info(name, types) for name in extra_outputs]
     grad_norm_infos = [_value_info_of(grad_norm, initializers[params[0]].data_type, [])] if grad_norm else []
@@ -464,8 +464,8 @@ class _FiniteCheck:
 
     Attributes:
         name: The bool output.
-        train_step_nodes: The train step's: the gradients' check and the loss's, joined.
-        apply_nodes: The apply model's: the gradients' check (the losses are the trainer's).
+        train_step_nodes: The train step's: the gradients and the loss.
+        apply_nodes: The apply model's: the gradients (the micro-batch losses are the trainer's).
     """
 
     name: str
@@ -475,50 +475,64 @@ class _FiniteCheck:
 
 def _add_finite_check(
     emitter: GraphEmitter,
-    loss: str,
-    loss_scalar: bool,
+    loss: tuple[str, int, bool],
     grads: Mapping[str, str],
     total_norm: str | None,
     clip: optimizers_module.ClipGradNorm | None,
 ) -> _FiniteCheck:
-    """Emits the bool "the loss and every gradient are finite" of one update.
+    """Emits the bool "the loss and every gradient are finite" of one update, in few small nodes.
 
     The gradients are finite exactly when the sum of their squares is (a NaN or inf anywhere
     makes it NaN or inf; so does a sum past the type's range, a total norm that torch's
     ``clip_grad_norm_`` calls non-finite too): one read of each gradient, never of a parameter or
-    moment. With clipping the total norm (``total_norm``) already tells it, except the max norm:
-    onnxruntime's ReduceMax skips a NaN that is not the first element. The loss ``x`` is finite
-    when ``x * 0`` is 0 (it is NaN for inf and NaN).
+    moment. With clipping the total norm already tells it, except the max norm: onnxruntime's
+    ReduceMax skips a NaN that is not the first element. The loss enters that sum as ``loss * 0``
+    (0, or NaN for an inf or NaN loss), so the train step's flag is ``sum < inf``, one node more.
+
+    Args:
+        emitter: Receives the nodes (taken out again into the two lists returned).
+        loss: The loss value, its element type, and whether it is a scalar (else it is summed).
+        grads: Parameter -> its gradient value (the apply model's gradient inputs).
+        total_norm: The clipped total norm, when clipping.
+        clip: The clipping settings, when clipping.
     """
     first = len(emitter.nodes)
+    terms: dict[int, list[str]] = {}
     if total_norm is not None and clip is not None and not math.isinf(clip.norm_type):
-        sums = [total_norm]
+        terms[emitter.elem_type(total_norm) or emitter.elem_type(next(iter(grads.values())))] = [total_norm]
     else:
-        by_type: dict[int, list[str]] = {}
         for grad in grads.values():
             square_sum = emitter.reduce("ReduceSumSquare", grad, None, keepdims=False)
-            by_type.setdefault(emitter.elem_type(grad), []).append(square_sum)
-        sums = [emitter.sum(square_sums) for square_sums in by_type.values()]
-    checks = [emitter.op("Less", [value, emitter.scalar_like(math.inf, value)]) for value in sums]
-    grads_finite = checks[0]
-    for check in checks[1:]:
-        grads_finite = emitter.op("And", [grads_finite, check])
-    grad_nodes = emitter.nodes[first:]
-    zeros = emitter.op("Mul", [loss, emitter.scalar_like(0.0, loss)])
+            terms.setdefault(emitter.elem_type(grad), []).append(square_sum)
+    name = emitter.fresh("all_finite")
+    apply_start = len(emitter.nodes)
+    _all_below_inf(emitter, terms, name)
+    apply_end = len(emitter.nodes)
+    loss_value, loss_elem, loss_scalar = loss
+    zeros = emitter.op("Mul", [loss_value, emitter.constant(0.0, loss_elem, name="zero")])
     if not loss_scalar:
         zeros = emitter.reduce_sum(zeros, None, keepdims=False)
-    loss_finite = emitter.op("Equal", [zeros, emitter.scalar_like(0.0, loss)])
-    loss_nodes = emitter.nodes[first + len(grad_nodes) :]
-    name = emitter.fresh("all_finite")
+    with_loss = {elem_type: list(values) for elem_type, values in terms.items()}
+    with_loss.setdefault(loss_elem, []).append(zeros)
+    _all_below_inf(emitter, with_loss, name)
+    nodes = emitter.nodes
     return _FiniteCheck(
         name,
-        train_step_nodes=[
-            *grad_nodes,
-            *loss_nodes,
-            onnx.helper.make_node("And", [loss_finite, grads_finite], [name], name=f"{name}/train_step"),
-        ],
-        apply_nodes=[*grad_nodes, onnx.helper.make_node("Identity", [grads_finite], [name], name=f"{name}/apply")],
+        train_step_nodes=[*nodes[first:apply_start], *nodes[apply_end:]],
+        apply_nodes=nodes[first:apply_end],
     )
+
+
+def _all_below_inf(emitter: GraphEmitter, terms: Mapping[int, Sequence[str]], output: str) -> None:
+    """``output = sum(terms of each type) < inf``, for every type (non-negative or NaN terms)."""
+    flags = []
+    for index, (elem_type, values) in enumerate(terms.items()):
+        below = emitter.constant(math.inf, elem_type, name="inf")
+        last = index == len(terms) - 1 and not flags
+        flags.append(emitter.op("Less", [emitter.sum(list(values)), below], outputs=[output] if last else 1))
+    while len(flags) > 1:
+        last = len(flags) == 2
+        flags = [emitter.op("And", flags[:2], outputs=[output] if last else 1), *flags[2:]]
 
 
 def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, str]) -> None:

@@ -595,6 +595,8 @@ class Trainer:
         # lr and step of the next update: bound once to each update binding, written in place.
         self._lr_value = np.zeros((), dtype=np.float64)
         self._step_value = np.zeros((), dtype=np.int64)
+        # The update's all_finite output: bound once to each update binding, read after each run.
+        self._finite_value = np.zeros((), dtype=np.bool_)
         self._expected_dtypes = {
             name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type))
             for name, value in self._batch_types.items()
@@ -751,6 +753,14 @@ class Trainer:
                 binding.bind_ortvalue_output(output, buffers[1 - self._current][name])
             binding.bind_cpu_input(self.signature.lr, self._lr_value)
             binding.bind_cpu_input(self.signature.step, self._step_value)
+            if self.signature.all_finite:
+                binding.bind_output(
+                    self.signature.all_finite,
+                    "cpu",
+                    element_type=np.bool_,
+                    shape=[],
+                    buffer_ptr=self._finite_value.ctypes.data,
+                )
             self._bindings[key] = binding
         return self._bindings[key]
 
@@ -960,7 +970,7 @@ class Trainer:
         feeds = self._batch_feeds(batch, named, target, "step()")
         self._set_scalars(lr)
         signature = self.signature
-        outputs = [signature.loss, *signature.extra_outputs, *self._check_outputs()]
+        outputs = [signature.loss, *signature.extra_outputs, *self._prepare_checks()]
         values = self._run(self._session("train_step"), self._update_binding("train_step"), feeds, outputs)
         named_values = dict(zip(outputs, values, strict=True))
         result = self._result([named_values[name] for name in [signature.loss, *self.spec.extra_outputs]])
@@ -992,9 +1002,13 @@ class Trainer:
             )
         self._nonfinite = mode
 
-    def _check_outputs(self) -> list[str]:
-        """The update models' outputs besides the loss: the clipped gradient norm, the finiteness flag."""
-        return [name for name in (self.signature.grad_norm, self.signature.all_finite) if name]
+    def _prepare_checks(self) -> list[str]:
+        """Clears the bound ``all_finite`` (a run that does not write it is refused); the outputs to bind.
+
+        Those are the update model's outputs besides the loss bound per run: the clipped norm.
+        """
+        self._finite_value[()] = False
+        return [self.signature.grad_norm] if self.signature.grad_norm else []
 
     def _update_is_finite(self, named: Mapping[str, np.ndarray], losses_finite: bool) -> bool:
         """Whether the update just computed may be kept; sets ``last_grad_norm`` when clipping.
@@ -1008,8 +1022,9 @@ class Trainer:
         if not losses_finite:
             return False
         if signature.all_finite:
-            return bool(named[signature.all_finite])
-        return self.last_grad_norm is None or not signature.grad_norm or math.isfinite(self.last_grad_norm)
+            return bool(self._finite_value)
+        norm = self.last_grad_norm if signature.grad_norm else None
+        return norm is None or math.isfinite(norm)
 
     def _gradients_of(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The parameter gradients of a batch (the gradients model; diagnosis of a refused step)."""
@@ -1148,7 +1163,7 @@ class Trainer:
         signature = self.signature
         feeds = {signature.grads[name]: self._accumulated[name] for name in signature.params}
         self._set_scalars(lr)
-        outputs = self._check_outputs()
+        outputs = self._prepare_checks()
         values = self._run(self._session("apply"), self._update_binding("apply"), feeds, outputs)
         if not self._update_is_finite(dict(zip(outputs, values, strict=True)), not self._nonfinite_losses):
             batch, loss = self._nonfinite_losses[0] if self._nonfinite_losses else (0, None)
