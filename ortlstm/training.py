@@ -975,7 +975,8 @@ class Trainer:
         named_values = dict(zip(outputs, values, strict=True))
         result = self._result([named_values[name] for name in [signature.loss, *self.spec.extra_outputs]])
         loss = named_values[signature.loss]
-        if not self._update_is_finite(named_values, _all_finite(loss)):
+        # all_finite covers the train step's loss; a model without it has the loss checked here.
+        if not self._update_is_finite(named_values, bool(signature.all_finite) or _all_finite(loss)):
             self._refuse("step()", ("the loss", _loss_value(loss)), lambda: self._gradients_of(feeds))
             return result
         self._advance()

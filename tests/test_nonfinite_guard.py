@@ -254,6 +254,23 @@ def test_finite_loss_with_a_nan_gradient_is_refused(clip: tuple[float, float] | 
         assert math.isfinite(subject.last_grad_norm)  # type: ignore[arg-type]  # the pitfall itself
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_infinite_loss_with_finite_gradients_is_refused(reduction: str) -> None:
+    """l1_loss against an inf target: the loss is inf, its gradient sign(y - target) finite."""
+    subject = Trainer(sqrt_model(), loss=losses.Loss.l1_loss(reduction), optimizer=optimizers.SGD(lr=0.1), threads=1)
+    x, target = sqrt_batch(False)
+    subject.step(x, target=target)
+    before = snapshot(subject)
+    target[1, 2] = np.inf
+    loss = "inf" if reduction == "mean" else "not finite in 1 of 12 elements"
+    with pytest.raises(
+        NonFiniteStepError, match=rf"not finite: the loss is {loss}; the gradient norm is [0-9.]+\. "
+    ) as error:
+        subject.step(x, target=target)
+    assert error.value.nonfinite_grads == ()
+    assert_bitwise_equal(snapshot(subject), before)
+
+
 def test_the_models_output_all_finite_and_can_be_built_without_it() -> None:
     options = {"loss": losses.Loss.mse_loss(), "optimizer": optimizers.Adam(lr=0.1)}
     built = build_training_models(sqrt_model(), **options)  # type: ignore[arg-type]
