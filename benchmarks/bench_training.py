@@ -432,6 +432,23 @@ def time_steps(
     return timings
 
 
+def paired_ratio(runners: dict[str, Any], pairs: int) -> float:
+    """Median over ``pairs`` of (trainer step time / trainer-noguard step time), the two alternating.
+
+    Steps one by one, the order flipped each pair: load that comes and goes on a shared machine
+    hits both sides of a pair alike, where rounds of many steps each (``time_steps``) see it apart.
+    """
+    ratios = []
+    for index in range(pairs):
+        seconds = {}
+        for name in ("trainer", "trainer-noguard")[:: 1 if index % 2 == 0 else -1]:
+            start = time.perf_counter()
+            runners[name].step()
+            seconds[name] = time.perf_counter() - start
+        ratios.append(seconds["trainer"] / seconds["trainer-noguard"])
+    return statistics.median(ratios)
+
+
 # ---------------------------------------------------------------------------------------------
 # Where the time goes: onnxruntime profiles
 
@@ -624,6 +641,7 @@ class Results:
     command: str
     started: datetime.datetime
     minutes: float
+    guard_pairs: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # config -> (pairs, ratio)
 
     def median(self, competitor: str, config: str) -> float | None:
         """Median ms per step, or None."""
@@ -732,12 +750,14 @@ def _guard_lines(results: Results) -> list[str]:
     for config in results.configs:
         guarded, unguarded = results.median("trainer", config.name), results.median("trainer-noguard", config.name)
         change = _ratio(guarded, unguarded)
+        pairs, paired = results.guard_pairs.get(config.name, (0, None))
         rows.append(
             [
                 config.name,
                 _ms(unguarded),
                 _ms(guarded),
                 "n/a" if change is None else f"{100 * (change - 1):+.1f}%",
+                "" if paired is None else f"{100 * (paired - 1):+.2f}% ({pairs} pairs)",
             ]
         )
     return [
@@ -746,9 +766,9 @@ def _guard_lines(results: Results) -> list[str]:
         "",
         "without: the train step as before the guard (trainer-noguard); with: the default Trainer, whose "
         "train step also outputs all_finite (loss and gradients' sum of squares) and skips the buffer swap "
-        "when it is false.",
+        "when it is false; paired (--guard-pairs): the median of with / without over steps alternating one by one.",
         "",
-        *bench_lstm._table(["config", "without", "with", "change"], rows),
+        *bench_lstm._table(["config", "without", "with", "change", "paired"], rows),
     ]
 
 
@@ -857,6 +877,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="write the report into this file, between its section's markers")
     parser.add_argument("--markdown-section", default=None, help="section name (default: threads-N)")
     parser.add_argument("--json", type=Path, help="write every step time and profile here")
+    parser.add_argument(
+        "--guard-pairs",
+        type=int,
+        default=0,
+        help="with trainer and trainer-noguard: also time N steps of each alternating one by one (the guard's "
+        "cost; fewer where they would take over --max-seconds, at least 5)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.configs, args.repeats, args.max_seconds = "demo,M-1", 3, 5.0
@@ -886,6 +913,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     load_before: dict[str, str] = {}
     load_after: dict[str, str] = {}
     profiles: list[Profile] = []
+    guard_pairs: dict[str, tuple[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_training-") as scratch:
         directory = Path(scratch)
         for config in configs:
@@ -921,6 +949,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 + f"; loadavg {load_after[config.name]}"
             )
+            if args.guard_pairs and {"trainer", "trainer-noguard"} <= runners.keys():
+                step_ms = timings[("trainer", config.name)].median_ms()  # type: ignore[union-attr]
+                pairs = min(args.guard_pairs, max(5, int(1e3 * args.max_seconds / (2 * step_ms))))
+                guard_pairs[config.name] = (pairs, paired_ratio(runners, pairs))
+                log(f"    guard: with / without, median of {pairs} pairs {guard_pairs[config.name][1]:.4f}")
             del runners
             gc.collect()
             wanted = ("M-1",) if args.quick else tuple(args.profile_configs.split(","))
@@ -958,6 +991,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command="python benchmarks/bench_training.py " + " ".join(sys.argv[1:]),
         started=started,
         minutes=(time.monotonic() - clock) / 60,
+        guard_pairs=guard_pairs,
     )
     report = render_markdown(results)
     print(report)
@@ -1006,6 +1040,7 @@ def _json_payload(results: Results) -> dict[str, Any]:
         "loadavg_before": results.load_before,
         "loadavg_after": results.load_after,
         "profiles": [dataclasses.asdict(profile) for profile in results.profiles],
+        "guard_pairs": results.guard_pairs,
         "library_sha256": _library_hash(),
     }
 
