@@ -526,10 +526,9 @@ def _add_finite_check(
 def _all_below_inf(emitter: GraphEmitter, terms: Mapping[int, Sequence[str]], output: str) -> None:
     """``output = sum(terms of each type) < inf``, for every type (non-negative or NaN terms)."""
     flags = []
-    for index, (elem_type, values) in enumerate(terms.items()):
+    for elem_type, values in terms.items():
         below = emitter.constant(math.inf, elem_type, name="inf")
-        last = index == len(terms) - 1 and not flags
-        flags.append(emitter.op("Less", [emitter.sum(list(values)), below], outputs=[output] if last else 1))
+        flags.append(emitter.op("Less", [emitter.sum(list(values)), below], outputs=[output] if len(terms) == 1 else 1))
     while len(flags) > 1:
         last = len(flags) == 2
         flags = [emitter.op("And", flags[:2], outputs=[output] if last else 1), *flags[2:]]

@@ -254,6 +254,43 @@ def test_finite_loss_with_a_nan_gradient_is_refused(clip: tuple[float, float] | 
         assert math.isfinite(subject.last_grad_norm)  # type: ignore[arg-type]  # the pitfall itself
 
 
+def mixed_model() -> onnx.ModelProto:
+    """``y = x * w32 + float(sqrt(double(x) * w64))``: float32 and float64 parameters, one check each."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "w32"], ["linear"]),
+            helper.make_node("Cast", ["x"], ["x64"], to=TensorProto.DOUBLE),
+            helper.make_node("Mul", ["x64", "w64"], ["scaled"]),
+            helper.make_node("Sqrt", ["scaled"], ["root"]),
+            helper.make_node("Cast", ["root"], ["root32"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["linear", "root32"], ["y"]),
+        ],
+        "mixed_model",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [
+            numpy_helper.from_array(np.array([0.5, 1.0, 1.5], np.float32), "w32"),
+            numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float64), "w64"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("implementation", ["ortlstm", "onnx"])
+def test_nan_gradient_of_the_second_parameter_type_is_refused(implementation: str) -> None:
+    """Gradients of two types are summed per type; the float64 one's check, second, counts too."""
+    optimizer = optimizers.Adam(lr=0.1, implementation=implementation)
+    subject = Trainer(mixed_model(), loss=losses.Loss.mse_loss(), optimizer=optimizer, threads=1)
+    x, target = sqrt_batch(False, dtype=np.float32)
+    subject.step(x, target=target)
+    before = snapshot(subject)
+    x, target = sqrt_batch(True, dtype=np.float32)
+    with pytest.raises(NonFiniteStepError, match=r"the gradients of \['w64'\] hold NaN or inf\.") as error:
+        subject.step(x, target=target)
+    assert math.isfinite(error.value.loss)  # type: ignore[arg-type]
+    assert_bitwise_equal(snapshot(subject), before)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_infinite_loss_with_finite_gradients_is_refused(reduction: str) -> None:
     """l1_loss against an inf target: the loss is inf, its gradient sign(y - target) finite."""
