@@ -362,9 +362,10 @@ def test_accumulated_bad_batch_refuses_apply(optimizer: optimizers.Optimizer, dt
     assert_bitwise_equal(snapshot(skipping), snapshot(reference))
 
 
-def test_apply_refuses_a_nan_gradient_under_finite_losses() -> None:
+@pytest.mark.parametrize("clip", [None, (1.0, 2.0), (1.0, math.inf)], ids=["no_clip", "clip_l2", "clip_max"])
+def test_apply_refuses_a_nan_gradient_under_finite_losses(clip: tuple[float, float] | None) -> None:
     """The apply model's own check: every accumulated loss is finite, a summed gradient is not."""
-    subject = sqrt_trainer()
+    subject = sqrt_trainer(**({} if clip is None else {"clip_grad_norm": clip[0], "clip_norm_type": clip[1]}))
     subject.accumulate(*sqrt_batch(False)[:1], target=sqrt_batch(False)[1])
     subject.apply()
     before = snapshot(subject)
@@ -373,7 +374,7 @@ def test_apply_refuses_a_nan_gradient_under_finite_losses() -> None:
     assert math.isfinite(loss)
     with pytest.raises(
         NonFiniteStepError,
-        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is nan; the gradients of \['w'\] hold",
+        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is [0-9.na]+; the gradients of \['w'\] hold",
     ):
         subject.apply()
     assert_bitwise_equal(snapshot(subject), before)
