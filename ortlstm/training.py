@@ -55,7 +55,8 @@ class NonFiniteStepError(FloatingPointError):
     ``global_step`` and a stateful trainer's carried LSTM state are those before the call.
 
     Attributes:
-        step: The number the refused update would have had (``global_step + 1``).
+        step: The number the refused update would have had (``global_step + 1``). The
+            attributes are None in a copy made by pickling (which keeps the message).
         loss: The loss of the step (``apply``: the first non-finite micro-batch loss, else None).
         grad_norm: The total gradient norm when known (the clipped norm, or the 2-norm of the
             diagnosed gradients), else None.
@@ -66,10 +67,10 @@ class NonFiniteStepError(FloatingPointError):
         self,
         message: str,
         *,
-        step: int,
-        loss: float | np.ndarray | None,
-        grad_norm: float | None,
-        nonfinite_grads: tuple[str, ...] | None,
+        step: int | None = None,
+        loss: float | np.ndarray | None = None,
+        grad_norm: float | None = None,
+        nonfinite_grads: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(message)
         self.step = step

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,7 @@ def test_message_names_the_gradients_and_the_norm() -> None:
     ), message
     assert error.value.nonfinite_grads == tuple(params)
     assert math.isnan(error.value.grad_norm)  # type: ignore[arg-type]
+    assert str(pickle.loads(pickle.dumps(error.value))) == message  # e.g. raised in a worker process
 
 
 def test_nonfinite_mode_is_checked_and_settable() -> None:
