@@ -14,7 +14,9 @@ bidirectional LSTM layers; the ONNX model is built with onnx.helper and torch's 
 weights (the first losses of the three are compared). Rounds are interleaved (the first competitor
 rotating), medians of per-step times are reported with ratios. ``--profile`` adds an onnxruntime
 profile of the Trainer's (and the Module's) train step at M: the time in the LSTMTraining and
-LSTMGrad kernels against the rest. See benchmarks/README.md.
+LSTMGrad kernels against the rest. ``--competitors trainer,trainer-noguard --guard-pairs N``
+measures the non-finite guard: the Trainer with and without its ``all_finite`` output, side by
+side, and over N steps alternating one by one. See benchmarks/README.md.
 
 Runs where onnxruntime-training and torch are installed (``.venvs/train``); without them the
 missing competitors are ``n/a``. It only measures; it never builds the kernels.
