@@ -418,6 +418,34 @@ def _import_onnxruntime() -> Any:
     return onnxruntime
 
 
+_SHARED_ARENA: list[bool] = []  # [registered]: the process-wide CPU arena of _plan_training_memory
+
+
+def _plan_training_memory(ort: Any, options: Any) -> None:
+    """Session options that keep a training step's memory near what it needs.
+
+    onnxruntime's defaults double it for a train step: the first run allocates every intermediate
+    from the session's arena, which grows by powers of two and keeps what it took; from the second
+    run on the memory pattern allocates one block for all of them beside it. So the training
+    sessions plan no memory pattern and share one process-wide CPU arena that grows by what is
+    requested (``kSameAsRequested``), registered once (``create_and_register_allocator``; one
+    that the application registered first is used as it is). Measured with
+    benchmarks/bench_memory.py (bidirectional LSTM classifier, AdamW, 5 steps, 2 threads, Xeon
+    AVX-512 VM): at (128, 64, 256, 512) 679 -> 480 MiB added (PyTorch: 527), step time within 1%
+    (interleaved); at (64, 32, 128, 256) x 2 layers the step was within 3%.
+    """
+    options.enable_mem_pattern = False
+    if not _SHARED_ARENA:
+        memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        try:  # max_mem 0: no cap; extend strategy 1: kSameAsRequested; -1: defaults
+            ort.create_and_register_allocator(memory, ort.OrtArenaCfg(0, 1, -1, -1))
+        except RuntimeError as error:
+            if "already been registered" not in str(error):
+                raise
+        _SHARED_ARENA.append(True)
+    options.add_session_config_entry("session.use_env_allocators", "1")
+
+
 def _loss_value(value: np.ndarray) -> float | np.ndarray:
     return float(value.reshape(())) if value.size == 1 else value
 
@@ -760,6 +788,7 @@ class Trainer:
             options = (
                 session_options() if self._threads is None else session_options(intra_op_num_threads=self._threads)
             )
+            _plan_training_memory(ort, options)
             self._sessions[kind] = ort.InferenceSession(
                 self._models[kind].SerializeToString(),
                 options,
