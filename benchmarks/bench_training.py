@@ -14,7 +14,9 @@ bidirectional LSTM layers; the ONNX model is built with onnx.helper and torch's 
 weights (the first losses of the three are compared). Rounds are interleaved (the first competitor
 rotating), medians of per-step times are reported with ratios. ``--profile`` adds an onnxruntime
 profile of the Trainer's (and the Module's) train step at M: the time in the LSTMTraining and
-LSTMGrad kernels against the rest. See benchmarks/README.md.
+LSTMGrad kernels against the rest. ``--competitors trainer,trainer-noguard --guard-pairs N``
+measures the non-finite guard: the Trainer with and without its ``all_finite`` output, side by
+side, and over N steps alternating one by one. See benchmarks/README.md.
 
 Runs where onnxruntime-training and torch are installed (``.venvs/train``); without them the
 missing competitors are ``n/a``. It only measures; it never builds the kernels.
@@ -27,6 +29,7 @@ import bisect
 import collections
 import dataclasses
 import datetime
+import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -39,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -67,8 +71,10 @@ LR = 1e-3
 COMPETITORS = ("trainer", "module", "torch")
 # Diagnostics, only when named in --competitors: the Trainer with AdamW in standard ONNX ops
 # (implementation="onnx", the update before the fused AdamUpdate op), with torch's fused multiply-adds
-# emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step).
-EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma")
+# emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step);
+# the Trainer without the non-finite guard's all_finite output (trainer-noguard: the train step as
+# before the guard; run it with trainer for the guard's cost, side by side).
+EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard")
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -258,13 +264,20 @@ class TrainerRunner:
         threads: int,
         implementation: str = "ortlstm",
         fused_multiply_add: bool = True,
+        nonfinite_check: bool = True,
     ) -> None:
         from ortlstm.graphs import losses, optimizers
 
-        from ortlstm.training import Trainer
+        from ortlstm import training
 
         optimizer = optimizers.AdamW(lr=LR, implementation=implementation, fused_multiply_add=fused_multiply_add)
-        self.trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads)
+        # Without the check, the Trainer builds its models as before the guard (it then looks at
+        # the returned loss only, one np.isfinite of a scalar per step).
+        build = functools.partial(training.build_training_models, nonfinite_check=nonfinite_check)
+        with unittest.mock.patch.object(training, "build_training_models", build):
+            self.trainer = training.Trainer(
+                model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads
+            )
         self.x, self.y = batch
 
     def step(self) -> float:  # noqa: D102
@@ -343,6 +356,8 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
             return TrainerRunner(config, model, batch, threads, implementation="onnx")
         if name == "trainer-onnx-nofma":
             return TrainerRunner(config, model, batch, threads, implementation="onnx", fused_multiply_add=False)
+        if name == "trainer-noguard":
+            return TrainerRunner(config, model, batch, threads, nonfinite_check=False)
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
         return TorchRunner(config, model, batch, threads)
@@ -417,6 +432,23 @@ def time_steps(
 
     bench_lstm.run_interleaved_rounds(rounds_of, run_round)
     return timings
+
+
+def paired_ratio(runners: dict[str, Any], pairs: int) -> float:
+    """Median over ``pairs`` of (trainer step time / trainer-noguard step time), the two alternating.
+
+    Steps one by one, the order flipped each pair: load that comes and goes on a shared machine
+    hits both sides of a pair alike, where rounds of many steps each (``time_steps``) see it apart.
+    """
+    ratios = []
+    for index in range(pairs):
+        seconds = {}
+        for name in ("trainer", "trainer-noguard")[:: 1 if index % 2 == 0 else -1]:
+            start = time.perf_counter()
+            runners[name].step()
+            seconds[name] = time.perf_counter() - start
+        ratios.append(seconds["trainer"] / seconds["trainer-noguard"])
+    return statistics.median(ratios)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,6 +643,7 @@ class Results:
     command: str
     started: datetime.datetime
     minutes: float
+    guard_pairs: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # config -> (pairs, ratio)
 
     def median(self, competitor: str, config: str) -> float | None:
         """Median ms per step, or None."""
@@ -705,9 +738,40 @@ def render_markdown(results: Results) -> str:
                 )
             )
     lines += bench_lstm._table(["target", "config", "value", "met"], rows, align_left=2)
+    lines += _guard_lines(results)
     if results.profiles:
         lines += _profile_lines(results.profiles)
     return "\n".join(lines) + "\n"
+
+
+def _guard_lines(results: Results) -> list[str]:
+    """The non-finite guard's cost: the Trainer with and without it (when trainer-noguard ran)."""
+    if not any(key[0] == "trainer-noguard" for key in results.timings):
+        return []
+    rows = []
+    for config in results.configs:
+        guarded, unguarded = results.median("trainer", config.name), results.median("trainer-noguard", config.name)
+        change = _ratio(guarded, unguarded)
+        pairs, paired = results.guard_pairs.get(config.name, (0, None))
+        rows.append(
+            [
+                config.name,
+                _ms(unguarded),
+                _ms(guarded),
+                "n/a" if change is None else f"{100 * (change - 1):+.1f}%",
+                "" if paired is None else f"{100 * (paired - 1):+.2f}% ({pairs} pairs)",
+            ]
+        )
+    return [
+        "",
+        "### The non-finite guard (medians, ms/step)",
+        "",
+        "without: the train step as before the guard (trainer-noguard); with: the default Trainer, whose "
+        "train step also outputs all_finite (loss and gradients' sum of squares) and skips the buffer swap "
+        "when it is false; paired (--guard-pairs): the median of with / without over steps alternating one by one.",
+        "",
+        *bench_lstm._table(["config", "without", "with", "change", "paired"], rows),
+    ]
 
 
 def _target_row(target: str, config: str, value: float | None, bound: float, percent: bool = False) -> list[str]:
@@ -815,6 +879,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--markdown", type=Path, help="write the report into this file, between its section's markers")
     parser.add_argument("--markdown-section", default=None, help="section name (default: threads-N)")
     parser.add_argument("--json", type=Path, help="write every step time and profile here")
+    parser.add_argument(
+        "--guard-pairs",
+        type=int,
+        default=0,
+        help="with trainer and trainer-noguard: also time N steps of each alternating one by one (the guard's "
+        "cost; fewer where they would take over --max-seconds, at least 5)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.configs, args.repeats, args.max_seconds = "demo,M-1", 3, 5.0
@@ -844,6 +915,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     load_before: dict[str, str] = {}
     load_after: dict[str, str] = {}
     profiles: list[Profile] = []
+    guard_pairs: dict[str, tuple[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_training-") as scratch:
         directory = Path(scratch)
         for config in configs:
@@ -879,6 +951,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
                 + f"; loadavg {load_after[config.name]}"
             )
+            if args.guard_pairs and {"trainer", "trainer-noguard"} <= runners.keys():
+                step_ms = timings[("trainer", config.name)].median_ms()  # type: ignore[union-attr]
+                pairs = min(args.guard_pairs, max(5, int(1e3 * args.max_seconds / (2 * step_ms))))
+                guard_pairs[config.name] = (pairs, paired_ratio(runners, pairs))
+                log(f"    guard: with / without, median of {pairs} pairs {guard_pairs[config.name][1]:.4f}")
             del runners
             gc.collect()
             wanted = ("M-1",) if args.quick else tuple(args.profile_configs.split(","))
@@ -916,6 +993,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         command="python benchmarks/bench_training.py " + " ".join(sys.argv[1:]),
         started=started,
         minutes=(time.monotonic() - clock) / 60,
+        guard_pairs=guard_pairs,
     )
     report = render_markdown(results)
     print(report)
@@ -964,6 +1042,7 @@ def _json_payload(results: Results) -> dict[str, Any]:
         "loadavg_before": results.load_before,
         "loadavg_after": results.load_after,
         "profiles": [dataclasses.asdict(profile) for profile in results.profiles],
+        "guard_pairs": results.guard_pairs,
         "library_sha256": _library_hash(),
     }
 

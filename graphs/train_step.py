@@ -17,6 +17,7 @@ guesses names. Protos only; nothing here imports onnxruntime.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -71,6 +72,9 @@ class TrainStepSignature:
         lr: The learning-rate input (a float64 scalar: torch keeps lr as a Python float).
         step: The step-count input (1-based number of this update, as torch counts).
         grad_norm: The total gradient norm output, when gradients are clipped.
+        all_finite: A bool output of the train-step and apply models: the loss (train step) and
+            every gradient are finite, so the update may be kept (``nonfinite_check``). None in
+            models built without it (and in training directories written before it existed).
     """
 
     batch_inputs: tuple[str, ...]
@@ -86,6 +90,7 @@ class TrainStepSignature:
     lr: str
     step: str
     grad_norm: str | None
+    all_finite: str | None = None
 
 
 @dataclasses.dataclass
@@ -234,6 +239,7 @@ def build_training_models(
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
     ir_version: int = MAX_IR_VERSION,
+    nonfinite_check: bool = True,
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
 
@@ -261,6 +267,10 @@ def build_training_models(
             conditions computed from those dims fold (``prepare_model``). The training models
             then take inputs of these shapes only.
         ir_version: The IR version of the written models (10: onnxruntime >= 1.19 loads them).
+        nonfinite_check: Give the train-step and apply models the bool output
+            ``signature.all_finite`` (see ``_add_finite_check``), which a trainer reads to refuse an
+            update computed from a non-finite loss or gradient. False leaves it out (to measure
+            what it costs).
 
     Returns:
         The four models, their signature and the initial parameter and state values.
@@ -352,6 +362,8 @@ def build_training_models(
     grad_nodes = emitter.nodes[first_grad_node:]
 
     # ---- optimizer ----------------------------------------------------------------------------
+    loss_scalar = getattr(loss, "reduction", "mean") != "none"
+    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
     first_opt_node = len(emitter.nodes)
     lr = emitter.fresh(LR_INPUT)
     step = emitter.fresh(STEP_INPUT)
@@ -376,6 +388,11 @@ def build_training_models(
     outputs_of.update({new_state_outputs[name][slot]: new_state[name][slot] for name in params for slot in slots[name]})
     _name_outputs(emitter, first_opt_node, outputs_of)
     opt_nodes = emitter.nodes[first_opt_node:]
+    finite = (
+        _add_finite_check(emitter, (loss_value, loss_elem, loss_scalar), grad_inputs, update.total_norm, clip)
+        if nonfinite_check
+        else None
+    )
 
     # ---- value infos -------------------------------------------------------------------------
     def param_info(name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
@@ -387,10 +404,10 @@ def build_training_models(
     state_infos = [param_info(name, state[name][slot]) for name in params for slot in slots[name]]
     new_state_infos = [param_info(name, new_state_outputs[name][slot]) for name in params for slot in slots[name]]
     batch_inputs = [value for value in graph.input if value.name not in initializers]
-    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
-    loss_info = _value_info_of(loss_value, loss_elem, [] if getattr(loss, "reduction", "mean") != "none" else None)
+    loss_info = _value_info_of(loss_value, loss_elem, [] if loss_scalar else None)
     extra_infos = [_inferred_info(name, types) for name in extra_outputs]
     grad_norm_infos = [_value_info_of(grad_norm, initializers[params[0]].data_type, [])] if grad_norm else []
+    finite_infos = [_value_info_of(finite.name, onnx.TensorProto.BOOL, [])] if finite else []
 
     kept_initializers = [init for init in graph.initializer if init.name not in params]
     forward_nodes = list(forward_and_loss.node)
@@ -424,9 +441,9 @@ def build_training_models(
     new_param_infos = [param_info(name, new_param_outputs[name]) for name in params]
     train_step = assemble(
         "train_step",
-        [*grad_nodes, *grad_links, *opt_nodes],
+        [*grad_nodes, *grad_links, *opt_nodes, *(finite.train_step_nodes if finite else [])],
         [*data_inputs, *param_inputs, *state_infos, lr_info, step_info],
-        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos],
+        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
     )
     gradients = assemble(
         "gradients",
@@ -436,9 +453,9 @@ def build_training_models(
     )
     apply_model = assemble(
         "apply",
-        list(opt_nodes),
+        [*opt_nodes, *(finite.apply_nodes if finite else [])],
         [*param_inputs, *[param_info(name, grad_inputs[name]) for name in params], *state_infos, lr_info, step_info],
-        [*new_param_infos, *new_state_infos, *grad_norm_infos],
+        [*new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
         with_forward=False,
     )
     eval_model = assemble(
@@ -463,6 +480,7 @@ def build_training_models(
         lr=lr,
         step=step,
         grad_norm=grad_norm,
+        all_finite=finite.name if finite else None,
     )
     initial_params = {name: onnx.numpy_helper.to_array(initializers[name]) for name in params}
     initial_state = {
@@ -473,6 +491,82 @@ def build_training_models(
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _FiniteCheck:
+    """The nodes that compute ``TrainStepSignature.all_finite`` in each model that updates.
+
+    Attributes:
+        name: The bool output.
+        train_step_nodes: The train step's: the gradients and the loss.
+        apply_nodes: The apply model's: the gradients (the micro-batch losses are the trainer's).
+    """
+
+    name: str
+    train_step_nodes: list[onnx.NodeProto]
+    apply_nodes: list[onnx.NodeProto]
+
+
+def _add_finite_check(
+    emitter: GraphEmitter,
+    loss: tuple[str, int, bool],
+    grads: Mapping[str, str],
+    total_norm: str | None,
+    clip: optimizers_module.ClipGradNorm | None,
+) -> _FiniteCheck:
+    """Emits the bool "the loss and every gradient are finite" of one update, in few small nodes.
+
+    The gradients are finite exactly when the sum of their squares is (a NaN or inf anywhere
+    makes it NaN or inf; so does a sum past the type's range, a total norm that torch's
+    ``clip_grad_norm_`` calls non-finite too): one read of each gradient, never of a parameter or
+    moment. With clipping the total norm already tells it, except the max norm: onnxruntime's
+    ReduceMax skips a NaN that is not the first element. The loss enters that sum as ``loss * 0``
+    (0, or NaN for an inf or NaN loss), so the train step's flag is ``sum < inf``, one node more.
+
+    Args:
+        emitter: Receives the nodes (taken out again into the two lists returned).
+        loss: The loss value, its element type, and whether it is a scalar (else it is summed).
+        grads: Parameter -> its gradient value (the apply model's gradient inputs).
+        total_norm: The clipped total norm, when clipping.
+        clip: The clipping settings, when clipping.
+    """
+    first = len(emitter.nodes)
+    terms: dict[int, list[str]] = {}
+    if total_norm is not None and clip is not None and not math.isinf(clip.norm_type):
+        terms[emitter.elem_type(total_norm) or emitter.elem_type(next(iter(grads.values())))] = [total_norm]
+    else:
+        for grad in grads.values():
+            square_sum = emitter.reduce("ReduceSumSquare", grad, None, keepdims=False)
+            terms.setdefault(emitter.elem_type(grad), []).append(square_sum)
+    name = emitter.fresh("all_finite")
+    apply_start = len(emitter.nodes)
+    _all_below_inf(emitter, terms, name)
+    apply_end = len(emitter.nodes)
+    loss_value, loss_elem, loss_scalar = loss
+    zeros = emitter.op("Mul", [loss_value, emitter.constant(0.0, loss_elem, name="zero")])
+    if not loss_scalar:
+        zeros = emitter.reduce_sum(zeros, None, keepdims=False)
+    with_loss = {elem_type: list(values) for elem_type, values in terms.items()}
+    with_loss.setdefault(loss_elem, []).append(zeros)
+    _all_below_inf(emitter, with_loss, name)
+    nodes = emitter.nodes
+    return _FiniteCheck(
+        name,
+        train_step_nodes=[*nodes[first:apply_start], *nodes[apply_end:]],
+        apply_nodes=nodes[first:apply_end],
+    )
+
+
+def _all_below_inf(emitter: GraphEmitter, terms: Mapping[int, Sequence[str]], output: str) -> None:
+    """``output = sum(terms of each type) < inf``, for every type (non-negative or NaN terms)."""
+    flags = []
+    for elem_type, values in terms.items():
+        below = emitter.constant(math.inf, elem_type, name="inf")
+        flags.append(emitter.op("Less", [emitter.sum(list(values)), below], outputs=[output] if len(terms) == 1 else 1))
+    while len(flags) > 1:
+        last = len(flags) == 2
+        flags = [emitter.op("And", flags[:2], outputs=[output] if last else 1), *flags[2:]]
 
 
 def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, str]) -> None:
