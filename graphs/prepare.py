@@ -7,8 +7,9 @@ chosen by an input the user fixes (a sample rate), output shapes declared wrongl
 standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 
 - an ai.onnx opset older than the builders' oldest (13) is converted to 17 by
-  ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch 1.9 wrote); weights keep
-  their names, so the trained values go back into the model as shipped;
+  ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch 1.9 wrote; an LSTM
+  converts from opset 7 on, onnx has no adapter from LSTM-1), its IR version raised to one that
+  opset needs; weights keep their names, so the trained values go back into the model as shipped;
 - input dims an exporter declared as -1 or 0 (paddle2onnx's batch) are symbolic: only a positive
   static dim fixes a size;
 - each fixed input is an initializer, each fixed input shape is declared on its input, and
@@ -298,6 +299,11 @@ def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
             f"support, and onnx.version_converter cannot convert it to {CONVERTED_OPSET} ({error}); re-export it "
             f"with opset_version>={MIN_OPSET}"
         ) from error
+    # The converter keeps the IR version; an IR older than 4 (opset <= 8 exports) reads initializers
+    # only as graph inputs, so shape inference would not see the constants prepare_model lifts.
+    converted.ir_version = max(
+        converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+    )
     return converted
 
 

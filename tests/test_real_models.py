@@ -798,11 +798,11 @@ def test_fixed_shapes_are_checked() -> None:
 # ---- what the recognizers need of the Trainer, on small models (no wheel needed) ------------------
 
 
-def _paddle_like_model(batch: int = -1) -> onnx.ModelProto:
+def _paddle_like_model(batch: int = -1, opset: int = 12) -> onnx.ModelProto:
     """An opset-12 LSTM tagger as paddle2onnx writes one: batch declared -1, weights in Constant nodes.
 
-    x [batch, 3, 4] -> Transpose -> LSTM (H=5) -> Squeeze(axes=[1], an opset-12 attribute) ->
-    Transpose -> MatMul -> Add -> logits [batch, 3, 2].
+    x [batch, 3, 4] -> Transpose -> LSTM (H=5) -> Squeeze(axes=[1], an attribute before opset 13) ->
+    Transpose -> MatMul -> Add -> logits [batch, 3, 2]. Written with the IR version of its opset.
     """
     rng = np.random.default_rng(5)
 
@@ -829,15 +829,18 @@ def _paddle_like_model(batch: int = -1) -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 4])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3, 2])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=7)
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
 
 
-def test_opset_12_model_trains_and_exports_as_shipped(rng: np.random.Generator) -> None:
-    """Converted to opset 17 for training; the export is the opset-12 graph with the trained values.
+@pytest.mark.parametrize("opset", [7, 10, 12])
+def test_old_opset_model_trains_and_exports_as_shipped(opset: int, rng: np.random.Generator) -> None:
+    """Converted to opset 17 for training; the export is the graph as shipped (opset 7 to 12) with the trained values.
 
-    The batch declared -1 takes any size (2, then 3).
+    The batch declared -1 takes any size (2, then 3). Opset 7 is the oldest onnx's converter takes
+    an LSTM from (it has no adapter from LSTM-1); an opset-7 model is IR version 3.
     """
-    shipped = _paddle_like_model()
+    shipped = _paddle_like_model(opset=opset)
     trainer = Trainer(shipped, loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam(lr=0.05))
     assert set(trainer.signature.params) == {"W", "R", "B", "head.weight", "head.bias"}
     batches = [
@@ -851,8 +854,8 @@ def test_opset_12_model_trains_and_exports_as_shipped(rng: np.random.Generator) 
     assert sum(after) < 0.8 * sum(before), (before, after)  # measured: 1.87 -> 1.31
 
     exported = trainer.export()
-    assert [(entry.domain, entry.version) for entry in exported.opset_import] == [("", 12)]
-    assert exported.ir_version == 7
+    assert [(entry.domain, entry.version) for entry in exported.opset_import] == [("", opset)]
+    assert exported.ir_version == shipped.ir_version == helper.find_min_ir_version_for(list(shipped.opset_import))
     assert graph_hash(exported) == graph_hash(shipped)
     squeeze = next(node for node in exported.graph.node if node.op_type == "Squeeze")
     assert [attribute.name for attribute in squeeze.attribute] == ["axes"]
@@ -861,6 +864,15 @@ def test_opset_12_model_trains_and_exports_as_shipped(rng: np.random.Generator) 
         (got,) = _plain_session(exported).run(None, {"x": x})
         _, expected = trainer.evaluate(x, target=y, outputs=["logits"])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_opset_without_an_lstm_adapter_is_refused() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"the model's ai.onnx opset 6 is older than 13.*onnx.version_converter cannot convert it to 17 "
+        r"\(.*No Adapter From Version \$6 for LSTM\); re-export it with opset_version>=13",
+    ):
+        Trainer(_paddle_like_model(opset=6), loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
 
 
 def test_only_positive_declared_dims_constrain_a_batch(rng: np.random.Generator) -> None:
