@@ -6,7 +6,7 @@ arithmetic that is static once the model's fixed dims are known (torch's dynamo 
 chosen by an input the user fixes (a sample rate), output shapes declared wrongly, and
 standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
 
-- an ai.onnx opset older than the builders' oldest (13) is converted to 17 by
+- an ai.onnx opset older than 15 (CastLike's, which the losses emit) is converted to 17 by
   ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch 1.9 wrote; an LSTM
   converts from opset 7 on, onnx has no adapter from LSTM-1), its IR version raised to one that
   opset needs; weights keep their names, so the trained values go back into the model as shipped;
@@ -80,6 +80,9 @@ _ONNX_DOMAINS = ("", "ai.onnx")
 # new in 15), and below 18, where the reductions and Split take their axes as inputs (fewer nodes
 # for the converter to rewrite). ddddocr's and PP-OCRv2's opset-12 exports train at 17.
 CONVERTED_OPSET = 17
+# Models of opset 13 and 14 are converted too: the builders accept them (MIN_OPSET), but the losses
+# and the rules that match element types emit CastLike, which a model of opset < 15 cannot hold.
+CONVERTED_BELOW = 15
 # Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,
 # never sequence ops (a folded sequence would become a tensor initializer; see resolve_static_sequences).
 _NOT_FOLDED = frozenset(
@@ -280,7 +283,7 @@ def _fix_input_shapes(graph: onnx.GraphProto, fixed_shapes: Mapping[str, Sequenc
 
 
 def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of the model, its ai.onnx opset converted to ``CONVERTED_OPSET`` when older than ``MIN_OPSET``.
+    """A copy of the model, its ai.onnx opset converted to ``CONVERTED_OPSET`` when older than ``CONVERTED_BELOW``.
 
     The converter keeps initializer and Constant names, which is what export relies on to put the
     trained values back into the model as shipped.
@@ -289,15 +292,15 @@ def _upgraded_opset(model: onnx.ModelProto) -> onnx.ModelProto:
         ValueError: onnx's converter cannot convert the model (an op without adapter).
     """
     opset = next((entry.version for entry in model.opset_import if entry.domain in _ONNX_DOMAINS), None)
-    if opset is None or opset >= MIN_OPSET:
+    if opset is None or opset >= CONVERTED_BELOW:
         return copy.deepcopy(model)
     try:
         converted = onnx.version_converter.convert_version(model, CONVERTED_OPSET)
     except Exception as error:
         raise ValueError(
-            f"the model's ai.onnx opset {opset} is older than {MIN_OPSET}, the oldest the training-graph builders "
-            f"support, and onnx.version_converter cannot convert it to {CONVERTED_OPSET} ({error}); re-export it "
-            f"with opset_version>={MIN_OPSET}"
+            f"the model's ai.onnx opset {opset} is older than {CONVERTED_BELOW}, the oldest the training graphs can "
+            f"be built in, and onnx.version_converter cannot convert it to {CONVERTED_OPSET} ({error}); re-export it "
+            f"with opset_version>={CONVERTED_BELOW}"
         ) from error
     # The converter keeps the IR version; an IR older than 4 (opset <= 8 exports) reads initializers
     # only as graph inputs, so shape inference would not see the constants prepare_model lifts.

@@ -408,9 +408,7 @@ SHIPPED_MODELS = {
         FASTER_WHISPER_WHEEL, "faster_whisper/assets/silero_vad_v6.onnx", "speech_probs", {}, _VAD_SEQUENCE
     ),
     "ddddocr_common": ShippedModel(DDDDOCR_WHEEL, "ddddocr/common.onnx", "387", {}, _ddddocr_batches),
-    "ppocr_v2_rec": ShippedModel(
-        PPOCR_WHEEL, _PPOCR, "save_infer_model/scale_0.tmp_1", {}, _ppocr_batches, 0.75
-    ),
+    "ppocr_v2_rec": ShippedModel(PPOCR_WHEEL, _PPOCR, "save_infer_model/scale_0.tmp_1", {}, _ppocr_batches, 0.75),
 }
 STEPS_TRAINER = 8
 
@@ -654,9 +652,7 @@ def _torchaudio_case(name: str) -> tuple[onnx.ModelProto, str, dict[str, np.ndar
         def __init__(self) -> None:
             super().__init__()
             tacotron2 = _torchaudio_module("torchaudio/models/tacotron2.py")
-            self.encoder = tacotron2._Encoder(
-                encoder_embedding_dim=512, encoder_n_convolution=3, encoder_kernel_size=5
-            )
+            self.encoder = tacotron2._Encoder(encoder_embedding_dim=512, encoder_n_convolution=3, encoder_kernel_size=5)
 
         def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
             return self.encoder(x, lengths)
@@ -869,10 +865,40 @@ def test_old_opset_model_trains_and_exports_as_shipped(opset: int, rng: np.rando
 def test_opset_without_an_lstm_adapter_is_refused() -> None:
     with pytest.raises(
         ValueError,
-        match=r"the model's ai.onnx opset 6 is older than 13.*onnx.version_converter cannot convert it to 17 "
-        r"\(.*No Adapter From Version \$6 for LSTM\); re-export it with opset_version>=13",
+        match=r"the model's ai.onnx opset 6 is older than 15.*onnx.version_converter cannot convert it to 17 "
+        r"\(.*No Adapter From Version \$6 for LSTM\); re-export it with opset_version>=15",
     ):
         Trainer(_paddle_like_model(opset=6), loss=losses.Loss("mse_loss"), optimizer=optimizers.Adam())
+
+
+@pytest.mark.parametrize("opset", [13, 14])
+def test_opset_13_and_14_models_train_with_a_loss_that_needs_castlike(opset: int, rng: np.random.Generator) -> None:
+    """binary_cross_entropy emits CastLike (opset 15): an opset-13/14 model is converted for training, exported as is."""
+    weight = numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4, 1)).astype(np.float32), "weight")
+    bias = numpy_helper.from_array(np.zeros(1, np.float32) + 0.1, "bias")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "weight"], ["scores"]),
+            helper.make_node("Add", ["scores", "bias"], ["logits"]),
+            helper.make_node("Sigmoid", ["logits"], ["probability"]),
+        ],
+        "sigmoid_head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("probability", TensorProto.FLOAT, ["batch", 1])],
+        [weight, bias],
+    )
+    opsets = [helper.make_opsetid("", opset)]
+    shipped = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
+    trainer = Trainer(shipped, loss=losses.Loss.binary_cross_entropy(), optimizer=optimizers.Adam(lr=0.1))
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    first = trainer.evaluate(x, target=y)
+    for _ in range(10):
+        trainer.step(x, target=y)
+    assert trainer.evaluate(x, target=y) < 0.8 * first
+    exported = trainer.export()
+    assert [(entry.domain, entry.version) for entry in exported.opset_import] == [("", opset)]
+    onnx.checker.check_model(exported, full_check=True)
 
 
 def test_only_positive_declared_dims_constrain_a_batch(rng: np.random.Generator) -> None:
