@@ -57,7 +57,7 @@ import onnx.shape_inference
 import onnx.version_converter
 
 try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, MIN_OPSET, ValueType, infer_value_types, used_names
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
     from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences
     from ortlstm.graphs.convert import convert, is_onnx_lstm
     from ortlstm.graphs.export_metadata import read_torch_origins
@@ -65,7 +65,6 @@ try:
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import (  # type: ignore[no-redef]
         FLOAT_TYPES,
-        MIN_OPSET,
         ValueType,
         infer_value_types,
         used_names,
@@ -160,7 +159,7 @@ def _evaluate(
         results = onnx.reference.ReferenceEvaluator(model).run(
             None, {name: values[name] for name in dict.fromkeys(inputs)}
         )
-    except Exception:
+    except Exception:  # a size the model cannot take decides nothing
         return None
     return [np.asarray(result) for result in results]
 
@@ -622,7 +621,7 @@ class _ControlFlowAdvice(Mapping[str, str]):
                         shapes.setdefault(value.name, [None] * len(declared))[axis] = size
                         try:
                             probe = _prepare(self._model, self._fixed_inputs, shapes, self._keep, decide_only=True)
-                        except Exception:  # noqa: BLE001 - a size the model cannot take decides nothing
+                        except Exception:  # a size the model cannot take decides nothing
                             continue
                         decided |= set(self._ifs) - set(_if_nodes(probe.model.graph))
                     for if_name in decided:

@@ -414,7 +414,7 @@ STEPS_TRAINER = 8
 
 
 def _plain_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """onnxruntime without the ortlstm library: what a user of the exported model has."""
+    """Onnxruntime without the ortlstm library: what a user of the exported model has."""
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
@@ -490,7 +490,7 @@ EASYOCR_CLASSES = 1 + len("0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ €") + 
 
 @functools.cache
 def _easyocr_english_g2() -> object:
-    """easyocr 1.7.2's recognizer (``easyocr/model/vgg_model.py``) with english_g2's trained weights.
+    """Easyocr 1.7.2's recognizer (``easyocr/model/vgg_model.py``) with english_g2's trained weights.
 
     The two model files are run from the wheel as a package of their own: easyocr's
     ``__init__`` imports OpenCV, and ``modules.py`` imports torchvision at its top for the
@@ -511,7 +511,7 @@ def _easyocr_english_g2() -> object:
                 module.__package__ = package.__name__
                 sys.modules[module.__name__] = module
                 path = f"easyocr/model/{name}.py"
-                exec(compile(wheel.read(path), path, "exec"), vars(module))  # noqa: S102
+                exec(compile(wheel.read(path), path, "exec"), vars(module))
     finally:
         for name, module in saved.items():
             if module is None:
@@ -623,7 +623,7 @@ def _torchaudio_module(path: str) -> types.ModuleType:
     assert found, f"{directory} holds no {TORCHAUDIO_WHEEL_GLOB}; run scripts/test.sh or pip download it"
     module = types.ModuleType(f"torchaudio_{Path(path).stem}")
     with zipfile.ZipFile(found[0]) as archive:
-        exec(compile(archive.read(path), path, "exec"), vars(module))  # noqa: S102
+        exec(compile(archive.read(path), path, "exec"), vars(module))
     return module
 
 
@@ -873,7 +873,7 @@ def test_opset_without_an_lstm_adapter_is_refused() -> None:
 
 @pytest.mark.parametrize("opset", [13, 14])
 def test_opset_13_and_14_models_train_with_a_loss_that_needs_castlike(opset: int, rng: np.random.Generator) -> None:
-    """binary_cross_entropy emits CastLike (opset 15): an opset-13/14 model is converted for training, exported as is."""
+    """A loss that emits CastLike (opset 15) trains an opset-13/14 model: converted for training, exported as is."""
     weight = numpy_helper.from_array(rng.uniform(-0.5, 0.5, (4, 1)).astype(np.float32), "weight")
     bias = numpy_helper.from_array(np.zeros(1, np.float32) + 0.1, "bias")
     graph = helper.make_graph(
@@ -918,7 +918,7 @@ def test_only_positive_declared_dims_constrain_a_batch(rng: np.random.Generator)
 
 
 def _if_on_width_model() -> onnx.ModelProto:
-    """y = x @ W when x has 3 columns, else x (the width is dynamic): an If decided by a dim of x."""
+    """Y = x @ W when x has 3 columns, else x (the width is dynamic): an If decided by a dim of x."""
     then_branch = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["projected"])],
         "width_3",
