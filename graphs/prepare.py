@@ -159,7 +159,7 @@ def _evaluate(
         results = onnx.reference.ReferenceEvaluator(model).run(
             None, {name: values[name] for name in dict.fromkeys(inputs)}
         )
-    except Exception:  # a size the model cannot take decides nothing
+    except Exception:
         return None
     return [np.asarray(result) for result in results]
 
