@@ -10,19 +10,9 @@ import ortlstm
 
 _LOSSES = ("CrossEntropyLoss", "MSELoss", "BCEWithLogitsLoss", "L1Loss")
 _OPTIMIZERS = ("AdamW", "SGD")
-# train-step: command-line names -> ortlstm.graphs.losses.Loss constructors / torch.optim names.
-_TRAIN_LOSSES = {
-    "cross_entropy": "cross_entropy",
-    "nll_loss": "nll_loss",
-    "mse_loss": "mse_loss",
-    "l1_loss": "l1_loss",
-    "smooth_l1_loss": "smooth_l1_loss",
-    "huber_loss": "huber_loss",
-    "kl_div": "kl_div",
-    "bce": "binary_cross_entropy",
-    "bce_with_logits": "binary_cross_entropy_with_logits",
-    "output": "output",
-}
+# train-step: --loss takes the names of the loss table (ortlstm.graphs.losses.KINDS) and these.
+_TRAIN_LOSS_ALIASES = {"bce": "binary_cross_entropy", "bce_with_logits": "binary_cross_entropy_with_logits"}
+# train-step: command-line names -> torch.optim names.
 _TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 
 
@@ -57,6 +47,8 @@ def _named_dims(text: str) -> tuple[str, list[int | None]]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ortlstm.graphs import losses
+
     parser = argparse.ArgumentParser(prog="ortlstm", description="LSTM training ops for ONNX Runtime.")
     parser.add_argument("--version", action="version", version=f"ortlstm {ortlstm.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -124,7 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     train_step.add_argument("model", type=Path)
     train_step.add_argument("directory", type=Path)
-    train_step.add_argument("--loss", choices=tuple(_TRAIN_LOSSES), required=True)
+    train_step.add_argument(
+        "--loss",
+        choices=losses.KINDS,
+        type=lambda name: _TRAIN_LOSS_ALIASES.get(name, name),
+        required=True,
+        help="a torch.nn.functional loss, or output: the model output is the loss",
+    )
     train_step.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
     train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
     train_step.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
@@ -265,7 +263,7 @@ def _train_step(args: argparse.Namespace) -> int:
     optimizer = optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters)
     trainer = Trainer(
         args.model,
-        loss=getattr(losses.Loss, _TRAIN_LOSSES[args.loss])(),
+        loss=losses.Loss(args.loss),
         optimizer=optimizer,
         requires_grad=args.requires_grad,
         frozen=args.frozen,
