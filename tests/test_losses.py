@@ -3,8 +3,8 @@
 ``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
 cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss, smooth_l1_loss
 and huber_loss (differences at their thresholds among them), kl_div (probability and log
-targets, "batchmean" too), binary_cross_entropy (saturated probabilities among them) and
-binary_cross_entropy_with_logits over every reduction,
+targets, "batchmean" too), binary_cross_entropy (saturated probabilities among them),
+binary_cross_entropy_with_logits, soft_margin_loss (large margins among them) over every reduction,
 ignore_index absent / default / custom, label smoothing, class weights and pos_weight, on
 [N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
 gradient (the gradient is checked in test_loss_gradients.py).

@@ -1,7 +1,7 @@
-"""Binary losses: torch.nn.functional.binary_cross_entropy and binary_cross_entropy_with_logits.
+"""Binary losses: torch.nn.functional.binary_cross_entropy, binary_cross_entropy_with_logits, soft_margin_loss.
 
-Element-wise on a float prediction (probabilities, or logits) and a target of its type and
-shape, then torch's reduction (mean by default, sum or none).
+Element-wise on a float prediction (probabilities, or logits) and a target of its type and shape
+(probabilities, or labels of 1 and -1), then torch's reduction (mean by default, sum or none).
 """
 
 from __future__ import annotations
@@ -164,3 +164,42 @@ def binary_cross_entropy_with_logits(
     if weight is not None:
         loss = emitter.op("Mul", [loss, float_constant(emitter, weight, input)])
     return reduce(emitter, loss, reduction)
+
+
+def _softplus(emitter: GraphEmitter, t: str) -> str:
+    """``log(1 + exp(t))`` to a few roundings for every ``t``, smooth at 0 (gradient ``sigmoid(t)``).
+
+    ``t + log1p(exp(-t))`` where ``t >= 0``, ``log1p(exp(t))`` elsewhere, each branch reading ``t``
+    through a Where that zeroes it on the other side (see ``_log_sigmoid``). ONNX has no Log1p:
+    with ``w = 1 + z`` rounded, ``log1p(z) = log(w) * z / (w - 1)`` (the rounding of ``w`` cancels),
+    and ``z`` where ``w`` is 1, the division then by 1 so that neither branch's gradient is NaN.
+    """
+    zero = float_constant(emitter, 0.0, t)
+    one = float_constant(emitter, 1.0, t)
+    non_negative = emitter.op("Not", [emitter.op("Less", [t, zero])])
+    t_pos = emitter.op("Where", [non_negative, t, zero])
+    t_neg = emitter.op("Where", [non_negative, zero, t])
+
+    def log1p_exp(exponent: str) -> str:
+        z = emitter.op("Exp", [exponent])
+        w = emitter.op("Add", [one, z])
+        exact = emitter.op("Equal", [w, one])
+        denominator = emitter.op("Where", [exact, one, emitter.op("Sub", [w, one])])
+        corrected = emitter.op("Div", [emitter.op("Mul", [emitter.op("Log", [w]), z]), denominator])
+        return emitter.op("Where", [exact, z, corrected])
+
+    positive = emitter.op("Add", [t_pos, log1p_exp(emitter.op("Neg", [t_pos]))])
+    return emitter.op("Where", [non_negative, positive, log1p_exp(t_neg)])
+
+
+@register_loss()
+def soft_margin_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean") -> str:
+    """torch.nn.functional.soft_margin_loss: ``l = log(1 + exp(-y * x))``, then mean (default), sum or none.
+
+    The two-class logistic loss on labels ``y`` of 1 or -1 (other float targets are taken as they
+    are, as torch takes them); the gradient is ``-y * sigmoid(-y * x)``. torch computes
+    ``log1p(exp(-x * y))``, which overflows to inf where ``-x * y`` exceeds exp's range (about 88
+    in float32) and gives a NaN gradient there; this form (``_softplus``) stays finite.
+    """
+    margin = emitter.op("Mul", [emitter.op("Neg", [input]), target])  # torch: (-input) * target
+    return reduce(emitter, _softplus(emitter, margin), reduction)

@@ -391,6 +391,20 @@ def make_loss_data(rng: np.random.Generator) -> tuple[dict[str, dict[str, Any]],
                 if log_target:
                     kwargs["log_target"] = True
                 cases.append({"name": f"kl_div_{key}_{reduction}", "kind": "kl_div", "data": key, "kwargs": kwargs})
+    # soft_margin_loss: labels 1 and -1 (and two soft ones, which torch takes as they are); the
+    # first inputs are large (exp(-30) is far below float64's rounding of 1, exp(80) within
+    # float32's range) and exactly 0 (where the stable form switches branch). Drawn after every
+    # case above, so their data is unchanged.
+    for shape_name, shape in (("2d", (4, 5)), ("3d", (3, 2, 5))):
+        inputs = rng.standard_normal(shape) * 3.0
+        inputs.reshape(-1)[:6] = [30.0, -30.0, 80.0, -80.0, 0.0, 0.0]
+        target = rng.choice([-1.0, 1.0], size=shape)
+        target.reshape(-1)[6:8] = [0.5, -0.25]
+        key = f"margin_{shape_name}"
+        data[key] = {"input": inputs, "target": target}
+        for reduction in REDUCTIONS:
+            name = f"soft_margin_loss_{key}_{reduction}"
+            cases.append({"name": name, "kind": "soft_margin_loss", "data": key, "kwargs": {"reduction": reduction}})
     return data, cases
 
 
