@@ -1,10 +1,12 @@
 """The gradient of ``LSTMTraining`` for onnxruntime-training's gradient builder.
 
-``gradient_definition()`` maps every ``LSTMGrad`` port to the forward node's inputs (``I(i)``),
-outputs (``O(i)``), output gradients (``GO(i)``) and input gradients (``GI(i)``), derived from
-the spec's ``gradient_of`` links, so nothing here names a port by hand. ``register_gradient()``
-hands it to onnxruntime-training, whose builder otherwise silently picks its own com.microsoft
-gradient for any op called LSTMTraining.
+``gradient_definition()`` writes LSTMGrad's wiring to LSTMTraining, which ops/schema.py declares
+(``schema.LSTM_TRAINING_GRADIENT``: each port's ``from_forward`` / ``gradient_of``), in
+onnxruntime-training's placeholder notation: forward inputs ``I(i)``, outputs ``O(i)``, output
+gradients ``GO(i)`` and input gradients ``GI(i)``; nothing here names a port by hand.
+``register_gradient()`` hands it to onnxruntime-training, whose builder otherwise silently picks
+its own com.microsoft gradient for any op called LSTMTraining. The ortlstm gradient rule
+(autodiff/rules_lstm.py) reads the same wiring.
 """
 
 from __future__ import annotations
@@ -31,28 +33,20 @@ class GradientDefinition:
 
 
 def gradient_definition() -> GradientDefinition:
-    """The LSTMGrad node that differentiates one LSTMTraining node."""
-    forward, backward = schema.LSTM_TRAINING, schema.LSTM_GRAD
-    forward_inputs = schema.input_names(forward)
-    inputs = []
-    for port in backward.inputs:
-        if port.gradient_of is not None:
-            inputs.append(f"GO({schema.output_index(forward, port.gradient_of)})")
-        elif port.name in forward_inputs:
-            inputs.append(f"I({schema.input_index(forward, port.name)})")
-        else:
-            inputs.append(f"O({schema.output_index(forward, port.name)})")
-    outputs = []
-    for port in backward.outputs:
-        if port.gradient_of is None:
-            raise ValueError(f"{backward.name}.{port.name} names no forward input in the spec")
-        outputs.append(f"GI({schema.input_index(forward, port.gradient_of)})")
-    return GradientDefinition(backward.name, backward.domain, tuple(inputs), tuple(outputs))
+    """The LSTMGrad node that differentiates one LSTMTraining node, from the spec's wiring."""
+    wiring = schema.LSTM_TRAINING_GRADIENT
+    return GradientDefinition(
+        wiring.gradient.name,
+        wiring.gradient.domain,
+        tuple(link.placeholder for link in wiring.inputs),
+        tuple(link.placeholder for link in wiring.outputs),
+    )
 
 
 def gradient_key() -> str:
     """The registry key onnxruntime-training looks the definition up by."""
-    return f"{schema.LSTM_TRAINING.domain}::{schema.LSTM_TRAINING.name}"
+    forward = schema.LSTM_TRAINING_GRADIENT.forward
+    return f"{forward.domain}::{forward.name}"
 
 
 def import_training_runtime() -> ModuleType:

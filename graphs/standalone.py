@@ -3,7 +3,7 @@
 ``build_gradient_model`` takes an LSTM configuration and returns a model whose inputs are the
 LSTM inputs plus the upstream gradients (``grad_HAll``, ``grad_Ht``, ``grad_Ct``) and whose
 outputs are the forward outputs and the gradients of every input present. Port names, order and
-the wiring between LSTMTraining and LSTMGrad come from the spec (``gradient_definition``), so the
+the wiring between LSTMTraining and LSTMGrad come from the spec (``schema.LSTM_TRAINING_GRADIENT``), so the
 model follows the contract without a name written here. ``lstm_with_gradients`` is the same pair
 of nodes as an onnxscript function.
 """
@@ -11,7 +11,6 @@ of nodes as an onnxscript function.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import onnx
@@ -19,15 +18,12 @@ import onnx.helper
 
 try:
     from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.graphs.gradient import gradient_definition
     from ortlstm.ops import make_node, schema
 except ModuleNotFoundError:
     from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
-    from graphs.gradient import gradient_definition  # type: ignore[no-redef]
     from ops import make_node, schema  # type: ignore[no-redef]
 
 _ELEM_TYPES = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE}
-_PLACEHOLDER = re.compile(r"^(I|O|GO|GI)\((\d+)\)$")
 _ONNX_OPSET = 17
 
 
@@ -131,27 +127,22 @@ def build_gradient_model(config: LstmGraphConfig) -> onnx.ModelProto:
         name=forward.name,
         **attributes,
     )
-    # Resolve onnxruntime-training's placeholders to this graph's value names.
+    # Each LSTMGrad port as the spec wires it, in this graph's value names.
     upstream = {port.gradient_of: port.name for port in backward.inputs if port.gradient_of is not None}
-    definition = gradient_definition()
+    wiring = schema.LSTM_TRAINING_GRADIENT
+    source = schema.GradientSource
 
-    def resolve(placeholder: str) -> str:
-        match = _PLACEHOLDER.match(placeholder)
-        if match is None:
-            raise ValueError(f"unexpected gradient placeholder {placeholder!r}")
-        kind, index = match[1], int(match[2])
-        if kind == "I":
-            name = forward.inputs[index].name
-            return name if name in present_names else ""
-        if kind == "O":
-            return forward.outputs[index].name
-        if kind == "GO":
-            return upstream[forward.outputs[index].name]
-        name = forward.inputs[index].name  # GI: the gradient of a present input
-        return next(port.name for port in backward.outputs if port.gradient_of == name) if name in present_names else ""
+    def resolve(link: schema.GradientLink) -> str:
+        if link.source is source.INPUT:
+            return link.forward_port if link.forward_port in present_names else ""
+        if link.source is source.OUTPUT:
+            return link.forward_port
+        if link.source is source.OUTPUT_GRADIENT:
+            return upstream[link.forward_port]
+        return link.port if link.forward_port in present_names else ""  # the gradient of a present input
 
-    grad_inputs = {port.name: resolve(ph) for port, ph in zip(backward.inputs, definition.inputs, strict=True)}
-    grad_outputs = {port.name: resolve(ph) for port, ph in zip(backward.outputs, definition.outputs, strict=True)}
+    grad_inputs = {link.port: resolve(link) for link in wiring.inputs}
+    grad_outputs = {link.port: resolve(link) for link in wiring.outputs}
     backward_node = make_node(backward.name, grad_inputs, grad_outputs, name=backward.name, **attributes)
 
     upstream_ports = [port for port in backward.inputs if port.gradient_of is not None]

@@ -136,7 +136,7 @@ def _model_outputs(model: onnx.ModelProto) -> list[str]:
 
 def _target_elem_type(loss: losses_module.Loss, prediction: object) -> int:
     """Class indices (int64) for cross-entropy and NLL, else the prediction's float type."""
-    if loss.kind in ("cross_entropy", "nll_loss"):
+    if loss.class_target:
         return onnx.TensorProto.INT64
     elem_type = getattr(prediction, "elem_type", 0)
     return elem_type or onnx.TensorProto.FLOAT
@@ -147,7 +147,7 @@ def _target_shape(loss: losses_module.Loss, prediction: object, name: str) -> li
     rank = getattr(prediction, "rank", None)
     if rank is None:
         return None
-    if loss.kind in ("cross_entropy", "nll_loss"):
+    if loss.class_target:
         rank = max(rank - 1, 0)
     return [f"{name}_dim{axis}" for axis in range(rank)]
 

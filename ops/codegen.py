@@ -363,6 +363,8 @@ def _render_op_docs(op: schema.OpSpec) -> list[str]:
                 f"{_yes_no(port.optional)} | {_yes_no(port.differentiable)} | {_cell(port.doc)} |"
             )
         lines.append("")
+    if op.gradient_of is not None:
+        lines += [*_render_gradient_wiring(schema.gradient_wiring(schema.op_by_name(op.gradient_of), op)), ""]
     lines += [
         "### Attributes",
         "",
@@ -384,6 +386,32 @@ def _render_op_docs(op: schema.OpSpec) -> list[str]:
     for constraint in op.type_constraints:
         allowed = ", ".join(f"`{allowed_type}`" for allowed_type in constraint.allowed_types)
         lines.append(f"| {constraint.type_str} | {allowed} | {_cell(constraint.doc)} |")
+    return lines
+
+
+def _render_gradient_wiring(wiring: schema.GradientWiring) -> list[str]:
+    forward = wiring.forward.name
+    meaning = {
+        schema.GradientSource.INPUT: f"{forward} input `{{}}`",
+        schema.GradientSource.OUTPUT: f"{forward} output `{{}}`",
+        schema.GradientSource.OUTPUT_GRADIENT: f"the loss's gradient of {forward} output `{{}}` (empty: zeros)",
+        schema.GradientSource.INPUT_GRADIENT: f"the gradient of {forward} input `{{}}`",
+    }
+    lines = [
+        f"### Wiring to {forward}",
+        "",
+        f"How a gradient graph connects this op to the {forward} node it differentiates (`gradient_of` and",
+        "`from_forward` in the spec). The ortlstm gradient rule and onnxruntime-training's gradient definition",
+        "(whose notation the last column is) are both built from it.",
+        "",
+        "| Port | Connects to | onnxruntime-training |",
+        "|---|---|---|",
+    ]
+    for kind, links in (("input", wiring.inputs), ("output", wiring.outputs)):
+        lines += [
+            f"| {kind} `{link.port}` | {meaning[link.source].format(link.forward_port)} | `{link.placeholder}` |"
+            for link in links
+        ]
     return lines
 
 

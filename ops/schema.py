@@ -105,8 +105,12 @@ class PortSpec:
         type_str: Type parameter, a key of the op's type constraints (``"T"`` or ``"T1"``).
         optional: Whether the port may be omitted (an empty name in the node).
         differentiable: Whether gradients flow through this port (ONNX differentiation category).
-        gradient_of: For a port of the gradient op, the forward port whose gradient it carries
-            (``grad_HAll`` carries HAll's, ``dX`` X's); gradient-graph builders map ports by it.
+        gradient_of: For a port of a gradient op, the forward port whose gradient it carries: an
+            input receives the loss's gradient of a forward output (``grad_HAll``: HAll's), an
+            output is the gradient of a forward input (``dX``: X's). See ``gradient_wiring``.
+        from_forward: For an input of a gradient op, the forward input or output it takes as it
+            is (``X``; the stash ``CAll``). A gradient op's input names exactly one of
+            ``gradient_of`` and ``from_forward``.
         shape_doc: For a port of an op that is not an LSTM (the optimizer ops), its shape in words
             (e.g. "as param"); ``shape`` is then empty.
     """
@@ -119,6 +123,7 @@ class PortSpec:
     differentiable: bool
     gradient_of: str | None = None
     shape_doc: str | None = None
+    from_forward: str | None = None
 
     def __post_init__(self) -> None:
         """Rejects malformed shape entries when the spec is declared, not when it is used."""
@@ -187,6 +192,8 @@ class OpSpec:
         type_constraints: Type parameters used by the ports.
         refusals: Every other rule by which the kernels refuse a node or a call, beyond each
             attribute's type and ``accepts``, one Markdown sentence each, for docs/ops.md.
+        gradient_of: For a gradient op, the forward op it differentiates; its ports'
+            ``gradient_of`` and ``from_forward`` name that op's ports (``gradient_wiring``).
     """
 
     name: str
@@ -198,6 +205,7 @@ class OpSpec:
     attributes: tuple[AttrSpec, ...]
     type_constraints: tuple[TypeConstraintSpec, ...]
     refusals: tuple[str, ...] = ()
+    gradient_of: str | None = None
 
     def __post_init__(self) -> None:
         """Catches inconsistent specs at import time, before any generated file is written."""
@@ -613,6 +621,7 @@ def _from_forward(name: str, *, optional: bool | None = None, doc: str | None = 
         doc=doc or f"{name} of the forward node.",
         optional=port.optional if optional is None else optional,
         differentiable=False,
+        from_forward=name,
     )
 
 
@@ -681,15 +690,122 @@ peephole LSTM would be wrong.""",
         "the derivative from the stashed activated gates; h takes any alpha, and LSTMTraining accepts them all.",
         *_RUN_REFUSALS,
     ),
+    gradient_of=LSTM_TRAINING.name,
 )
 
 OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)
 
-for _port in LSTM_GRAD.inputs + LSTM_GRAD.outputs:
-    if _port.gradient_of is not None and _port.gradient_of not in input_names(LSTM_TRAINING) + output_names(
-        LSTM_TRAINING
-    ):
-        raise ValueError(f"LSTMGrad.{_port.name}: gradient_of={_port.gradient_of!r} is not a port of LSTMTraining")
+
+# ---- gradient wiring ----------------------------------------------------------------------------
+# How a gradient op connects to the forward node it differentiates, resolved from the ports'
+# ``from_forward`` and ``gradient_of``. Both training paths read it: the ortlstm gradient rule
+# (graphs/autodiff/rules_lstm.py) and onnxruntime-training's gradient definition (graphs/gradient.py).
+
+
+class GradientSource(enum.Enum):
+    """What a port of a gradient op connects to; the values are onnxruntime-training's notation."""
+
+    INPUT = "I"
+    """A forward input, as it is."""
+    OUTPUT = "O"
+    """A forward output, as it is (a stash such as CAll)."""
+    OUTPUT_GRADIENT = "GO"
+    """The loss's gradient with respect to a forward output; "" where none reaches it (zeros)."""
+    INPUT_GRADIENT = "GI"
+    """The gradient with respect to a forward input (an output of the gradient op)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientLink:
+    """One port of a gradient op and the forward port it connects to.
+
+    Attributes:
+        port: The gradient op's port.
+        source: What it connects to.
+        forward_port: The forward op's port (the output for ``OUTPUT_GRADIENT``, the input for
+            ``INPUT_GRADIENT``).
+        index: That port's position among the forward node's inputs or outputs.
+    """
+
+    port: str
+    source: GradientSource
+    forward_port: str
+    index: int
+
+    @property
+    def placeholder(self) -> str:
+        """onnxruntime-training's notation, e.g. ``GO(1)``."""
+        return f"{self.source.value}({self.index})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientWiring:
+    """A forward op, its gradient op, and one link per gradient-op input and output, in node order."""
+
+    forward: OpSpec
+    gradient: OpSpec
+    inputs: tuple[GradientLink, ...]
+    outputs: tuple[GradientLink, ...]
+
+
+def gradient_wiring(forward: OpSpec, gradient: OpSpec | None = None) -> GradientWiring:
+    """How ``gradient`` (default: the op of ``OPS`` whose ``gradient_of`` is ``forward``) connects to ``forward``.
+
+    Raises:
+        KeyError: No op differentiates ``forward``.
+        ValueError: A gradient-op port that names no forward port, both or neither of
+            ``from_forward`` and ``gradient_of``, or an output that is not a forward input's
+            gradient; a differentiable forward input without a gradient output.
+    """
+    if gradient is None:
+        found = [op for op in OPS if op.gradient_of == forward.name]
+        if not found:
+            raise KeyError(f"no op of {DOMAIN!r} declares gradient_of={forward.name!r}")
+        gradient = found[0]
+    forward_inputs, forward_outputs = input_names(forward), output_names(forward)
+
+    def fail(port: PortSpec, problem: str) -> ValueError:
+        return ValueError(f"{gradient.name}.{port.name}: {problem}")
+
+    inputs = []
+    for port in gradient.inputs:
+        if (port.from_forward is None) == (port.gradient_of is None):
+            raise fail(port, "an input of a gradient op names exactly one of from_forward and gradient_of")
+        if port.gradient_of is not None:
+            if port.gradient_of not in forward_outputs:
+                raise fail(
+                    port, f"gradient_of={port.gradient_of!r} is not an output of {forward.name} {forward_outputs}"
+                )
+            link = GradientSource.OUTPUT_GRADIENT, port.gradient_of, forward_outputs.index(port.gradient_of)
+        elif port.from_forward in forward_inputs:
+            link = GradientSource.INPUT, port.from_forward, forward_inputs.index(port.from_forward)
+        elif port.from_forward in forward_outputs:
+            link = GradientSource.OUTPUT, port.from_forward, forward_outputs.index(port.from_forward)
+        else:
+            raise fail(port, f"from_forward={port.from_forward!r} is no port of {forward.name}")
+        inputs.append(GradientLink(port.name, *link))
+    outputs = []
+    for port in gradient.outputs:
+        if port.gradient_of not in forward_inputs or port.from_forward is not None:
+            raise fail(
+                port, f"an output of a gradient op is the gradient of an input of {forward.name} {forward_inputs}"
+            )
+        outputs.append(
+            GradientLink(
+                port.name, GradientSource.INPUT_GRADIENT, port.gradient_of, forward_inputs.index(port.gradient_of)
+            )
+        )
+    covered = {link.forward_port for link in outputs}
+    missing = [port.name for port in forward.inputs if port.differentiable and port.name not in covered]
+    if missing:
+        raise ValueError(
+            f"{gradient.name} has no gradient output for the differentiable inputs {missing} of {forward.name}"
+        )
+    return GradientWiring(forward, gradient, tuple(inputs), tuple(outputs))
+
+
+LSTM_TRAINING_GRADIENT = gradient_wiring(LSTM_TRAINING)
+"""LSTMGrad's wiring to LSTMTraining, resolved (and checked) when the spec is imported."""
 
 
 # ---- optimizer ops ------------------------------------------------------------------------------

@@ -4,26 +4,71 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import ortlstm
 
-_LOSSES = ("CrossEntropyLoss", "MSELoss", "BCEWithLogitsLoss", "L1Loss")
-_OPTIMIZERS = ("AdamW", "SGD")
-# train-step: command-line names -> ortlstm.graphs.losses.Loss constructors / torch.optim names.
-_TRAIN_LOSSES = {
-    "cross_entropy": "cross_entropy",
-    "nll_loss": "nll_loss",
-    "mse_loss": "mse_loss",
-    "l1_loss": "l1_loss",
-    "smooth_l1_loss": "smooth_l1_loss",
-    "huber_loss": "huber_loss",
-    "kl_div": "kl_div",
-    "bce": "binary_cross_entropy",
-    "bce_with_logits": "binary_cross_entropy_with_logits",
-    "output": "output",
-}
+# One vocabulary, torch's: --loss takes torch.nn.functional's names (train-step: the loss table,
+# ortlstm.graphs.losses.KINDS), --optimizer torch.optim's in lower case, --lr the learning rate.
+# command-line name -> torch.optim class name
 _TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+# artifacts: the losses and optimizers onnxruntime-training builds -> its LossType / OptimType names
+_ARTIFACT_LOSSES = {
+    "cross_entropy": "CrossEntropyLoss",
+    "mse_loss": "MSELoss",
+    "binary_cross_entropy_with_logits": "BCEWithLogitsLoss",
+    "l1_loss": "L1Loss",
+}
+_ARTIFACT_OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
+# Old spellings, still accepted with a deprecation message on stderr: old -> new.
+_OLD_TRAIN_LOSSES = {"bce": "binary_cross_entropy", "bce_with_logits": "binary_cross_entropy_with_logits"}
+_OLD_ARTIFACT_LOSSES = {old: new for new, old in _ARTIFACT_LOSSES.items()}
+_OLD_ARTIFACT_OPTIMIZERS = {old: new for new, old in _ARTIFACT_OPTIMIZERS.items()}
+
+
+def _deprecation(prog: str, old: str, new: str) -> None:
+    print(f"{prog}: warning: {old} is deprecated; use {new}", file=sys.stderr)
+
+
+def _renamed_values(prog: str, option: str, renamed: Mapping[str, str]) -> Callable[[str], str]:
+    """An argparse ``type=``: an old spelling of a value becomes the new one, with a deprecation message."""
+
+    def convert(text: str) -> str:
+        if text in renamed:
+            _deprecation(prog, f"{option} {text}", f"{option} {renamed[text]}")
+            return renamed[text]
+        return text
+
+    return convert
+
+
+class _RenamedOption(argparse.Action):
+    """An old option name: stores into the new option's value, with a deprecation message.
+
+    Hidden from --help; ``new`` names the option that replaces it.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        _deprecation(parser.prog, str(option_string), self.new)
+        setattr(namespace, self.dest, values)
+
+
+def _add_lr(parser: argparse.ArgumentParser, default: float) -> None:
+    """``--lr`` (torch's name), and the old ``--learning-rate``."""
+    parser.add_argument("--lr", type=float, default=default, help=f"learning rate (default {default})")
+    parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
 
 
 def _named_value(text: str) -> tuple[str, object]:
@@ -57,6 +102,8 @@ def _named_dims(text: str) -> tuple[str, list[int | None]]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ortlstm.graphs import losses
+
     parser = argparse.ArgumentParser(prog="ortlstm", description="LSTM training ops for ONNX Runtime.")
     parser.add_argument("--version", action="version", version=f"ortlstm {ortlstm.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -74,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=12)
     demo.add_argument("--batch-size", type=int, default=32)
     demo.add_argument("--hidden-size", type=int, default=64)
-    demo.add_argument("--learning-rate", type=float, default=0.01)
+    _add_lr(demo, 0.01)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     demo.add_argument("--plot", type=Path, default=Path("ortlstm_demo.png"), help="PNG of loss and accuracy")
@@ -104,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     chars.add_argument("--seq-length", type=int, default=64, help="window (truncation) length")
     chars.add_argument("--streams", type=int, default=32, help="parallel streams (the batch)")
     chars.add_argument("--hidden-size", type=int, default=128)
-    chars.add_argument("--learning-rate", type=float, default=0.005)
+    _add_lr(chars, 0.005)
     chars.add_argument("--temperature", type=float, default=0.7)
     chars.add_argument("--seed", type=int, default=0)
     chars.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
@@ -124,7 +171,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     train_step.add_argument("model", type=Path)
     train_step.add_argument("directory", type=Path)
-    train_step.add_argument("--loss", choices=tuple(_TRAIN_LOSSES), required=True)
+    train_step.add_argument(
+        "--loss",
+        choices=losses.KINDS,
+        type=_renamed_values(train_step.prog, "--loss", _OLD_TRAIN_LOSSES),
+        required=True,
+        help="a torch.nn.functional loss, or output: the model output is the loss",
+    )
     train_step.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
     train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
     train_step.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
@@ -178,8 +231,20 @@ def _parser() -> argparse.ArgumentParser:
     artifacts.add_argument("directory", type=Path)
     artifacts.add_argument("--requires-grad", nargs="+", default=None, metavar="NAME", help="default: all floats")
     artifacts.add_argument("--frozen", nargs="+", default=[], metavar="NAME")
-    artifacts.add_argument("--loss", choices=_LOSSES, default="CrossEntropyLoss")
-    artifacts.add_argument("--optimizer", choices=_OPTIMIZERS, default="AdamW")
+    artifacts.add_argument(
+        "--loss",
+        choices=tuple(_ARTIFACT_LOSSES),
+        type=_renamed_values(artifacts.prog, "--loss", _OLD_ARTIFACT_LOSSES),
+        default="cross_entropy",
+        help="onnxruntime-training's loss of that torch name (default cross_entropy)",
+    )
+    artifacts.add_argument(
+        "--optimizer",
+        choices=tuple(_ARTIFACT_OPTIMIZERS),
+        type=_renamed_values(artifacts.prog, "--optimizer", _OLD_ARTIFACT_OPTIMIZERS),
+        default="adamw",
+        help="onnxruntime-training's optimizer (its adamw is not torch's: see docs/training.md; default adamw)",
+    )
     artifacts.add_argument(
         "--loss-input", nargs="+", default=None, metavar="NAME", help="the output(s) the loss reads (several outputs)"
     )
@@ -195,7 +260,7 @@ def _demo(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         batch_size=args.batch_size,
         hidden_size=args.hidden_size,
-        learning_rate=args.learning_rate,
+        learning_rate=args.lr,
         seed=args.seed,
         plot=args.plot,
         threads=args.threads,
@@ -223,7 +288,7 @@ def _demo_chars(args: argparse.Namespace) -> int:
         seq_length=args.seq_length,
         streams=args.streams,
         hidden_size=args.hidden_size,
-        learning_rate=args.learning_rate,
+        learning_rate=args.lr,
         seed=args.seed,
         threads=args.threads,
         temperature=args.temperature,
@@ -265,7 +330,7 @@ def _train_step(args: argparse.Namespace) -> int:
     optimizer = optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters)
     trainer = Trainer(
         args.model,
-        loss=getattr(losses.Loss, _TRAIN_LOSSES[args.loss])(),
+        loss=losses.Loss(args.loss),
         optimizer=optimizer,
         requires_grad=args.requires_grad,
         frozen=args.frozen,
@@ -312,8 +377,8 @@ def _artifacts(args: argparse.Namespace) -> int:
         onnx.load(str(args.model)),
         requires_grad=args.requires_grad,
         frozen_params=args.frozen,
-        loss=getattr(ort_artifacts.LossType, args.loss),
-        optimizer=getattr(ort_artifacts.OptimType, args.optimizer),
+        loss=getattr(ort_artifacts.LossType, _ARTIFACT_LOSSES[args.loss]),
+        optimizer=getattr(ort_artifacts.OptimType, _ARTIFACT_OPTIMIZERS[args.optimizer]),
         artifact_directory=args.directory,
         **({"loss_input_names": args.loss_input} if args.loss_input else {}),
     )

@@ -119,6 +119,97 @@ def test_console_script_runs_main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# One vocabulary, torch's: --loss cross_entropy, --optimizer adamw, --lr. The old spellings still
+# parse, each with a deprecation message on stderr; --help shows only the new ones.
+
+# (argv with old spellings, the parsed values, the deprecation messages)
+OLD_SPELLINGS = [
+    (["train-step", "m.onnx", "d", "--loss", "bce", "--optimizer", "sgd"], {"loss": "binary_cross_entropy"},
+     ["--loss bce is deprecated; use --loss binary_cross_entropy"]),
+    (["train-step", "m.onnx", "d", "--loss", "bce_with_logits", "--optimizer", "adamw"],
+     {"loss": "binary_cross_entropy_with_logits"},
+     ["--loss bce_with_logits is deprecated; use --loss binary_cross_entropy_with_logits"]),
+    (["artifacts", "m.onnx", "d", "--loss", "CrossEntropyLoss", "--optimizer", "AdamW"],
+     {"loss": "cross_entropy", "optimizer": "adamw"},
+     ["--loss CrossEntropyLoss is deprecated; use --loss cross_entropy",
+      "--optimizer AdamW is deprecated; use --optimizer adamw"]),
+    (["artifacts", "m.onnx", "d", "--loss", "MSELoss", "--optimizer", "SGD"], {"loss": "mse_loss", "optimizer": "sgd"},
+     ["--loss MSELoss is deprecated; use --loss mse_loss", "--optimizer SGD is deprecated; use --optimizer sgd"]),
+    (["artifacts", "m.onnx", "d", "--loss", "BCEWithLogitsLoss"], {"loss": "binary_cross_entropy_with_logits"},
+     ["--loss BCEWithLogitsLoss is deprecated; use --loss binary_cross_entropy_with_logits"]),
+    (["artifacts", "m.onnx", "d", "--loss", "L1Loss"], {"loss": "l1_loss"},
+     ["--loss L1Loss is deprecated; use --loss l1_loss"]),
+    (["demo", "--learning-rate", "0.02"], {"lr": 0.02}, ["--learning-rate is deprecated; use --lr"]),
+    (["demo-chars", "--learning-rate", "0.001"], {"lr": 0.001}, ["--learning-rate is deprecated; use --lr"]),
+]  # fmt: skip
+NEW_SPELLINGS = [
+    (["train-step", "m.onnx", "d", "--loss", "binary_cross_entropy", "--optimizer", "sgd", "--lr", "0.1"],
+     {"loss": "binary_cross_entropy", "optimizer": "sgd", "lr": 0.1}),
+    (["artifacts", "m.onnx", "d", "--loss", "mse_loss", "--optimizer", "sgd"],
+     {"loss": "mse_loss", "optimizer": "sgd"}),
+    (["artifacts", "m.onnx", "d"], {"loss": "cross_entropy", "optimizer": "adamw"}),
+    (["demo", "--lr", "0.02"], {"lr": 0.02}),
+    (["demo"], {"lr": 0.01}),
+    (["demo-chars", "--lr", "0.001"], {"lr": 0.001}),
+    (["demo-chars"], {"lr": 0.005}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "parsed", "messages"), OLD_SPELLINGS, ids=[" ".join(row[0]) for row in OLD_SPELLINGS])
+def test_old_spellings_parse_with_a_deprecation_message(
+    argv: list[str], parsed: dict[str, object], messages: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortlstm.__main__ import _parser
+
+    args = _parser().parse_args(argv)
+    assert {name: getattr(args, name) for name in parsed} == parsed
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"ortlstm {argv[0]}: warning: {message}" for message in messages]
+    assert not captured.out
+
+
+@pytest.mark.parametrize(("argv", "parsed"), NEW_SPELLINGS, ids=[" ".join(row[0]) for row in NEW_SPELLINGS])
+def test_torch_names_parse_without_a_message(
+    argv: list[str], parsed: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortlstm.__main__ import _parser
+
+    args = _parser().parse_args(argv)
+    assert {name: getattr(args, name) for name in parsed} == parsed
+    assert capsys.readouterr().err == ""
+
+
+def test_train_step_takes_every_loss_of_the_table() -> None:
+    from ortlstm.__main__ import _parser
+    from ortlstm.graphs import losses
+
+    parser = _parser()
+    for kind in losses.KINDS:
+        assert parser.parse_args(["train-step", "m", "d", "--loss", kind, "--optimizer", "sgd"]).loss == kind
+
+
+@pytest.mark.parametrize(
+    ("command", "shown", "hidden"),
+    [
+        ("train-step", ["cross_entropy", "soft_margin_loss", "binary_cross_entropy_with_logits", "adamw", "--lr"],
+         ["bce,", "bce_with_logits", "AdamW"]),
+        ("artifacts", ["{cross_entropy,mse_loss,binary_cross_entropy_with_logits,l1_loss}", "{adamw,sgd}"],
+         ["CrossEntropyLoss", "MSELoss", "AdamW"]),
+        ("demo", ["--lr LR"], ["--learning-rate"]),
+        ("demo-chars", ["--lr LR"], ["--learning-rate"]),
+    ],
+)  # fmt: skip
+def test_help_shows_torch_names_only(command: str, shown: list[str], hidden: list[str], tmp_path: Path) -> None:
+    result = ortlstm_cli(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    text = " ".join(result.stdout.split())  # argparse wraps long choice lists
+    for name in shown:
+        assert name in text, f"{name} missing from {command} --help:\n{result.stdout}"
+    for name in hidden:
+        assert name not in text, f"{name} in {command} --help:\n{result.stdout}"
+
+
+# ---------------------------------------------------------------------------------------------
 # convert
 
 
@@ -316,7 +407,7 @@ _WITHOUT_TRAINING = (
 
 def test_artifacts_without_training_build_says_what_to_install(tmp_path: Path) -> None:
     lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
-    args = ["artifacts", "model.onnx", "out", "--loss", "MSELoss"]
+    args = ["artifacts", "model.onnx", "out", "--loss", "mse_loss"]
     if HAS_TRAINING:
         command = [sys.executable, "-c", _WITHOUT_TRAINING, *args]
         result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
@@ -333,7 +424,7 @@ def test_artifacts_without_training_build_says_what_to_install(tmp_path: Path) -
 @needs_training
 def test_artifacts_writes_the_four_files(tmp_path: Path) -> None:
     lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
-    result = ortlstm_cli("artifacts", "model.onnx", "out", "--loss", "MSELoss", "--optimizer", "SGD", cwd=tmp_path)
+    result = ortlstm_cli("artifacts", "model.onnx", "out", "--loss", "mse_loss", "--optimizer", "sgd", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     names = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint")
     assert result.stdout.split() == [str(Path("out") / name) for name in names]

@@ -684,6 +684,58 @@ def test_gradient_definition_follows_schema_links() -> None:
         assert FORWARD.inputs[index].name == port.gradient_of, (port.name, placeholder)
 
 
+def test_wiring_is_each_ports_declaration() -> None:
+    """schema.LSTM_TRAINING_GRADIENT, which both training paths read, is what each LSTMGrad port declares."""
+    wiring = schema.LSTM_TRAINING_GRADIENT
+    assert (wiring.forward, wiring.gradient) == (FORWARD, BACKWARD)
+    assert BACKWARD.gradient_of == FORWARD.name
+    assert [link.port for link in wiring.inputs] == list(schema.input_names(BACKWARD))
+    assert [link.port for link in wiring.outputs] == list(schema.output_names(BACKWARD))
+    for port, link in zip(BACKWARD.inputs + BACKWARD.outputs, wiring.inputs + wiring.outputs, strict=True):
+        assert link.forward_port == (port.from_forward or port.gradient_of), port.name
+        ports = FORWARD.inputs if link.source.value in ("I", "GI") else FORWARD.outputs
+        assert ports[link.index].name == link.forward_port, port.name
+    assert gradient_definition().inputs == tuple(link.placeholder for link in wiring.inputs)
+    assert gradient_definition().outputs == tuple(link.placeholder for link in wiring.outputs)
+
+
+def _port_replaced(op: schema.OpSpec, kind: str, name: str, **changes: object) -> schema.OpSpec:
+    ports = tuple(dataclasses.replace(p, **changes) if p.name == name else p for p in getattr(op, kind))
+    return dataclasses.replace(op, **{kind: ports})
+
+
+@pytest.mark.parametrize(
+    ("gradient", "message"),
+    [
+        (
+            _port_replaced(BACKWARD, "inputs", "X", from_forward=None),
+            r"LSTMGrad.X: an input of a gradient op names exactly one of from_forward and gradient_of",
+        ),
+        (
+            _port_replaced(BACKWARD, "inputs", "grad_Ht", from_forward="Ht"),
+            r"LSTMGrad.grad_Ht: an input of a gradient op names exactly one",
+        ),
+        (_port_replaced(BACKWARD, "inputs", "CAll", from_forward="Y"), r"from_forward='Y' is no port of LSTMTraining"),
+        (
+            _port_replaced(BACKWARD, "inputs", "grad_Ct", gradient_of="X"),
+            r"LSTMGrad.grad_Ct: gradient_of='X' is not an output of LSTMTraining \('HAll', 'Ht', 'Ct', 'CAll', 'IOF",
+        ),
+        (
+            _port_replaced(BACKWARD, "outputs", "dP", gradient_of="HAll"),
+            r"LSTMGrad.dP: an output of a gradient op is the gradient of an input of LSTMTraining",
+        ),
+        (
+            dataclasses.replace(BACKWARD, outputs=BACKWARD.outputs[:-1]),
+            r"LSTMGrad has no gradient output for the differentiable inputs \['P'\] of LSTMTraining",
+        ),
+    ],
+    ids=["neither", "both", "unknown_port", "gradient_of_an_input", "output_of_an_output", "missing_gradient"],
+)
+def test_wiring_refuses_a_port_it_cannot_place(gradient: schema.OpSpec, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        schema.gradient_wiring(FORWARD, gradient)
+
+
 TRAINING_SIZES = {"seq_length": 3, "batch_size": 2, "input_size": 4, "hidden_size": 3}
 TRAINING_ATTRIBUTES = {
     "hidden_size": 3,

@@ -5,7 +5,9 @@ For every recorded loss case (see test_losses.py), the loss graph is differentia
 ``losses.gradient_seed`` says (the loss seeded with ones, so reduction="none" gives the gradient
 of ``loss.sum()``, as recorded; binary_cross_entropy's torch backward seeds the input) and run in
 onnxruntime. binary_cross_entropy's seed is also checked against float64 central differences of
-its loss where torch's backward is the derivative (probabilities away from 0 and 1).
+its loss where torch's backward is the derivative (probabilities away from 0 and 1), and the
+losses of ``FINITE_DIFFERENCE_CASES`` are, where torch's recording cannot reach (margins beyond
+exp's range, where torch's soft_margin_loss overflows).
 """
 
 from __future__ import annotations
@@ -54,6 +56,47 @@ def test_loss_gradient_matches_torch(name: str, dtype: str) -> None:
     np.testing.assert_allclose(value, data["grad"], rtol=rtol, atol=atol, equal_nan=True)
 
 
+def central_differences(spec: losses.Loss, inputs: np.ndarray, target: np.ndarray, step: float) -> np.ndarray:
+    """d(sum of the loss)/d(input), float64 central differences of the loss model run in onnxruntime."""
+    numeric = np.empty_like(inputs)
+    for index in np.ndindex(inputs.shape):
+        up, down = inputs.copy(), inputs.copy()
+        up[index] += step
+        down[index] -= step
+        numeric[index] = (run_loss(spec, up, target).sum() - run_loss(spec, down, target).sum()) / (2 * step)
+    return numeric
+
+
+# (id, loss, inputs, target, step): float64, no kink within a step of any input. Where the loss is
+# large the step is too: the difference rounds at eps * |loss| / step, and there it is linear.
+FINITE_DIFFERENCE_CASES = [
+    (f"soft_margin_loss_{margins}_{reduction}", losses.Loss.soft_margin_loss(reduction=reduction), x, y, step)
+    for margins, x, y, step in (
+        (
+            "near",
+            np.array([[-2.5, 0.0, 0.25], [3.0, -0.5, 1.5]]),
+            np.array([[1.0, -1.0, 1.0], [-1.0, 0.5, -0.25]]),
+            1e-6,
+        ),
+        ("far", np.array([[-800.0, -30.0], [40.0, 900.0]]), np.array([[1.0, -1.0], [0.5, -1.0]]), 1e-3),
+    )
+    for reduction in ("mean", "sum", "none")
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "inputs", "target", "step"),
+    [case[1:] for case in FINITE_DIFFERENCE_CASES],
+    ids=[case[0] for case in FINITE_DIFFERENCE_CASES],
+)
+def test_loss_gradient_matches_finite_differences(
+    spec: losses.Loss, inputs: np.ndarray, target: np.ndarray, step: float
+) -> None:
+    grad = loss_gradient(spec, inputs, target)
+    assert np.isfinite(run_loss(spec, inputs, target)).all()
+    np.testing.assert_allclose(grad, central_differences(spec, inputs, target, step), rtol=1e-7, atol=1e-9)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["nw", "w"])
 def test_binary_cross_entropy_seed_matches_finite_differences(
@@ -64,11 +107,4 @@ def test_binary_cross_entropy_seed_matches_finite_differences(
     probs = rng.uniform(0.05, 0.95, (4, 3))
     target = rng.random((4, 3))
     grad = loss_gradient(spec, probs, target)
-    step = 1e-6
-    numeric = np.empty_like(probs)
-    for index in np.ndindex(probs.shape):
-        up, down = probs.copy(), probs.copy()
-        up[index] += step
-        down[index] -= step
-        numeric[index] = (run_loss(spec, up, target).sum() - run_loss(spec, down, target).sum()) / (2 * step)
-    np.testing.assert_allclose(grad, numeric, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(grad, central_differences(spec, probs, target, 1e-6), rtol=1e-7, atol=1e-9)

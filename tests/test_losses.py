@@ -3,8 +3,8 @@
 ``tests/recordings/losses.npz`` (made by ``tests/recordings/record_torch.py``) holds, for
 cross_entropy (class indices and probabilities), nll_loss, mse_loss, l1_loss, smooth_l1_loss
 and huber_loss (differences at their thresholds among them), kl_div (probability and log
-targets, "batchmean" too), binary_cross_entropy (saturated probabilities among them) and
-binary_cross_entropy_with_logits over every reduction,
+targets, "batchmean" too), binary_cross_entropy (saturated probabilities among them),
+binary_cross_entropy_with_logits, soft_margin_loss (large margins among them) over every reduction,
 ignore_index absent / default / custom, label smoothing, class weights and pos_weight, on
 [N, C], [N, C, d1] and [C] inputs, the inputs, targets, torch's loss and its
 gradient (the gradient is checked in test_loss_gradients.py).
@@ -12,6 +12,7 @@ gradient (the gradient is checked in test_loss_gradients.py).
 
 from __future__ import annotations
 
+import inspect
 import json
 import pathlib
 from typing import Any
@@ -86,7 +87,7 @@ def build_loss_model(
     loss = losses.add_loss(emitter, spec, "input", "target")
     if spec.reduction != "none":
         loss_shape: list[int | str] = []
-    elif spec.kind in ("cross_entropy", "nll_loss"):
+    elif spec.class_target:
         loss_shape = dims(input_value)[:1] + dims(input_value)[2:] if input_value.ndim > 1 else []
     else:
         loss_shape = dims(input_value)
@@ -152,6 +153,48 @@ def test_defaults_are_torchs() -> None:
     assert losses.Loss.nll_loss().ignore_index == -100
     assert losses.Loss.mse_loss().reduction == "mean"
     assert losses.Loss.binary_cross_entropy_with_logits().pos_weight is None
+
+
+# ---- the table ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", losses.KINDS)
+def test_each_loss_has_a_constructor_and_a_function_from_the_table(kind: str) -> None:
+    """``Loss.<kind>`` takes the loss function's torch arguments (after emitter, input, target), its defaults."""
+    function_arguments = list(inspect.signature(losses.LOSSES[kind].body).parameters.values())[3:]
+    constructor = getattr(losses.Loss, kind)
+    assert list(inspect.signature(constructor).parameters.values()) == function_arguments
+    assert list(losses.LOSSES[kind].options) == [argument.name for argument in function_arguments]
+    spec = constructor()
+    assert spec.kind == kind
+    assert spec.needs_target == (kind != "output")
+    assert spec.class_target == (kind in ("cross_entropy", "nll_loss"))
+    if kind != "output":
+        assert getattr(losses, kind) is losses.LOSSES[kind].function
+
+
+def test_unknown_names_are_no_losses() -> None:
+    with pytest.raises(AttributeError, match="type object 'Loss' has no attribute 'hinge'"):
+        losses.Loss.hinge  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'hinge'"):
+        losses.hinge  # noqa: B018
+
+
+def test_register_loss_refuses_what_the_table_cannot_hold() -> None:
+    def margin_loss(emitter: GraphEmitter, input: str, target: str, margin: float = 1.0) -> str:
+        return input
+
+    def summed(emitter: GraphEmitter, input: str, target: str, reduction: str = "sum") -> str:
+        return input
+
+    with pytest.raises(TypeError, match="margin_loss: argument 'margin' is no Loss field; add the field first"):
+        losses.register_loss()(margin_loss)
+    with pytest.raises(TypeError, match="summed: reduction defaults to 'sum', Loss to 'mean'"):
+        losses.register_loss()(summed)
+    with pytest.raises(ValueError, match="loss 'mse_loss' is registered twice"):
+        losses.register_loss(name="mse_loss")(summed)
+    assert "margin_loss" not in losses.LOSSES
+    assert "summed" not in losses.LOSSES
 
 
 # ---- refusals ------------------------------------------------------------------------------------

@@ -353,6 +353,36 @@ def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
         trainer().load(path)
 
 
+CHECKPOINT_BEFORE_LOSS_TABLE = Path(__file__).resolve().parent / "data" / "checkpoint_before_loss_table.safetensors"
+"""Saved by the code before the losses became a table (graphs/losses.py, one dataclass): the
+classifier, cross_entropy(weight=[0.5, 2.0, 1.0], label_smoothing=0.1), AdamW(lr=0.05),
+clip_grad_norm=1.0, after two steps on ``batches(2)``."""
+
+
+def test_checkpoint_saved_before_the_loss_table_loads_and_matches_bitwise() -> None:
+    def run() -> Trainer:
+        return trainer(
+            loss=losses.Loss.cross_entropy(weight=[0.5, 2.0, 1.0], label_smoothing=0.1),
+            optimizer=optimizers.AdamW(lr=0.05),
+            clip_grad_norm=1.0,
+        )
+
+    resumed = run()
+    resumed.load(CHECKPOINT_BEFORE_LOSS_TABLE)
+    assert resumed.global_step == 2
+    assert resumed.spec.loss.options == {
+        "weight": resumed.spec.loss.weight,
+        "ignore_index": -100,
+        "reduction": "mean",
+        "label_smoothing": 0.1,
+    }
+    np.testing.assert_array_equal(resumed.spec.loss.weight, [0.5, 2.0, 1.0])
+    uninterrupted = run()
+    for x, y in batches(2):
+        uninterrupted.step(x, target=y)
+    assert_same_state(uninterrupted, resumed)
+
+
 def test_written_directory_opens_and_exports(tmp_path: Path) -> None:
     data = batches(3)
     subject = trainer(extra_outputs=["logits"])

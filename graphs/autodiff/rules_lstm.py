@@ -1,10 +1,11 @@
 """The gradient rule of ortlstm ``LSTMTraining``: one ``LSTMGrad`` node.
 
-The node is wired from ``gradient_definition()`` (the spec's ``gradient_of`` links), so no port
-is named here: forward inputs ``I(i)``, forward outputs ``O(i)`` (HAll and the CAll/IOFC stash,
-which the forward node is asked to name), output gradients ``GO(i)`` ("" where none reaches the
-loss: LSTMGrad counts it as zeros) and input gradients ``GI(i)`` (named only where needed, so the
-kernel skips the rest). All seven gradients are available, initial_h, initial_c and P included.
+The node is wired as ops/schema.py declares (``schema.LSTM_TRAINING_GRADIENT``, the wiring
+onnxruntime-training's gradient definition is written from too), so no port is named here:
+forward inputs, forward outputs (HAll and the CAll/IOFC stash, which the forward node is asked
+to name), output gradients ("" where none reaches the loss: LSTMGrad counts it as zeros) and
+input gradients (named only where needed, so the kernel skips the rest). All seven gradients are
+available, initial_h, initial_c and P included.
 
 A standard ai.onnx ``LSTM`` has no rule: models are converted to LSTMTraining first
 (``ortlstm.graphs.convert``); the engine's refusal says so.
@@ -12,14 +13,12 @@ A standard ai.onnx ``LSTM`` has no rule: models are converted to LSTMTraining fi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import onnx.helper
 
 try:
     from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule, register_missing_rule_hint
-    from ortlstm.graphs.gradient import gradient_definition
     from ortlstm.ops import lstm_attributes, schema
 except ModuleNotFoundError:
     from graphs.autodiff.registry import (  # type: ignore[no-redef]
@@ -27,18 +26,10 @@ except ModuleNotFoundError:
         register_gradient_rule,
         register_missing_rule_hint,
     )
-    from graphs.gradient import gradient_definition  # type: ignore[no-redef]
     from ops import lstm_attributes, schema  # type: ignore[no-redef]
 
-_PLACEHOLDER = re.compile(r"^(I|O|GO|GI)\((\d+)\)$")
-
-
-def _placeholder(text: str) -> tuple[str, int]:
-    """``"GO(1)"`` -> ``("GO", 1)``: onnxruntime-training's notation, as ``gradient_definition`` writes it."""
-    match = _PLACEHOLDER.match(text)
-    if match is None:
-        raise ValueError(f"gradient definition entry {text!r} is not I(i), O(i), GO(i) or GI(i)")
-    return match[1], int(match[2])
+_WIRING = schema.LSTM_TRAINING_GRADIENT
+_SOURCE = schema.GradientSource
 
 
 @register_gradient_rule(schema.DOMAIN, schema.LSTM_TRAINING.name)
@@ -48,42 +39,39 @@ def lstm_training_grad(ctx: GradientContext, grad_outputs: Sequence[str | None])
     sequence_lens gets no gradient (integer); the CAll and IOFC outputs are a stash for LSTMGrad
     and must not reach the loss. The gradient node carries every attribute of the forward node.
     """
-    definition = gradient_definition()
-    ports = [_placeholder(text) for text in definition.inputs]
-    carried = {index for kind, index in ports if kind == "GO"}
+    carried = {link.index for link in _WIRING.inputs if link.source is _SOURCE.OUTPUT_GRADIENT}
     for index, grad in enumerate(grad_outputs):
         if grad is not None and index not in carried:
-            port = schema.LSTM_TRAINING.outputs[index].name
-            raise ctx.fail(f"output {port} is a stash for {definition.op_type} and must not reach the loss")
+            port = _WIRING.forward.outputs[index].name
+            raise ctx.fail(f"output {port} is a stash for {_WIRING.gradient.name} and must not reach the loss")
 
     inputs = []
-    for kind, index in ports:
-        if kind == "I":
-            inputs.append(ctx.input(index))
-        elif kind == "O":
-            inputs.append(ctx.require_output(index))
+    for link in _WIRING.inputs:
+        if link.source is _SOURCE.INPUT:
+            inputs.append(ctx.input(link.index))
+        elif link.source is _SOURCE.OUTPUT:
+            inputs.append(ctx.require_output(link.index))
         else:  # "" where no gradient reaches the output: LSTMGrad takes it as zeros
-            inputs.append((grad_outputs[index] if index < len(grad_outputs) else None) or "")
+            inputs.append((grad_outputs[link.index] if link.index < len(grad_outputs) else None) or "")
     while inputs and not inputs[-1]:
         inputs.pop()
 
     grad_inputs: list[str | None] = [None] * len(ctx.node.input)
     outputs = []
-    for text, port in zip(definition.outputs, schema.op_by_name(definition.op_type).outputs, strict=True):
-        _, index = _placeholder(text)
-        if not ctx.needs(index):
+    for link in _WIRING.outputs:
+        if not ctx.needs(link.index):
             outputs.append("")
             continue
-        name = ctx.emitter.fresh(f"{ctx.node.name or ctx.node.op_type}_{port.name}")
-        grad_inputs[index] = name
+        name = ctx.emitter.fresh(f"{ctx.node.name or ctx.node.op_type}_{link.port}")
+        grad_inputs[link.index] = name
         outputs.append(name)
-        known = ctx.emitter.value_type(ctx.input(index))
+        known = ctx.emitter.value_type(ctx.input(link.index))
         if known is not None:  # a gradient has its input's type and shape
             ctx.emitter.set_type(name, known.elem_type, known.shape)
     while outputs and not outputs[-1]:
         outputs.pop()
 
-    ctx.op(definition.op_type, inputs, outputs=outputs, domain=definition.domain)
+    ctx.op(_WIRING.gradient.name, inputs, outputs=outputs, domain=_WIRING.gradient.domain)
     grad_node = ctx.emitter.nodes[-1]
     grad_node.attribute.extend(ctx.node.attribute)
     activations = ctx.attribute("activations")

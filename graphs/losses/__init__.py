@@ -1,0 +1,87 @@
+"""Losses appended to a model in standard ONNX ops, with torch.nn.functional's formulas and defaults.
+
+One function per loss, beside its torch formula, in a module per family (``FAMILIES``:
+class-index losses in ``classification``, element-wise ones in ``regression``, ``divergence``
+and ``binary``, a model output as the loss in ``output``), each registered in one table
+(``LOSSES``, see ``base``; ``KINDS`` lists its names) that the train-step builder, the Trainer
+and the command line read.
+
+``Loss`` describes one (``Loss.cross_entropy(label_smoothing=0.1)``, ``Loss.output()``, ...);
+``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name;
+``check_target`` refuses a target of the wrong element type or shape before anything is built,
+``check_target_values`` target values torch refuses; ``gradient_seed`` says where the backward
+starts. Each loss function also works on its own: ``cross_entropy(emitter, input, target, ...)``
+with torch's arguments (after the emitter) and defaults. A new loss is one registered function in
+the family module it belongs to (see ``register_loss``), plus its test rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+try:
+    from ortlstm.graphs.losses.base import (
+        INDEX_TYPES,
+        KL_DIV_REDUCTIONS,
+        LOSSES,
+        REDUCTIONS,
+        Loss,
+        LossDef,
+        add_loss,
+        check_target,
+        check_target_values,
+        gradient_seed,
+        register_loss,
+    )
+except ModuleNotFoundError:
+    from graphs.losses.base import (  # type: ignore[no-redef]
+        INDEX_TYPES,
+        KL_DIV_REDUCTIONS,
+        LOSSES,
+        REDUCTIONS,
+        Loss,
+        LossDef,
+        add_loss,
+        check_target,
+        check_target_values,
+        gradient_seed,
+        register_loss,
+    )
+
+FAMILIES = ("classification", "regression", "divergence", "binary", "output")
+"""The modules that register the losses, imported in this order: the table's (the CLI lists it)."""
+for _family in FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")
+
+KINDS: tuple[str, ...] = tuple(LOSSES)
+"""Every registered loss: torch.nn.functional's names, then ``"output"`` (a model output as the loss)."""
+
+
+def __getattr__(name: str) -> Callable[..., str]:
+    """``losses.cross_entropy`` and every other registered loss function, with torch's arguments."""
+    entry = LOSSES.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return entry.function
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *LOSSES})
+
+
+__all__ = [
+    "FAMILIES",
+    "INDEX_TYPES",
+    "KINDS",
+    "KL_DIV_REDUCTIONS",
+    "LOSSES",
+    "REDUCTIONS",
+    "Loss",
+    "LossDef",
+    "add_loss",
+    "check_target",
+    "check_target_values",
+    "gradient_seed",
+    "register_loss",
+]

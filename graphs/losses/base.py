@@ -1,0 +1,433 @@
+"""The loss table: ``Loss`` (which loss, with torch's arguments), ``register_loss`` and the dispatch.
+
+Each loss is one function in a family module of this package (``classification``, ``regression``,
+``divergence``, ``binary``, ``output``), written as torch.nn.functional writes it:
+``name(emitter, input, target, <torch's keyword arguments with torch's defaults>) -> loss value``,
+and registered here by ``@register_loss``. ``LOSSES`` is the only list of losses: ``Loss``
+validates against it, ``add_loss`` / ``check_target`` / ``check_target_values`` /
+``gradient_seed`` dispatch through it, and the train-step builder, the Trainer and the command
+line read it. Adding a loss is one registered function (and its test rows); an argument no loss
+took before is also one ``Loss`` field. Protos only: nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+
+try:
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+except ModuleNotFoundError:
+    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType  # type: ignore[no-redef]
+
+REDUCTIONS = ("mean", "sum", "none")
+KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
+"""kl_div also takes torch's "batchmean": the sum divided by the input's first dim."""
+INDEX_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+"""Element types accepted for class indices (int32 is cast to int64, torch's type)."""
+
+LossFunction = Callable[..., str]
+"""``loss(emitter, input, target, **torch_keyword_arguments) -> the loss value's name``."""
+TargetCheck = Callable[["Loss", "ValueType | None", "ValueType | None", str, str], None]
+"""``check(spec, prediction_type, target_type, prediction_name, target_name)``; raises ValueError."""
+ValuesCheck = Callable[["Loss", "ValueType | None", np.ndarray, str], None]
+"""``check(spec, prediction_type, target_values, target_name)``; raises ValueError."""
+GradientFunction = Callable[[GraphEmitter, "Loss", str, str], str]
+"""``gradient(emitter, spec, prediction, target) -> torch's gradient of the prediction``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LossDef:
+    """One row of the loss table.
+
+    Attributes:
+        name: torch.nn.functional's name, the ``kind`` of a ``Loss``.
+        function: The public function: torch's arguments, checked as ``Loss`` and
+            ``check_target`` check them, then ``body``.
+        body: The loss's graph as written in its family module; arguments already checked.
+        signature: Its torch keyword arguments (after ``emitter, input, target``) with torch's defaults.
+        reductions: The values ``reduction`` takes.
+        class_target: The target holds class indices: int64, the prediction's shape without its
+            class axis (axis 1; a ``[C]`` prediction takes a 0-D target).
+        needs_target: False for a model output used as the loss.
+        check_target: Refuses a prediction/target type pair (after the prediction is known to be float).
+        check_values: Refuses target values torch refuses, or None.
+        validate: Refuses argument values torch refuses, beyond ``reductions``, or None.
+        gradient: torch's gradient of the prediction where its backward is not the derivative of
+            the loss graph (binary_cross_entropy), or None: the loss value is differentiated.
+    """
+
+    name: str
+    function: LossFunction
+    body: LossFunction
+    signature: inspect.Signature
+    reductions: tuple[str, ...]
+    class_target: bool
+    needs_target: bool
+    check_target: TargetCheck
+    check_values: ValuesCheck | None
+    validate: Callable[[Loss], None] | None
+    gradient: GradientFunction | None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The ``Loss`` fields the function takes, in torch's order."""
+        return tuple(self.signature.parameters)
+
+
+LOSSES: dict[str, LossDef] = {}
+"""kind -> LossDef, in registration order; the family modules fill it when the package is imported."""
+
+
+def _choices(values: Sequence[str]) -> str:
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def _as_array(value: object, name: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    array = np.array(value, dtype=np.float64)
+    array.setflags(write=False)
+    if array.ndim == 0:
+        raise ValueError(f"{name} must be a tensor (a sequence of floats), got the scalar {value!r}")
+    return array
+
+
+class _LossConstructors(type):
+    """``Loss.<kind>(...)``: a constructor per registered loss, with that loss's torch arguments."""
+
+    def __getattr__(cls, name: str) -> Callable[..., Loss]:
+        entry = LOSSES.get(name)
+        if entry is None:
+            raise AttributeError(f"type object 'Loss' has no attribute {name!r}")
+        return _constructor(entry)
+
+    def __dir__(cls) -> list[str]:
+        return sorted({*super().__dir__(), *LOSSES})
+
+
+@functools.cache
+def _constructor(entry: LossDef) -> Callable[..., Loss]:
+    """``Loss.<kind>``: the loss function's torch arguments and defaults, returning a ``Loss``."""
+
+    def construct(*args: object, **kwargs: object) -> Loss:
+        return _construct(entry, *args, **kwargs)
+
+    construct.__name__ = construct.__qualname__ = entry.name
+    construct.__doc__ = f"torch.nn.functional.{entry.name}'s arguments -> a Loss; see losses.{entry.name}."
+    construct.__signature__ = entry.signature.replace(return_annotation="Loss")  # type: ignore[attr-defined]
+    return construct
+
+
+def _construct(entry: LossDef, *args: object, **kwargs: object) -> Loss:
+    bound = entry.signature.bind(*args, **kwargs)
+    return Loss(entry.name, **bound.arguments)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loss(metaclass=_LossConstructors):
+    """What loss to append to the model: the kind and torch's keyword arguments.
+
+    ``Loss.<kind>(...)`` builds one with that loss function's own arguments and defaults, e.g.
+    ``Loss.cross_entropy(label_smoothing=0.1)``, ``Loss.mse_loss()``, ``Loss.output()``;
+    ``Loss("mse_loss")`` and ``Loss(kind="output")`` work too. Every field is saved with a
+    checkpoint (``TrainingSpec.to_json``), so a field is only ever added, with torch's default.
+
+    Attributes:
+        kind: A key of ``LOSSES``: a torch.nn.functional name, or ``"output"`` for a model output
+            used as the loss as it is.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (torch's default: mean); kl_div also
+            ``"batchmean"``.
+        ignore_index: Class index whose targets are skipped (cross_entropy, nll_loss).
+        label_smoothing: cross_entropy's smoothing in [0, 1].
+        weight: Class weights ``[C]`` (cross_entropy, nll_loss), or per-element weights
+            broadcast to the input (binary_cross_entropy, binary_cross_entropy_with_logits).
+        pos_weight: Weights of positive examples, broadcast to the input's trailing axes
+            (binary_cross_entropy_with_logits).
+        beta: Where smooth_l1_loss turns from quadratic to linear (>= 0; 0 is l1_loss).
+        delta: Where huber_loss turns from quadratic to linear (> 0).
+        log_target: kl_div's target holds log-probabilities instead of probabilities.
+    """
+
+    kind: str
+    reduction: str = "mean"
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+    weight: np.ndarray | None = None
+    pos_weight: np.ndarray | None = None
+    beta: float = 1.0
+    delta: float = 1.0
+    log_target: bool = False
+
+    def __post_init__(self) -> None:
+        entry = LOSSES.get(self.kind)
+        if entry is None:
+            raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(LOSSES)}")
+        if self.reduction not in entry.reductions:
+            raise ValueError(
+                f"{self.reduction} is not a valid value for reduction (choose {_choices(entry.reductions)})"
+            )
+        for field in dataclasses.fields(self):
+            if field.name in ("kind", "reduction") or field.name in entry.options:
+                continue
+            value = getattr(self, field.name)
+            if value is None if field.default is None else value == field.default:
+                continue
+            takers = [name for name, other in LOSSES.items() if field.name in other.options]
+            if len(takers) == 1:
+                raise ValueError(f"{field.name} applies to {takers[0]} only, not {self.kind}")
+            raise ValueError(f"{self.kind} takes no {field.name}")
+        for name in ("weight", "pos_weight"):
+            object.__setattr__(self, name, _as_array(getattr(self, name), name))
+        if entry.validate is not None:
+            entry.validate(self)
+
+    @property
+    def needs_target(self) -> bool:
+        """Whether the loss reads a target (every kind but ``output``)."""
+        return LOSSES[self.kind].needs_target
+
+    @property
+    def class_target(self) -> bool:
+        """Whether the target holds class indices (int64, the prediction without its class axis)."""
+        return LOSSES[self.kind].class_target
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The loss function's keyword arguments: this spec's values of its torch arguments."""
+        return {name: getattr(self, name) for name in LOSSES[self.kind].options}
+
+
+_FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Loss) if field.name != "kind"}
+
+
+# ---- target checks shared by the families ------------------------------------------------------
+
+
+def type_name(elem_type: int) -> str:
+    """``float32`` for TensorProto.FLOAT, the ONNX name for types NumPy lacks."""
+    try:
+        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def shape_text(shape: Sequence[int | str | None] | None) -> str:
+    """``[4, batch, ?]``, or "of unknown rank"."""
+    if shape is None:
+        return "of unknown rank"
+    return "[" + ", ".join("?" if dim is None else str(dim) for dim in shape) + "]"
+
+
+def shape_conflict(expected: Sequence[int | str | None], actual: Sequence[int | str | None]) -> bool:
+    """The ranks differ, or two static dims do (symbolic and unknown dims match anything)."""
+    return len(expected) != len(actual) or any(
+        isinstance(e, int) and isinstance(a, int) and e != a for e, a in zip(expected, actual, strict=False)
+    )
+
+
+def described(value_type: ValueType | None) -> str:
+    """``got float32 [4, 5]`` for an error message."""
+    elem, shape = (value_type.elem_type, value_type.shape) if value_type is not None else (0, None)
+    return f"got {type_name(elem) if elem else 'an unknown type'} {shape_text(shape)}"
+
+
+def check_like_prediction(
+    spec: Loss, prediction: ValueType | None, target: ValueType | None, prediction_name: str, target_name: str
+) -> None:
+    """The element-wise losses' target: a float of the prediction's type and shape."""
+    del prediction_name
+    if target is None:
+        return
+    pred_elem = prediction.elem_type if prediction is not None else 0
+    pred_shape = prediction.shape if prediction is not None else None
+    if target.elem_type and (target.elem_type not in FLOAT_TYPES or (pred_elem and target.elem_type != pred_elem)):
+        raise ValueError(
+            f"loss target {target_name!r}: {spec.kind} expects "
+            f"{type_name(pred_elem) if pred_elem else 'a float type'} {shape_text(pred_shape)} "
+            f"(the prediction's type and shape), {described(target)}"
+        )
+    if pred_shape is not None and target.shape is not None and shape_conflict(pred_shape, target.shape):
+        raise ValueError(
+            f"loss target {target_name!r}: {spec.kind} expects the prediction's shape {shape_text(pred_shape)}, "
+            f"{described(target)}"
+        )
+
+
+# ---- registration ------------------------------------------------------------------------------
+
+
+def register_loss(
+    *,
+    name: str | None = None,
+    reductions: tuple[str, ...] = REDUCTIONS,
+    class_target: bool = False,
+    needs_target: bool = True,
+    check_target: TargetCheck = check_like_prediction,
+    check_values: ValuesCheck | None = None,
+    validate: Callable[[Loss], None] | None = None,
+    gradient: GradientFunction | None = None,
+) -> Callable[[LossFunction], LossFunction]:
+    """Adds the decorated loss function to ``LOSSES`` (see ``LossDef`` for the arguments).
+
+    The function's arguments after ``(emitter, input, target)`` are its torch keyword arguments:
+    each must be a ``Loss`` field, with the field's default (torch's). The decorator returns the
+    public function: it validates its arguments as ``Loss`` does, checks the target's type and
+    shape, then emits (``add_loss``).
+
+    Raises:
+        TypeError: An argument that is no ``Loss`` field, or a default that is not the field's.
+        ValueError: A name registered twice.
+    """
+
+    def register(function: LossFunction) -> LossFunction:
+        kind = name or function.__name__
+        if kind in LOSSES:
+            raise ValueError(f"loss {kind!r} is registered twice")
+        parameters = list(inspect.signature(function).parameters.values())[3:]
+        for parameter in parameters:
+            if parameter.name not in _FIELD_DEFAULTS:
+                raise TypeError(f"{kind}: argument {parameter.name!r} is no Loss field; add the field first")
+            if parameter.default != _FIELD_DEFAULTS[parameter.name]:
+                default = _FIELD_DEFAULTS[parameter.name]
+                raise TypeError(f"{kind}: {parameter.name} defaults to {parameter.default!r}, Loss to {default!r}")
+
+        @functools.wraps(function)
+        def checked(emitter: GraphEmitter, input: str, target: str, *args: object, **kwargs: object) -> str:
+            return add_loss(emitter, _construct(LOSSES[kind], *args, **kwargs), input, target)
+
+        LOSSES[kind] = LossDef(
+            kind,
+            checked,
+            function,
+            inspect.Signature(parameters),
+            reductions,
+            class_target,
+            needs_target,
+            check_target,
+            check_values,
+            validate,
+            gradient,
+        )
+        return checked
+
+    return register
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+
+def check_target(
+    spec: Loss,
+    prediction_type: ValueType | None,
+    target_type: ValueType | None,
+    *,
+    prediction_name: str = "prediction",
+    target_name: str = "target",
+) -> None:
+    """Refuses a prediction/target pair the loss cannot take; unknown types and dims pass.
+
+    The prediction is a float tensor; the target is what the loss's ``check_target`` takes:
+    class indices (int64 or int32, the prediction without its class axis) for cross_entropy and
+    nll_loss, also class probabilities for cross_entropy; no target for ``output``, whose value
+    holds one element; otherwise a float of the prediction's type and shape.
+
+    Raises:
+        ValueError: Naming the target (or prediction), the expected and the actual type/shape.
+    """
+    if prediction_type is not None and prediction_type.elem_type and prediction_type.elem_type not in FLOAT_TYPES:
+        raise ValueError(
+            f"loss {spec.kind}: the prediction {prediction_name!r} must be a float tensor, "
+            f"got {type_name(prediction_type.elem_type)}"
+        )
+    LOSSES[spec.kind].check_target(spec, prediction_type, target_type, prediction_name, target_name)
+
+
+def check_target_values(
+    spec: Loss, prediction_type: ValueType | None, target: np.ndarray, *, target_name: str = "target"
+) -> None:
+    """Refuses target values torch refuses, before a graph would take them silently.
+
+    cross_entropy / nll_loss: class indices in [0, C) or ``ignore_index``; binary_cross_entropy:
+    targets in [0, 1] (each loss's ``check_values``).
+
+    Raises:
+        ValueError: Naming the target, the first offending value and the allowed range (torch's
+            message too).
+    """
+    check = LOSSES[spec.kind].check_values
+    if target.size and check is not None:
+        check(spec, prediction_type, target, target_name)
+
+
+def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | None = None) -> str:
+    """Emits the loss ``spec`` describes; returns its value's name (0-D for mean and sum).
+
+    Args:
+        emitter: Receives the nodes; its ``types`` should know the prediction and target.
+        spec: The loss.
+        prediction: The model output the loss reads (logits, log-probabilities, values).
+        target: The labels' value (a graph input); None for ``Loss.output()``.
+
+    Raises:
+        ValueError: The target is missing, or its type or shape does not fit (``check_target``).
+    """
+    entry = LOSSES[spec.kind]
+    if entry.needs_target and target is None:
+        raise ValueError(f"loss {spec.kind} needs a target, none was given")
+    if not entry.needs_target and target is not None:
+        raise ValueError(f"loss {spec.kind!r} reads no target, but target {target!r} was given")
+    check_target(
+        spec,
+        emitter.value_type(prediction),
+        emitter.value_type(target) if target is not None else None,
+        prediction_name=prediction,
+        target_name=target or "",
+    )
+    return entry.body(emitter, prediction, target, **spec.options)
+
+
+def gradient_seed(
+    emitter: GraphEmitter, spec: Loss, prediction: str, target: str | None, loss: str
+) -> str | dict[str, str | None]:
+    """Where ``build_backward`` starts for the loss ``spec``, emitted as ``loss`` by ``add_loss``.
+
+    The loss value itself (its graph is differentiated, seeded with ones), or, for a loss whose
+    torch backward is not the derivative of its forward (binary_cross_entropy, see its
+    ``gradient``), torch's gradient of the prediction as ``{prediction: gradient}``, a
+    vector-Jacobian seed.
+    """
+    gradient = LOSSES[spec.kind].gradient
+    if gradient is None:
+        return loss
+    assert target is not None
+    return {prediction: gradient(emitter, spec, prediction, target)}
+
+
+# ---- graph pieces shared by the families -------------------------------------------------------
+
+
+def reduce(emitter: GraphEmitter, value: str, reduction: str) -> str:
+    """Torch's ``reduction``: mean or sum over every element, or the value as it is ("none")."""
+    if reduction == "mean":
+        return emitter.reduce("ReduceMean", value, None, keepdims=False)
+    if reduction == "sum":
+        return emitter.reduce_sum(value, None, keepdims=False)
+    return value
+
+
+def float_constant(emitter: GraphEmitter, value: object, like: str) -> str:
+    """A constant of ``like``'s float type; Python floats are rounded once, as torch rounds scalars."""
+    elem_type = emitter.elem_type(like)
+    if elem_type:
+        return emitter.constant(np.asarray(value, dtype=np.float64), elem_type)
+    return emitter.op(
+        "CastLike", [emitter.constant(np.asarray(value, dtype=np.float64), onnx.TensorProto.DOUBLE), like]
+    )
