@@ -1,0 +1,366 @@
+"""CTCLoss and CTCLossGrad against recorded torch.nn.functional.ctc_loss runs, without torch.
+
+``tests/recordings/ctc.npz`` (made by ``tests/recordings/record_ctc.py`` with torch 2.13) holds, per
+case, the inputs and torch's loss under each reduction with its gradients with respect to log_probs
+and the logits. Each test builds one onnx graph: CTCLoss, the reduction in standard ops (none:
+a weighted sum; sum; mean: each loss divided by max(target_length, 1), then the batch mean), the
+seed of each reduction's gradient in standard ops, and CTCLossGrad, and runs it in plain
+onnxruntime. Bad inputs are refused with messages that name the input, matched here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, RuntimeException
+
+import ortlstm.ops
+from ortlstm.ops import schema
+
+RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "ctc.npz"
+_DATA = np.load(RECORDING)
+_CONFIGS = json.loads(str(_DATA["configs"]))["cases"]
+_IR_VERSION = 10
+_ONNX_OPSET = 17
+_ELEM = {"float32": TensorProto.FLOAT, "float64": TensorProto.DOUBLE}
+_INT_ELEM = {np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int64): TensorProto.INT64}
+# Named per dtype: float32 sums of up to 1000 logsumexp steps (the T = 1000 case), float64 to rounding.
+_TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 2e-5}, "float64": {"rtol": 1e-11, "atol": 1e-12}}
+REDUCTIONS = ("none", "sum", "mean")
+
+
+def _session_for(graph: onnx.GraphProto) -> ort.InferenceSession:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", _ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, schema.OPSET_VERSION)],
+        ir_version=_IR_VERSION,
+    )
+    return ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
+
+
+def _objective_nodes(reduction: str, elem: int) -> list[onnx.NodeProto]:
+    """Returns the nodes loss -> objective and the objective's gradient with respect to loss -> grad_loss."""
+    if reduction == "none":
+        return [
+            helper.make_node("Mul", ["loss", "weights"], ["weighted"]),
+            helper.make_node("ReduceSum", ["weighted"], ["objective"], keepdims=0),
+            helper.make_node("Identity", ["weights"], ["grad_loss"]),
+        ]
+    if reduction == "sum":
+        return [
+            helper.make_node("ReduceSum", ["loss"], ["objective"], keepdims=0),
+            helper.make_node("Shape", ["loss"], ["loss_shape"]),
+            helper.make_node(
+                "ConstantOfShape", ["loss_shape"], ["grad_loss"], value=helper.make_tensor("one", elem, [1], [1])
+            ),
+        ]
+    # mean: ReduceMean(loss / Max(target_lengths, 1)); d/d loss[n] = 1 / (N * Max(target_lengths[n], 1)).
+    return [
+        helper.make_node("Cast", ["target_lengths"], ["lengths_float"], to=elem),
+        helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", elem, [], [1])),
+        helper.make_node("Max", ["lengths_float", "one"], ["divisor"]),
+        helper.make_node("Div", ["loss", "divisor"], ["per_label"]),
+        helper.make_node("ReduceMean", ["per_label"], ["objective"], keepdims=0),
+        helper.make_node("Shape", ["loss"], ["batch"]),
+        helper.make_node("Cast", ["batch"], ["batch_float"], to=elem),
+        helper.make_node("Mul", ["divisor", "batch_float"], ["scaled_divisor"]),
+        helper.make_node("Reciprocal", ["scaled_divisor"], ["grad_loss"]),
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def _session(dtype: str, target_elem: int, reduction: str, blank: int, zero_infinity: int) -> ort.InferenceSession:
+    elem = _ELEM[dtype]
+    attributes = {"blank": blank, "zero_infinity": zero_infinity}
+    ports = {name: name for name in ("log_probs", "targets", "input_lengths", "target_lengths")}
+    nodes = [
+        ortlstm.ops.make_node("CTCLoss", ports, {"loss": "loss", "log_alpha": "log_alpha"}, **attributes),
+        *_objective_nodes(reduction, elem),
+        ortlstm.ops.make_node(
+            "CTCLossGrad",
+            {**ports, "grad_loss": "grad_loss", "loss": "loss", "log_alpha": "log_alpha"},
+            {"grad_log_probs": "grad_log_probs"},
+            **attributes,
+        ),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("log_probs", elem, None),
+        helper.make_tensor_value_info("targets", target_elem, None),
+        helper.make_tensor_value_info("input_lengths", target_elem, None),
+        helper.make_tensor_value_info("target_lengths", target_elem, None),
+    ]
+    if reduction == "none":
+        inputs.append(helper.make_tensor_value_info("weights", elem, None))
+    outputs = [
+        helper.make_tensor_value_info(name, elem, None) for name in ("loss", "objective", "grad_log_probs", "log_alpha")
+    ]
+    graph = helper.make_graph(nodes, f"ctc_{reduction}", inputs, outputs)
+    return _session_for(graph)
+
+
+def _run(case: str, dtype: str, reduction: str, **overrides: np.ndarray) -> dict[str, np.ndarray]:
+    config = _CONFIGS[case]
+    feeds = {
+        "log_probs": _DATA[f"{case}/{dtype}/log_probs"],
+        "targets": _DATA[f"{case}/targets"],
+        "input_lengths": _DATA[f"{case}/input_lengths"],
+        "target_lengths": _DATA[f"{case}/target_lengths"],
+    }
+    if reduction == "none":
+        feeds["weights"] = _DATA[f"{case}/weights"].astype(dtype)
+    feeds.update(overrides)
+    sess = _session(dtype, _INT_ELEM[feeds["targets"].dtype], reduction, config["blank"], int(config["zero_infinity"]))
+    names = ["loss", "objective", "grad_log_probs", "log_alpha"]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def _log_softmax_backward(grad_log_probs: np.ndarray, log_probs: np.ndarray) -> np.ndarray:
+    """The gradient at the logits of log_probs = log_softmax(logits, axis=2): g - softmax * sum(g)."""
+    return grad_log_probs - np.exp(log_probs) * grad_log_probs.sum(axis=2, keepdims=True)
+
+
+CASES = sorted(_CONFIGS)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES)
+def test_matches_torch(case: str, dtype: str, reduction: str) -> None:
+    result = _run(case, dtype, reduction)
+    tolerance = _TOLERANCE[dtype]
+    prefix = f"{case}/{dtype}"
+    context = f"case {case} {dtype} reduction={reduction}"
+    np.testing.assert_allclose(
+        result["objective"],
+        _DATA[f"{prefix}/loss_{reduction}"]
+        if reduction != "none"
+        else (_DATA[f"{prefix}/loss_none"] * _DATA[f"{case}/weights"].astype(dtype)).sum(dtype=dtype),
+        **tolerance,
+        err_msg=context,
+    )
+    if reduction == "none":
+        np.testing.assert_allclose(result["loss"], _DATA[f"{prefix}/loss_none"], **tolerance, err_msg=context)
+    np.testing.assert_allclose(
+        result["grad_log_probs"], _DATA[f"{prefix}/grad_log_probs_{reduction}"], **tolerance, err_msg=context
+    )
+    if reduction != "sum":
+        logits_gradient = _log_softmax_backward(result["grad_log_probs"], _DATA[f"{prefix}/log_probs"])
+        np.testing.assert_allclose(
+            logits_gradient, _DATA[f"{prefix}/grad_logits_{reduction}"], **tolerance, err_msg=context
+        )
+
+
+def test_long_input_does_not_underflow() -> None:
+    # T = 1000 with sharp logits: the likelihood is e^-5000, far below the smallest float64 in
+    # probability space, yet the loss and every gradient are finite and match torch (above).
+    for dtype in ("float32", "float64"):
+        result = _run("long_input_T1000", dtype, "mean")
+        assert np.all(np.exp(-result["loss"].astype(np.float64)) == 0.0)
+        assert np.all(np.isfinite(result["loss"])), dtype
+        assert np.all(np.isfinite(result["grad_log_probs"])), dtype
+        np.testing.assert_allclose(result["loss"], _DATA[f"long_input_T1000/{dtype}/loss_none"], **_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_padded_and_concatenated_targets_agree(dtype: str) -> None:
+    targets = _DATA["random_padded/targets"]
+    lengths = _DATA["random_padded/target_lengths"]
+    concatenated = np.concatenate([row[:length] for row, length in zip(targets, lengths, strict=True)])
+    padded = _run("random_padded", dtype, "mean")
+    flat = _run("random_padded", dtype, "mean", targets=concatenated)
+    np.testing.assert_array_equal(flat["loss"], padded["loss"])
+    np.testing.assert_array_equal(flat["grad_log_probs"], padded["grad_log_probs"])
+    # int32 targets and lengths give the same bits as int64.
+    as_int32 = _run(
+        "random_padded",
+        dtype,
+        "mean",
+        targets=targets.astype(np.int32),
+        input_lengths=_DATA["random_padded/input_lengths"].astype(np.int32),
+        target_lengths=lengths.astype(np.int32),
+    )
+    np.testing.assert_array_equal(as_int32["grad_log_probs"], padded["grad_log_probs"])
+
+
+def test_log_alpha_is_minus_infinity_where_unreached() -> None:
+    case = "random_padded"
+    result = _run(case, "float64", "sum")
+    log_alpha = result["log_alpha"]
+    input_lengths = _DATA[f"{case}/input_lengths"]
+    target_lengths = _DATA[f"{case}/target_lengths"]
+    assert log_alpha.shape == (len(input_lengths), _DATA[f"{case}/float64/log_probs"].shape[0], 2 * 5 + 1)
+    for n, (length, target_length) in enumerate(zip(input_lengths, target_lengths, strict=True)):
+        assert np.all(log_alpha[n, length:] == -np.inf)
+        assert np.all(log_alpha[n, :, 2 * target_length + 1 :] == -np.inf)
+        # The loss is -log(alpha[L-1, 2U] + alpha[L-1, 2U-1]) (eq. 8).
+        last = log_alpha[n, length - 1]
+        expected = -np.logaddexp(last[2 * target_length], last[2 * target_length - 1])
+        np.testing.assert_allclose(result["loss"][n], expected, rtol=1e-14)
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+_PREFIX = "CTCLoss node 'ctc_under_test': "
+
+
+@functools.lru_cache(maxsize=16)
+def _loss_session(blank: int = 0, zero_infinity: int = 0, target_elem: int = TensorProto.INT64) -> ort.InferenceSession:
+    node = ortlstm.ops.make_node(
+        "CTCLoss",
+        {name: name for name in ("log_probs", "targets", "input_lengths", "target_lengths")},
+        {"loss": "loss"},
+        name="ctc_under_test",
+        blank=blank,
+        zero_infinity=zero_infinity,
+    )
+    graph = helper.make_graph(
+        [node],
+        "ctc",
+        [
+            helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("targets", target_elem, None),
+            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, None),
+            helper.make_tensor_value_info("target_lengths", TensorProto.INT64, None),
+        ],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, None)],
+    )
+    return _session_for(graph)
+
+
+def _good_feeds() -> dict[str, np.ndarray]:
+    # T = 6, N = 2, C = 5, S = 3
+    return {
+        "log_probs": np.full((6, 2, 5), np.log(0.2), np.float32),
+        "targets": np.array([[1, 2, 2], [3, 4, 0]], np.int64),
+        "input_lengths": np.array([6, 5], np.int64),
+        "target_lengths": np.array([3, 2], np.int64),
+    }
+
+
+BAD_INPUTS = {
+    "label_out_of_range": (
+        {"targets": np.array([[1, 5, 2], [3, 4, 0]], np.int64)},
+        "targets: sample 0, position 1: expected a label in [0, C=5) other than blank=0, got 5",
+    ),
+    "label_equal_to_blank": (
+        {"targets": np.array([[1, 2, 2], [0, 4, 0]], np.int64)},
+        "targets: sample 1, position 0: expected a label in [0, C=5) other than blank=0, got 0",
+    ),
+    "negative_label": (
+        {"targets": np.array([[1, 2, -1], [3, 4, 0]], np.int64)},
+        "targets: sample 0, position 2: expected a label in [0, C=5) other than blank=0, got -1",
+    ),
+    "input_length_above_T": (
+        {"input_lengths": np.array([6, 7], np.int64)},
+        "input_lengths[1]: expected a value in [0, T=6 (log_probs' dim 0)], got 7",
+    ),
+    "negative_input_length": (
+        {"input_lengths": np.array([-1, 5], np.int64)},
+        "input_lengths[0]: expected a value in [0, T=6 (log_probs' dim 0)], got -1",
+    ),
+    "target_length_above_S": (
+        {"target_lengths": np.array([4, 2], np.int64)},
+        "target_lengths[0]: expected a value in [0, S=3 (padded targets' dim 1)], got 4",
+    ),
+    "negative_target_length": (
+        {"target_lengths": np.array([3, -2], np.int64)},
+        "target_lengths[1]: expected a value in [0, S=3 (padded targets' dim 1)], got -2",
+    ),
+    "negative_target_length_concatenated": (
+        {"targets": np.array([1, 2, 2, 3, 4], np.int64), "target_lengths": np.array([-1, 2], np.int64)},
+        "target_lengths[0]: expected a value >= 0, got -1",
+    ),
+    "concatenated_length_mismatch": (
+        {"targets": np.array([1, 2, 2, 3], np.int64)},
+        "targets: expected shape [sum(target_lengths)=5] (concatenated), got [4]",
+    ),
+    "padded_batch_mismatch": (
+        {"targets": np.array([[1, 2, 2]], np.int64)},
+        "targets: expected shape [N=2, S] (padded), got [1, 3]",
+    ),
+    "targets_rank_3": (
+        {"targets": np.zeros((2, 3, 1), np.int64)},
+        "targets: expected rank 2 [N, S] (padded) or rank 1 [sum(target_lengths)] (concatenated), got shape [2, 3, 1]",
+    ),
+    "input_lengths_shape": (
+        {"input_lengths": np.array([6, 5, 4], np.int64)},
+        "input_lengths: expected shape [N=2], got [3]",
+    ),
+    "log_probs_rank_2": (
+        {"log_probs": np.zeros((6, 5), np.float32)},
+        "log_probs: expected rank 3 [T, N, C] (time-major), got shape [6, 5]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_with_its_name(name: str) -> None:
+    overrides, message = BAD_INPUTS[name]
+    with pytest.raises(InvalidArgument) as error:
+        _loss_session().run(None, {**_good_feeds(), **overrides})
+    assert _PREFIX + message in str(error.value)
+
+
+def test_blank_outside_the_classes_is_refused() -> None:
+    with pytest.raises(InvalidArgument) as error:
+        _loss_session(blank=5).run(None, _good_feeds())
+    assert _PREFIX + "attribute blank: expected a value in [0, C=5) (log_probs' dim 2), got 5" in str(error.value)
+
+
+def test_float_targets_are_refused() -> None:
+    feeds = {**_good_feeds(), "targets": np.array([[1, 2, 2], [3, 4, 0]], np.float32)}
+    with pytest.raises(InvalidArgument) as error:
+        _loss_session(target_elem=TensorProto.FLOAT).run(None, feeds)
+    assert _PREFIX + "targets: expected element type int32 or int64, got ONNX element type 1" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "message"),
+    [
+        ({"blank": -1}, "attribute blank: expected an integer >= 0, got -1"),
+        ({"zero_infinity": 2}, "attribute zero_infinity: expected 0 or 1, got 2"),
+    ],
+)
+def test_bad_attributes_are_refused_at_session_creation(attributes: dict[str, int], message: str) -> None:
+    with pytest.raises(RuntimeException) as error:
+        _loss_session(**attributes)
+    assert _PREFIX + message in str(error.value)
+
+
+def test_grad_refuses_a_log_alpha_of_another_shape() -> None:
+    feeds = _good_feeds()
+    feeds.pop("log_probs")
+    log_probs = np.full((6, 2, 5), np.log(0.2))
+    with pytest.raises(InvalidArgument) as error:
+        _run_grad(log_probs=log_probs, log_alpha=np.zeros((2, 6, 5)), **feeds)
+    assert "CTCLossGrad: log_alpha: expected shape [N=2, T=6, 2*S+1=7] (CTCLoss's output), got [2, 6, 5]" in str(
+        error.value
+    )
+
+
+def _run_grad(**feeds: np.ndarray) -> list[np.ndarray]:
+    node = ortlstm.ops.make_node(
+        "CTCLossGrad", {port.name: port.name for port in schema.CTC_LOSS_GRAD.inputs}, {"grad_log_probs": "g"}
+    )
+    elem = {np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int64): TensorProto.INT64}
+    full = {"grad_loss": np.ones(2), "loss": np.ones(2), **feeds}
+    graph = helper.make_graph(
+        [node],
+        "grad",
+        [
+            helper.make_tensor_value_info(name, elem[full[name].dtype], None)
+            for name in schema.input_names(schema.CTC_LOSS_GRAD)
+        ],
+        [helper.make_tensor_value_info("g", TensorProto.DOUBLE, None)],
+    )
+    return _session_for(graph).run(None, full)
+
