@@ -10,10 +10,12 @@ onnxruntime. Bad inputs are refused with messages that name the input, matched h
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
 
+import gradcheck
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -22,6 +24,8 @@ from onnx import TensorProto, helper
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, RuntimeException
 
 import ortlstm.ops
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+from ortlstm.graphs.autodiff.emitter import used_names
 from ortlstm.ops import schema
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "ctc.npz"
@@ -364,3 +368,104 @@ def _run_grad(**feeds: np.ndarray) -> list[np.ndarray]:
     )
     return _session_for(graph).run(None, full)
 
+
+# ---- the gradient rule: float64 finite differences -----------------------------------------------
+# CTCLossGrad follows torch's convention (the derivative plus exp(log_probs) * grad_loss, which a
+# log_softmax in front cancels), so the finite differences run through a LogSoftmax: at its input
+# the rule's gradient is the true one. The bare node is checked too, against the differences plus
+# that term.
+
+
+def _fd_case(case_id: str, targets: np.ndarray, input_lengths: list[int], target_lengths: list[int], **attributes: int):
+    """A CTCLoss node on log_probs = log_softmax(logits) for gradcheck: T = 5, N = len(input_lengths), C = 4."""
+    rng = np.random.default_rng(len(case_id))
+    logits = rng.normal(size=(5, len(input_lengths), 4))
+    return gradcheck.Case(
+        case_id,
+        "CTCLoss",
+        (
+            gradcheck.wrt(logits),
+            gradcheck.fed(targets, dtype=np.int64),
+            gradcheck.fed(input_lengths, dtype=np.int64),
+            gradcheck.fed(target_lengths, dtype=np.int64),
+        ),
+        attributes,
+        domain=schema.DOMAIN,
+        num_outputs=2,
+        loss_outputs=(0,),  # log_alpha is a stash
+    )
+
+
+FD_CASES = [
+    _fd_case("padded_repeats", np.array([[1, 1, 2], [3, 2, 0]]), [5, 4], [3, 2]),
+    _fd_case("concatenated", np.array([1, 2, 3, 3, 1]), [5, 5], [2, 3]),
+    _fd_case("empty_target_and_short_input", np.array([[2, 3], [0, 0], [1, 0]]), [5, 3, 2], [2, 0, 1]),
+    _fd_case("blank_2", np.array([[1, 3, 1], [0, 1, 0]]), [5, 4], [3, 2], blank=2),
+    _fd_case("zero_infinity", np.array([[1, 1, 1], [3, 2, 0]]), [4, 5], [3, 2], zero_infinity=1),
+]
+
+
+def _through_log_softmax(case: gradcheck.Case) -> gradcheck._Built:
+    """gradcheck.build's models with a LogSoftmax(axis=2) between the logits (in0) and CTCLoss."""
+    built = gradcheck.build(case, np.float64)
+    for model in (built.forward, built.with_gradients):
+        node = next(node for node in model.graph.node if node.op_type == "CTCLoss")
+        node.input[0] = "log_probs"
+        model.graph.node.insert(0, helper.make_node("LogSoftmax", ["in0"], ["log_probs"], axis=2))
+    # Differentiate again, now through the LogSoftmax (build's gradient graph differentiated the bare node).
+    seeds = {"out0": "weight_out0"}
+    with_gradients = onnx.ModelProto()
+    with_gradients.CopyFrom(built.forward)
+    emitter = GraphEmitter(onnx_opset(built.forward), used_names(built.forward.graph), infer_value_types(built.forward))
+    result = build_backward(with_gradients.graph, seeds, built.wrt_names, emitter)
+    with_gradients.graph.node.extend(emitter.nodes)
+    with_gradients.graph.initializer.extend(emitter.initializers)
+    for name in built.wrt_names:
+        with_gradients.graph.output.append(helper.make_empty_tensor_value_info(result.gradients[name]))
+    built.with_gradients = with_gradients
+    return built
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=lambda case: case.id)
+def test_rule_matches_finite_differences_through_log_softmax(case: gradcheck.Case) -> None:
+    built = _through_log_softmax(case)
+    analytic = gradcheck.analytic_gradients(built)["in0"]
+    numeric = gradcheck.numeric_gradients(built)["in0"]
+    np.testing.assert_allclose(
+        analytic,
+        numeric,
+        rtol=gradcheck.FLOAT64_RTOL,
+        atol=gradcheck.FLOAT64_ATOL,
+        err_msg=f"{case.id}: d loss / d logits",
+    )
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=lambda case: case.id)
+def test_bare_node_gradient_is_the_derivative_plus_torchs_term(case: gradcheck.Case) -> None:
+    # Here in0 is log_probs itself (random, not normalized): the rule gives the derivative of the loss
+    # plus exp(log_probs) * grad_loss for every valid step of a sample whose loss is not zeroed.
+    built = gradcheck.build(case, np.float64)
+    analytic = gradcheck.analytic_gradients(built)["in0"]
+    numeric = gradcheck.numeric_gradients(built)["in0"]
+    log_probs = built.feeds["in0"]
+    (loss,) = gradcheck._session(_loss_only(built.forward)).run(None, built.feeds)
+    term = np.exp(log_probs) * built.feeds["weight_out0"][None, :, None]
+    steps = np.arange(log_probs.shape[0])[:, None] < built.feeds["in2"][None, :]
+    term = np.where(steps[:, :, None] & (loss[None, :, None] != 0), term, 0.0)
+    np.testing.assert_allclose(
+        analytic - term, numeric, rtol=gradcheck.FLOAT64_RTOL, atol=gradcheck.FLOAT64_ATOL, err_msg=case.id
+    )
+
+
+def _loss_only(forward: onnx.ModelProto) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    model.CopyFrom(forward)
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_empty_tensor_value_info("out0"))
+    return model
+
+
+def test_log_alpha_in_the_loss_is_refused() -> None:
+    case = dataclasses.replace(FD_CASES[0], loss_outputs=(0, 1))
+    with pytest.raises(ValueError, match="output log_alpha is a stash for CTCLossGrad and must not reach the loss"):
+        gradcheck.build(case, np.float64)
