@@ -18,6 +18,7 @@ import pathlib
 import gradcheck
 import numpy as np
 import onnx
+import onnx.shape_inference
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -469,3 +470,45 @@ def test_log_alpha_in_the_loss_is_refused() -> None:
     case = dataclasses.replace(FD_CASES[0], loss_outputs=(0, 1))
     with pytest.raises(ValueError, match="output log_alpha is a stash for CTCLossGrad and must not reach the loss"):
         gradcheck.build(case, np.float64)
+
+
+def test_onnx_infers_the_output_types_and_shapes() -> None:
+    ports = {name: name for name in ("log_probs", "targets", "input_lengths", "target_lengths")}
+    nodes = [
+        ortlstm.ops.make_node("CTCLoss", ports, {"loss": "loss", "log_alpha": "log_alpha"}),
+        ortlstm.ops.make_node(
+            "CTCLossGrad",
+            {**ports, "grad_loss": "loss", "loss": "loss", "log_alpha": "log_alpha"},
+            {"grad_log_probs": "grad_log_probs"},
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ctc",
+        [
+            helper.make_tensor_value_info("log_probs", TensorProto.DOUBLE, ["T", 3, 7]),
+            helper.make_tensor_value_info("targets", TensorProto.INT32, [3, 4]),
+            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [3]),
+            helper.make_tensor_value_info("target_lengths", TensorProto.INT64, [3]),
+        ],
+        [],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", _ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, schema.OPSET_VERSION)],
+        ir_version=_IR_VERSION,
+    )
+    onnx.checker.check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    shapes = {
+        info.name: (
+            info.type.tensor_type.elem_type,
+            [dim.dim_param or dim.dim_value for dim in info.type.tensor_type.shape.dim],
+        )
+        for info in inferred.graph.value_info
+    }
+    assert shapes == {
+        "loss": (TensorProto.DOUBLE, [3]),
+        "log_alpha": (TensorProto.DOUBLE, [3, "T", 9]),
+        "grad_log_probs": (TensorProto.DOUBLE, ["T", 3, 7]),
+    }
