@@ -41,15 +41,14 @@ _TOLERANCE = {"float32": {"rtol": 2e-5, "atol": 2e-5}, "float64": {"rtol": 1e-11
 REDUCTIONS = ("none", "sum", "mean")
 
 
-def _session_for(graph: onnx.GraphProto) -> ort.InferenceSession:
+def _session_for(graph: onnx.GraphProto, threads: int = 0) -> ort.InferenceSession:
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", _ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, schema.OPSET_VERSION)],
         ir_version=_IR_VERSION,
     )
-    return ort.InferenceSession(
-        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
-    )
+    options = ortlstm.ops.session_options(intra_op_num_threads=threads)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _objective_nodes(reduction: str, elem: int) -> list[onnx.NodeProto]:
@@ -83,7 +82,9 @@ def _objective_nodes(reduction: str, elem: int) -> list[onnx.NodeProto]:
 
 
 @functools.lru_cache(maxsize=64)
-def _session(dtype: str, target_elem: int, reduction: str, blank: int, zero_infinity: int) -> ort.InferenceSession:
+def _session(
+    dtype: str, target_elem: int, reduction: str, blank: int, zero_infinity: int, threads: int
+) -> ort.InferenceSession:
     elem = _ELEM[dtype]
     attributes = {"blank": blank, "zero_infinity": zero_infinity}
     ports = {name: name for name in ("log_probs", "targets", "input_lengths", "target_lengths")}
@@ -109,10 +110,10 @@ def _session(dtype: str, target_elem: int, reduction: str, blank: int, zero_infi
         helper.make_tensor_value_info(name, elem, None) for name in ("loss", "objective", "grad_log_probs", "log_alpha")
     ]
     graph = helper.make_graph(nodes, f"ctc_{reduction}", inputs, outputs)
-    return _session_for(graph)
+    return _session_for(graph, threads)
 
 
-def _run(case: str, dtype: str, reduction: str, **overrides: np.ndarray) -> dict[str, np.ndarray]:
+def _run(case: str, dtype: str, reduction: str, threads: int = 0, **overrides: np.ndarray) -> dict[str, np.ndarray]:
     config = _CONFIGS[case]
     feeds = {
         "log_probs": _DATA[f"{case}/{dtype}/log_probs"],
@@ -123,7 +124,9 @@ def _run(case: str, dtype: str, reduction: str, **overrides: np.ndarray) -> dict
     if reduction == "none":
         feeds["weights"] = _DATA[f"{case}/weights"].astype(dtype)
     feeds.update(overrides)
-    sess = _session(dtype, _INT_ELEM[feeds["targets"].dtype], reduction, config["blank"], int(config["zero_infinity"]))
+    sess = _session(
+        dtype, _INT_ELEM[feeds["targets"].dtype], reduction, config["blank"], int(config["zero_infinity"]), threads
+    )
     names = ["loss", "objective", "grad_log_probs", "log_alpha"]
     return dict(zip(names, sess.run(names, feeds), strict=True))
 
@@ -194,6 +197,13 @@ def test_padded_and_concatenated_targets_agree(dtype: str) -> None:
         target_lengths=lengths.astype(np.int32),
     )
     np.testing.assert_array_equal(as_int32["grad_log_probs"], padded["grad_log_probs"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_results_do_not_depend_on_the_thread_count(dtype: str) -> None:
+    one, two = (_run("batch_64", dtype, "none", threads=threads) for threads in (1, 2))
+    for name in ("loss", "log_alpha", "grad_log_probs"):
+        np.testing.assert_array_equal(one[name], two[name], err_msg=name)
 
 
 def test_log_alpha_is_minus_infinity_where_unreached() -> None:
