@@ -4,8 +4,8 @@
 //
 // Only the classes of the extended target (at most U+1 of C) collect anything; every other class
 // has collected = -inf, so its gradient is exp(y) * grad_loss. That part, C - U - 1 of every row,
-// runs as one vectorized loop (lstm/fast_math.h's exp, which depends on nothing LSTM), and only the
-// target's classes take torch's full expression.
+// runs as one vectorized loop (ScaledExp: lstm/fast_math.h's float exp, which depends on nothing
+// LSTM; libm's in double, as torch's), and only the target's classes take torch's full expression.
 #include <algorithm>
 #include <cmath>
 
@@ -13,7 +13,24 @@
 #include "ctc/ctc_math.h"
 #include "lstm/fast_math.h"
 
+// target_clones needs an ELF platform with ifunc (glibc); elsewhere the loop is built once for the
+// baseline. No FMA clone: the build keeps contraction off, so every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
+#define ORTLSTM_CTC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ORTLSTM_CTC_CLONES
+#endif
+
 namespace ortlstm::ctc {
+
+// out = e^y * scale over n values: the gradient of every class outside the extended target.
+ORTLSTM_CTC_CLONES void ScaledExp(const float* y, float scale, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ExpFloat(y[i]) * scale;
+}
+void ScaledExp(const double* y, double scale, double* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(y[i]) * scale;
+}
+
 namespace {
 
 // The distinct classes of l' (blank first) and, for each state, its index among them.
@@ -50,7 +67,7 @@ template <typename T>
 void WriteGradientRow(const TargetClasses& target_classes, const T* collected, T nll, T grad_loss, const T* y,
                       int64_t num_classes, T* grad) {
   if (std::isfinite(nll)) {
-    for (int64_t c = 0; c < num_classes; ++c) grad[c] = FastExp(y[c]) * grad_loss;
+    ScaledExp(y, grad_loss, grad, num_classes);
   } else {
     // -inf + nll is NaN for nll = +inf: torch's NaN gradient of an infinite loss without zero_infinity.
     for (int64_t c = 0; c < num_classes; ++c) {
