@@ -207,9 +207,9 @@ def infer_ctc_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.Infe
                 shape.dim.add().CopyFrom(lp_dims[1])
                 shape.dim.add().CopyFrom(lp_dims[0])
                 states = shape.dim.add()
-                padded = targets is not None and targets.HasField("shape") and len(targets.shape.dim) == 2
-                if padded and targets.shape.dim[1].HasField("dim_value"):
-                    states.dim_value = 2 * targets.shape.dim[1].dim_value + 1
+                target_dims = list(targets.shape.dim) if targets is not None and targets.HasField("shape") else []
+                if len(target_dims) == 2 and target_dims[1].HasField("dim_value"):  # padded [N, S]
+                    states.dim_value = 2 * target_dims[1].dim_value + 1
             else:
                 for dim in lp_dims:
                     shape.dim.add().CopyFrom(dim)
