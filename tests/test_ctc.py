@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import pathlib
 
@@ -522,3 +523,51 @@ def test_onnx_infers_the_output_types_and_shapes() -> None:
         "log_alpha": (TensorProto.DOUBLE, [3, "T", 9]),
         "grad_log_probs": (TensorProto.DOUBLE, ["T", 3, 7]),
     }
+
+
+# ---- an oracle independent of torch and of the recursions: every alignment, enumerated ---------
+
+
+def _brute_force_loss(log_probs: np.ndarray, target: list[int], blank: int) -> float:
+    """-log of the summed probability of every path over C^L that collapses to ``target`` (L = len(log_probs))."""
+    length, num_classes = log_probs.shape
+    total = 0.0
+    for path in itertools.product(range(num_classes), repeat=length):
+        collapsed = [label for i, label in enumerate(path) if label != blank and (i == 0 or path[i - 1] != label)]
+        if collapsed == target:
+            total += float(np.exp(sum(log_probs[t, label] for t, label in enumerate(path))))
+    return -np.log(total) if total > 0 else np.inf
+
+
+@pytest.mark.parametrize("blank", [0, 2])
+def test_loss_is_the_sum_over_every_alignment(blank: int) -> None:
+    rng = np.random.default_rng(blank)
+    labels = [label for label in range(4) if label != blank]
+    # T = 6, N = 6, C = 4: repeats, an empty target, a target that needs every step, one that cannot fit.
+    targets = [
+        [labels[0], labels[0]],
+        [labels[1]],
+        [],
+        [labels[0], labels[1], labels[0]],
+        [labels[2]] * 3,
+        [labels[1]] * 4,
+    ]
+    input_lengths = np.array([6, 4, 3, 6, 5, 6])
+    logits = rng.normal(size=(6, len(targets), 4))
+    log_probs = logits - np.log(np.exp(logits).sum(axis=2, keepdims=True))
+    padded = np.full((len(targets), 4), blank, np.int64)
+    for n, target in enumerate(targets):
+        padded[n, : len(target)] = target
+    sess = _session("float64", TensorProto.INT64, "sum", blank, 0, 0)
+    (loss,) = sess.run(
+        ["loss"],
+        {
+            "log_probs": log_probs,
+            "targets": padded,
+            "input_lengths": input_lengths,
+            "target_lengths": np.array([len(target) for target in targets], np.int64),
+        },
+    )
+    expected = [_brute_force_loss(log_probs[: input_lengths[n], n], target, blank) for n, target in enumerate(targets)]
+    assert np.isinf(expected[5])  # four equal labels need seven steps
+    np.testing.assert_allclose(loss, expected, rtol=1e-12)
