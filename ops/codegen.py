@@ -85,19 +85,24 @@ def render_header() -> str:
         lines += ["", *_render_op_namespace(op)]
     for op in schema.OPTIMIZER_OPS:
         # Their attributes are their own (the LSTM ops share attr:: below): named in the op's namespace.
-        attributes = [
-            f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in op.attributes
-        ]
-        attributes += [
-            _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr)
-            for attr in op.attributes
-            if attr.default is not None
-        ]
+        attributes = _render_own_attributes(op)
         constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
         is_double = [constraints[port.type_str] == ("tensor(double)",) for port in op.inputs]
         attributes.append(f"inline constexpr bool kInputIsDouble[kNumInputs] = {{{_bools(is_double)}}};")
         namespace = _render_op_namespace(op)
         lines += ["", *namespace[:-1], *attributes, namespace[-1]]
+    for op in schema.CTC_OPS:
+        constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
+        is_integer = [
+            not any("float" in allowed or "double" in allowed for allowed in constraints[port.type_str])
+            for port in op.inputs
+        ]
+        namespace = _render_op_namespace(op)
+        extra = [
+            *_render_own_attributes(op),
+            f"inline constexpr bool kInputIsInteger[kNumInputs] = {{{_bools(is_integer)}}};",
+        ]
+        lines += ["", *namespace[:-1], *extra, namespace[-1]]
     lines += [
         "",
         *_render_attribute_namespace(),
@@ -124,7 +129,8 @@ def render_docs() -> str:
         "",
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
         f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
-        f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}.",
+        f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}; "
+        f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}.",
         "",
         "A NumPy reference implementation of both ops (`ortlstm.reference`, for onnx's `ReferenceEvaluator`) and",
         "conformance test data in ONNX's node-test layout (tests/conformance/data) with a runner for any backend:",
@@ -145,7 +151,7 @@ def render_docs() -> str:
     ]
     for op in schema.OPS:
         lines += ["", *_render_op_docs(op)]
-    for op in schema.OPTIMIZER_OPS:
+    for op in schema.OPTIMIZER_OPS + schema.CTC_OPS:
         lines += ["", *_render_op_docs(op)]
     return "\n".join(lines) + "\n"
 
@@ -256,6 +262,17 @@ def _render_op_namespace(op: schema.OpSpec) -> list[str]:
         f"inline constexpr bool kOutputOptional[kNumOutputs] = {{{_bools(port.optional for port in op.outputs)}}};",
         f"}}  // namespace {namespace}",
     ]
+
+
+def _render_own_attributes(op: schema.OpSpec) -> list[str]:
+    """Names and defaults of the attributes of an op that does not share the LSTM ops' attr:: namespace."""
+    lines = [f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in op.attributes]
+    lines += [
+        _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr)
+        for attr in op.attributes
+        if attr.default is not None
+    ]
+    return lines
 
 
 def _render_attribute_namespace() -> list[str]:

@@ -51,7 +51,12 @@ def build_op_schema(op: schema.OpSpec) -> onnx.defs.OpSchema:
         ],
         attributes=[_attribute(attr) for attr in op.attributes],
     )
-    inference = infer_optimizer_types_and_shapes if op in schema.OPTIMIZER_OPS else infer_types_and_shapes
+    if op in schema.OPTIMIZER_OPS:
+        inference = infer_optimizer_types_and_shapes
+    elif op in schema.CTC_OPS:
+        inference = infer_ctc_types_and_shapes
+    else:
+        inference = infer_types_and_shapes
     op_schema.set_type_and_shape_inference_function(functools.partial(inference, op))
     return op_schema
 
@@ -66,7 +71,7 @@ def register_onnx_schemas() -> None:
     Raises:
         RuntimeError: If an op of the same name, domain and version with other ports is registered.
     """
-    for op in schema.OPS + schema.OPTIMIZER_OPS:
+    for op in schema.OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS:
         if onnx.defs.has(op.name, op.version, op.domain):
             _check_registered(op)
             continue
@@ -168,6 +173,46 @@ def infer_optimizer_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inferenc
             continue
         output_type = onnx.TypeProto()
         output_type.tensor_type.CopyFrom(param_type)
+        ctx.set_output_type(index, output_type)
+
+
+def infer_ctc_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Sets the types and shapes of a CTC op's outputs (``schema.CTC_OPS``) from log_probs and targets.
+
+    loss is [N] and grad_log_probs is log_probs' shape; log_alpha is [N, T, 2*S+1] where S is padded
+    targets' second axis (for concatenated targets S is a value, max(target_lengths), so that axis
+    stays unknown). Runtime checks are the kernel's.
+
+    Args:
+        op: The op spec the node instantiates.
+        ctx: onnx's inference context for the node.
+    """
+    log_probs = _input_tensor_type(ctx, schema.input_index(op, "log_probs"))
+    if log_probs is None:
+        return
+    lp_dims = list(log_probs.shape.dim) if log_probs.HasField("shape") and len(log_probs.shape.dim) == 3 else None
+    targets = _input_tensor_type(ctx, schema.input_index(op, "targets"))
+    for index, port in enumerate(op.outputs):
+        if index >= ctx.get_num_outputs() or not ctx.has_output(index):
+            continue
+        output_type = onnx.TypeProto()
+        tensor_type = output_type.tensor_type
+        tensor_type.elem_type = log_probs.elem_type
+        if lp_dims is not None:
+            shape = tensor_type.shape
+            shape.SetInParent()
+            if port.name == "loss":
+                shape.dim.add().CopyFrom(lp_dims[1])
+            elif port.name == "log_alpha":
+                shape.dim.add().CopyFrom(lp_dims[1])
+                shape.dim.add().CopyFrom(lp_dims[0])
+                states = shape.dim.add()
+                target_dims = list(targets.shape.dim) if targets is not None and targets.HasField("shape") else []
+                if len(target_dims) == 2 and target_dims[1].HasField("dim_value"):  # padded [N, S]
+                    states.dim_value = 2 * target_dims[1].dim_value + 1
+            else:
+                for dim in lp_dims:
+                    shape.dim.add().CopyFrom(dim)
         ctx.set_output_type(index, output_type)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 try:
     from ortlstm.graphs.autodiff import (  # registers the rules
         rules_conv,
+        rules_ctc,
         rules_lstm,
         rules_math,
         rules_nn,
@@ -33,6 +34,7 @@ try:
 except ModuleNotFoundError:
     from graphs.autodiff import (  # type: ignore[no-redef] # noqa: F401 - registers the rules
         rules_conv,
+        rules_ctc,
         rules_lstm,
         rules_math,
         rules_nn,

@@ -90,6 +90,50 @@ inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, true, false, true, true, true, true};
 }  // namespace sgd_update
 
+// CTCLoss: docs/ops.md#ctcloss
+namespace ctc_loss {
+inline constexpr char kName[] = "CTCLoss";
+enum class In : int { kLogProbs, kTargets, kInputLengths, kTargetLengths, kCount };
+enum class Out : int { kLoss, kLogAlpha, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"log_probs", "targets", "input_lengths", "target_lengths"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"loss", "log_alpha"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false, true};
+inline constexpr char kAttrBlank[] = "blank";
+inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
+inline constexpr std::int64_t kAttrBlankDefault = 0;
+inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
+inline constexpr bool kInputIsInteger[kNumInputs] = {false, true, true, true};
+}  // namespace ctc_loss
+
+// CTCLossGrad: docs/ops.md#ctclossgrad
+namespace ctc_loss_grad {
+inline constexpr char kName[] = "CTCLossGrad";
+enum class In : int { kGradLoss, kLogProbs, kTargets, kInputLengths, kTargetLengths, kLoss, kLogAlpha, kCount };
+enum class Out : int { kGradLogProbs, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"grad_loss", "log_probs", "targets", "input_lengths", "target_lengths", "loss", "log_alpha"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, false, false, false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, false, false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"grad_log_probs"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+inline constexpr char kAttrBlank[] = "blank";
+inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
+inline constexpr std::int64_t kAttrBlankDefault = 0;
+inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
+inline constexpr bool kInputIsInteger[kNumInputs] = {false, false, true, true, true, false, false};
+}  // namespace ctc_loss_grad
+
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
 // "expected ...") and the defaults the schema declares.
 namespace attr {

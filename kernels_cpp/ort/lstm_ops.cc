@@ -418,16 +418,7 @@ std::string AddLstmOps(OrtCustomOpDomain* domain) {
   g_training_double.EnableShapeInference(shape_inference);
   g_grad_float.EnableShapeInference(shape_inference);
   g_grad_double.EnableShapeInference(shape_inference);
-  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_training_float, &g_training_double, &g_grad_float,
-                                                            &g_grad_double}) {
-    OrtStatus* status = Api().CustomOpDomain_Add(domain, op);
-    if (status != nullptr) {
-      std::string message = Api().GetErrorMessage(status);
-      Api().ReleaseStatus(status);
-      return message;
-    }
-  }
-  return "";
+  return AddOps(domain, {&g_training_float, &g_training_double, &g_grad_float, &g_grad_double});
 }
 
 }  // namespace ortlstm::ort

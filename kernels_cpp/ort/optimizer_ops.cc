@@ -13,6 +13,7 @@
 #include "generated/op_schema.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "ort/schema_op.h"
 
 namespace ortlstm::ort {
 namespace {
@@ -254,14 +255,7 @@ struct SgdTraits {
 };
 
 template <typename Traits, typename T>
-struct OptimizerOp : Ort::CustomOpBase<OptimizerOp<Traits, T>, typename Traits::template Kernel<T>,
-                                       /*WithStatus=*/true> {
-  using Kernel = typename Traits::template Kernel<T>;
-
-  OptimizerOp() {
-    // ORT 1.19 rejects ops that declare a newer struct version than it knows.
-    OrtCustomOp::version = kOrtApiVersion;
-  }
+struct OptimizerOp : SchemaOp<OptimizerOp<Traits, T>, typename Traits::template Kernel<T>, Traits, T> {
 
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
@@ -274,26 +268,11 @@ struct OptimizerOp : Ort::CustomOpBase<OptimizerOp<Traits, T>, typename Traits::
       }
       if (!error.empty()) return Fail(Traits::kName, node, error);
     }
-    try {
-      *kernel = new Kernel(flags, node);
-    } catch (const std::bad_alloc&) {
-      return MakeStatus(ORT_FAIL, std::string(Traits::kName) + ": out of memory");
-    }
-    return nullptr;
+    return OptimizerOp::NewKernel(kernel, flags, node);
   }
 
-  const char* GetName() const { return Traits::kName; }
-  size_t GetInputTypeCount() const { return static_cast<size_t>(Traits::kNumInputs); }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     return Traits::kInputIsDouble[index] ? ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE : kElementType<T>;
-  }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return Traits::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return static_cast<size_t>(Traits::kNumOutputs); }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kElementType<T>; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
-    return Traits::kOutputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
 };
 
@@ -306,15 +285,7 @@ OptimizerOp<SgdTraits, double> g_sgd_double;
 }  // namespace
 
 std::string AddOptimizerOps(OrtCustomOpDomain* domain) {
-  for (OrtCustomOp* op : std::initializer_list<OrtCustomOp*>{&g_adam_float, &g_adam_double, &g_sgd_float,
-                                                            &g_sgd_double}) {
-    if (OrtStatus* status = Api().CustomOpDomain_Add(domain, op)) {
-      std::string message = Api().GetErrorMessage(status);
-      Api().ReleaseStatus(status);
-      return message;
-    }
-  }
-  return "";
+  return AddOps(domain, {&g_adam_float, &g_adam_double, &g_sgd_float, &g_sgd_double});
 }
 
 }  // namespace ortlstm::ort

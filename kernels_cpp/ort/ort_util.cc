@@ -277,6 +277,13 @@ void OrtScratchAllocator::Free(void* p) const noexcept {
   if (OrtStatus* status = Api().AllocatorFree(allocator_, p)) Api().ReleaseStatus(status);
 }
 
+std::string AddOps(OrtCustomOpDomain* domain, std::initializer_list<OrtCustomOp*> ops) {
+  for (OrtCustomOp* op : ops) {
+    if (std::string error = Consume(Api().CustomOpDomain_Add(domain, op)); !error.empty()) return error;
+  }
+  return "";
+}
+
 std::string FormatShape(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,6 +109,9 @@ std::string ReadInputs(OrtKernelContext* context, std::array<TensorArg, N>* inpu
   }
   return "";
 }
+
+// Appends op definitions (static objects, which ORT keeps pointers to) to `domain`; "" or ORT's message.
+std::string AddOps(OrtCustomOpDomain* domain, std::initializer_list<OrtCustomOp*> ops);
 
 // "[2, 3, 4]"
 std::string FormatShape(const std::vector<int64_t>& shape);
