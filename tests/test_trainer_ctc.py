@@ -23,15 +23,15 @@ from ortlstm.training import Trainer
 FEATURES, CLASSES = 4, 6
 
 
-def model(seed: int = 0) -> onnx.ModelProto:
+def model(seed: int = 0, features: int = FEATURES) -> onnx.ModelProto:
     """x [N, T, F] -> logits [N, T, C] = x @ W + B."""
     rng = np.random.default_rng(seed)
-    weight = numpy_helper.from_array(rng.normal(0, 0.5, (FEATURES, CLASSES)).astype(np.float32), "W")
+    weight = numpy_helper.from_array(rng.normal(0, 0.5, (features, CLASSES)).astype(np.float32), "W")
     bias = numpy_helper.from_array(rng.normal(0, 0.1, CLASSES).astype(np.float32), "B")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["logits"])],
         "ctc_model",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", FEATURES])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", features])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "T", CLASSES])],
         [weight, bias],
     )
@@ -40,19 +40,19 @@ def model(seed: int = 0) -> onnx.ModelProto:
     return result
 
 
-def trainer(**loss_options: object) -> Trainer:
+def trainer(features: int = FEATURES, **loss_options: object) -> Trainer:
     spec = losses.Loss.ctc_loss(input="logits", batch_first=True, **loss_options)
-    return Trainer(model(), loss=spec, optimizer=optimizers.Adam(lr=0.05))
+    return Trainer(model(features=features), loss=spec, optimizer=optimizers.Adam(lr=0.05))
 
 
-def batch(size: int = 3, steps: int = 8, seed: int = 1) -> dict[str, np.ndarray]:
+def batch(size: int = 3, steps: int = 8, seed: int = 1, features: int = FEATURES) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 4, size)
     labels = np.zeros((size, 3), np.int64)
     for row, length in enumerate(lengths):
         labels[row, :length] = rng.integers(1, CLASSES, length)
     return {
-        "x": rng.normal(size=(size, steps, FEATURES)).astype(np.float32),
+        "x": rng.normal(size=(size, steps, features)).astype(np.float32),
         "target": labels,
         "target_lengths": lengths.astype(np.int64),
     }
@@ -212,3 +212,33 @@ def test_cli_refuses_bad_loss_options(tmp_path: Path, option: str, message: str)
     assert result.stderr.startswith("ortlstm train-step: error:"), describe(result)
     assert re.search(message, result.stderr), describe(result)
     assert not (tmp_path / "run").exists()
+
+
+def test_training_reads_the_batch_right_and_accumulation_is_a_step() -> None:
+    """End to end: CTC training until the greedy reading of the eval model's output has no error.
+
+    Also ``accumulate`` + ``apply`` on one batch is bitwise a ``step`` with the extra targets.
+    """
+    from ortlstm.metrics import character_error_rate, ctc_greedy_decode
+
+    data = batch(seed=3, features=8)  # 24 steps in 8 dims: a linear map can tell them apart
+    references = [list(row[:length]) for row, length in zip(data["target"], data["target_lengths"], strict=True)]
+    trained = trainer(features=8)
+    _, log_probs = trained.evaluate(
+        data["x"], target=data["target"], target_lengths=data["target_lengths"], outputs=["logits"]
+    )
+    before = character_error_rate(ctc_greedy_decode(log_probs, time_major=False), references)
+    for _ in range(150):
+        trained.step(data["x"], target=data["target"], target_lengths=data["target_lengths"])
+    _, log_probs = trained.evaluate(
+        data["x"], target=data["target"], target_lengths=data["target_lengths"], outputs=["logits"]
+    )
+    assert before > 0.5
+    assert character_error_rate(ctc_greedy_decode(log_probs, time_major=False), references) == 0.0
+
+    stepped, accumulated = trainer(features=8), trainer(features=8)
+    stepped.step(data["x"], target=data["target"], target_lengths=data["target_lengths"])
+    accumulated.accumulate(data["x"], target=data["target"], target_lengths=data["target_lengths"])
+    accumulated.apply()
+    for name, value in params(stepped).items():
+        np.testing.assert_array_equal(value, params(accumulated)[name], err_msg=name)

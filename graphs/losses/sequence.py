@@ -8,6 +8,8 @@ from the time axis when not given, and the reduction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import onnx
 
 try:
@@ -106,7 +108,7 @@ def _check_targets(
 
 
 def _check_lengths(
-    spec: Loss, prediction: ValueType | None, target: ValueType | None, extras: dict[str, ValueType | None]
+    spec: Loss, prediction: ValueType | None, target: ValueType | None, extras: Mapping[str, ValueType | None]
 ) -> None:
     """input_lengths and target_lengths: integers ``[N]``, N the prediction's batch size (or the padded target's)."""
     batch = _batch_size(spec, prediction)
@@ -178,7 +180,7 @@ def _input_lengths(emitter: GraphEmitter, log_probs: str, given: str | None, tar
     check_target=_check_targets,
     validate=_validate,
     extra_targets=_CTC_TARGETS,
-    check_extra_targets=_check_lengths,  # type: ignore[arg-type]
+    check_extra_targets=_check_lengths,
     declared_target=_declared_target,
 )
 def ctc_loss(
