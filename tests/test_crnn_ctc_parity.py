@@ -35,7 +35,7 @@ def test_trainer_defaults_match_torch_after_every_step(path: Path) -> None:
     recording = load(path)
     config = recording.config
     assert config["loss"] == {"kind": "ctc_loss", "blank": 0, "reduction": "mean", "zero_infinity": False}
-    trainer = Trainer(recording.model, loss=losses.Loss.ctc_loss(), optimizer=optimizer_of(config), threads=1)
+    trainer = Trainer(recording.model, loss=losses.Loss.ctc_loss(), optimizer=optimizer_of(config))
     assert sorted(trainer.signature.params) == sorted(config["trainable"]), trainer.summary()
     initial = {name: value.copy() for name, value in trainer.parameters.items()}
     derived = 0
