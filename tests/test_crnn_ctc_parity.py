@@ -2,9 +2,9 @@
 
 ``tests/recordings/crnn_ctc/<exporter>.npz`` (made by tests/recordings/record_crnn_ctc.py with
 torch 2.13) holds a text-line recognizer (Conv2d, ReLU, MaxPool2d, columns as steps, a
-bidirectional LSTM, Linear, log_softmax) exported by the dynamo and TorchScript exporters, and ten
-Adam steps of torch.nn.functional.ctc_loss on random label sequences of random lengths. The
-Trainer replays them as a user would, with its defaults: ``Trainer(model,
+bidirectional LSTM, Linear, log_softmax) exported by the dynamo (optimized or not) and TorchScript
+exporters, and ten Adam steps of torch.nn.functional.ctc_loss on random label sequences of random
+lengths. The Trainer replays them as a user would, with its defaults: ``Trainer(model,
 loss=Loss.ctc_loss(), optimizer=Adam(lr=0.01))``, the lengths by keyword (input_lengths left out
 where every sample has all T steps, so the loss derives them), and every parameter after every
 step must match torch's within the float32 tolerance of test_train_step_parity.py.
@@ -25,7 +25,7 @@ RECORDINGS = sorted((Path(__file__).parent / "recordings" / "crnn_ctc").glob("*.
 
 
 def test_recordings_exist() -> None:
-    assert [path.stem for path in RECORDINGS] == ["dynamo", "torchscript"], (
+    assert [path.stem for path in RECORDINGS] == ["dynamo", "dynamo_unoptimized", "torchscript"], (
         "run tests/recordings/record_crnn_ctc.py (needs torch) to record them"
     )
 

@@ -6,9 +6,10 @@ Run with the training environment, which has torch:
 
 The model reads a text-line image as OCR recognizers do: Conv2d, ReLU, MaxPool2d, the columns
 made a sequence, a bidirectional LSTM, a Linear over the classes (blank 0 among them) and
-log_softmax, i.e. log-probabilities (T, N, C) as ctc_loss takes them. For each exporter it exports
-the model, trains a copy with Adam for ``STEPS`` steps on random label sequences of random lengths
-(padded targets; input_lengths all T on even steps, random on odd ones) and writes
+log_softmax, i.e. log-probabilities (T, N, C) as ctc_loss takes them. For each exporter (dynamo,
+optimized or not, and TorchScript) it exports the model, trains a copy with Adam for ``STEPS``
+steps on random label sequences of random lengths (padded targets; input_lengths all T on even
+steps, random on odd ones) and writes
 ``crnn_ctc/<exporter>.npz`` in the format of record_training.py (model, config, batches, losses,
 every trained initializer after every step). tests/test_crnn_ctc_parity.py replays it without
 torch. Seeded; a file whose arrays did not change is left as it is.
@@ -42,7 +43,7 @@ HEIGHT, WIDTH, CHANNELS, HIDDEN_SIZE, CLASSES = 9, 14, 3, 5, 6
 BATCH, MAX_TARGET = 4, 3
 STEPS_T = WIDTH // 2
 OPTIMIZER = {"name": "Adam", "kwargs": {"lr": 0.01}}
-EXPORTERS = ("dynamo", "torchscript")
+EXPORTERS = ("dynamo", "dynamo_unoptimized", "torchscript")
 
 
 class Crnn(torch.nn.Module):
@@ -85,7 +86,8 @@ def export(net: Crnn, exporter: str, x: np.ndarray, path: pathlib.Path) -> onnx.
         str(path),
         input_names=["x"],
         output_names=["log_probs"],
-        dynamo=exporter == "dynamo",
+        dynamo=exporter != "torchscript",
+        **({"optimize": False} if exporter == "dynamo_unoptimized" else {}),
     )
     return onnx.load(str(path))
 
