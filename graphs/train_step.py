@@ -4,9 +4,10 @@
 ``onnxruntime.InferenceSession`` (the newest plain onnxruntime and onnxruntime-training 1.19.2's
 alike; no training build, no torch):
 
-- ``train_step``: inputs are the batch, the target, the parameters, the optimizer state, ``lr``
-  and ``step``; outputs are the loss, the requested extra outputs, the updated parameters and
-  state (and the total gradient norm when clipping).
+- ``train_step``: inputs are the batch, the target (and a loss's other targets: ctc_loss's
+  lengths), the parameters, the optimizer state, ``lr`` and ``step``; outputs are the loss, the
+  requested extra outputs, the updated parameters and state (and the total gradient norm when
+  clipping).
 - ``eval``: the same forward and loss with training-mode Dropout off, parameters as inputs.
 - ``gradients`` and ``apply``: the step split in two, for gradient accumulation over batches.
 
@@ -75,6 +76,11 @@ class TrainStepSignature:
         all_finite: A bool output of the train-step and apply models: the loss (train step) and
             every gradient are finite, so the update may be kept (``nonfinite_check``). None in
             models built without it (and in training directories written before it existed).
+        extra_targets: The loss's other target inputs (``Loss.extra_targets``; ctc_loss:
+            ``input_lengths``, ``target_lengths``): torch's name -> input name (the same name
+            unless the model has a value of that name). Empty for one-target losses (and in
+            training directories written before it existed). An optional one
+            (``input_lengths``) is fed an empty array to have the loss derive it.
     """
 
     batch_inputs: tuple[str, ...]
@@ -91,6 +97,7 @@ class TrainStepSignature:
     step: str
     grad_norm: str | None
     all_finite: str | None = None
+    extra_targets: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -136,6 +143,9 @@ def _model_outputs(model: onnx.ModelProto) -> list[str]:
 
 def _target_elem_type(loss: losses_module.Loss, prediction: object) -> int:
     """Class indices (int64) for cross-entropy and NLL, else the prediction's float type."""
+    declared = losses_module.LOSSES[loss.kind].declared_target
+    if declared is not None:
+        return declared(prediction, "")[0]  # type: ignore[arg-type]
     if loss.class_target:
         return onnx.TensorProto.INT64
     elem_type = getattr(prediction, "elem_type", 0)
@@ -144,6 +154,9 @@ def _target_elem_type(loss: losses_module.Loss, prediction: object) -> int:
 
 def _target_shape(loss: losses_module.Loss, prediction: object, name: str) -> list[str] | None:
     """Symbolic dims of the target: the prediction's rank, less the class axis for class indices."""
+    declared = losses_module.LOSSES[loss.kind].declared_target
+    if declared is not None:
+        return declared(prediction, name)[1]  # type: ignore[arg-type]
     rank = getattr(prediction, "rank", None)
     if rank is None:
         return None
@@ -257,7 +270,9 @@ def build_training_models(
             initializer names and the torch parameters they were folded from
             (``parameters.resolve_frozen``).
         output: The model output the loss reads (required when the model has several).
-        target: Name of the target input the loss compares the prediction with.
+        target: Name of the target input the loss compares the prediction with. A loss that
+            reads more targets (ctc_loss's lengths, ``Loss.extra_targets``) gets an input per
+            target named as torch names it (``signature.extra_targets``).
         extra_outputs: Model outputs to return from the train step too.
         param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
         clip_grad_norm: Clip the global gradient norm to this value (torch's clip_grad_norm_).
@@ -300,6 +315,8 @@ def build_training_models(
     graph = forward.graph
     emitter.record_constants(graph.initializer)
     losses_module.check_target(loss, types.get(prediction), None, prediction_name=prediction)
+    extra_names: dict[str, str] = {}
+    extra_target_infos: list[onnx.ValueInfoProto] = []
     if not loss.needs_target:
         loss_value = losses_module.add_loss(emitter, loss, prediction)
         target_info = None
@@ -315,7 +332,15 @@ def build_training_models(
         target_shape = _target_shape(loss, types.get(prediction), target_name)
         target_info = _value_info_of(target_name, target_elem, target_shape)
         emitter.set_type(target_name, target_elem, target_shape)
-        loss_value = losses_module.add_loss(emitter, loss, prediction, target_name)
+        for extra in loss.extra_targets:
+            # A model value of torch's name keeps it; the target input gets a fresh one.
+            name = extra.name if extra.name not in used_names(graph) else emitter.fresh(extra.name)
+            emitter.reserve([name])
+            extra_names[extra.name] = name
+            extra_shape = [f"{name}_dim0"]
+            extra_target_infos.append(_value_info_of(name, onnx.TensorProto.INT64, extra_shape))
+            emitter.set_type(name, onnx.TensorProto.INT64, extra_shape)
+        loss_value = losses_module.add_loss(emitter, loss, prediction, target_name, extra_names)
     # Where the backward starts: the loss value, or torch's gradient of the prediction for a loss
     # whose torch backward is not its forward's derivative (binary_cross_entropy).
     seed = losses_module.gradient_seed(emitter, loss, prediction, target_name, loss_value)
@@ -326,7 +351,8 @@ def build_training_models(
     forward_and_loss = _graph_with(graph, loss_nodes, loss_initializers)
     # The loss nodes' static types, so that their gradients' broadcasting resolves when the graph
     # is built (a scalar loss's chain rule took 14 run-time shape nodes per broadcast op without).
-    _add_inferred_types(emitter, forward_and_loss, target_info, forward.opset_import)
+    target_infos = [*([target_info] if target_info is not None else []), *extra_target_infos]
+    _add_inferred_types(emitter, forward_and_loss, target_infos, _opsets_for(forward.opset_import, loss_nodes))
     frozen_names = resolve_frozen(
         frozen,
         [*dict.fromkeys([*_default_requires_grad(prepared), *(requires_grad or ())])],
@@ -411,7 +437,7 @@ def build_training_models(
 
     kept_initializers = [init for init in graph.initializer if init.name not in params]
     forward_nodes = list(forward_and_loss.node)
-    data_inputs = [*batch_inputs, *([target_info] if target_info is not None else [])]
+    data_inputs = [*batch_inputs, *target_infos]
     param_inputs = [param_info(name) for name in params]
 
     def assemble(
@@ -481,6 +507,7 @@ def build_training_models(
         step=step,
         grad_norm=grad_norm,
         all_finite=finite.name if finite else None,
+        extra_targets=extra_names,
     )
     initial_params = {name: onnx.numpy_helper.to_array(initializers[name]) for name in params}
     initial_state = {
@@ -597,13 +624,12 @@ def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, st
 def _add_inferred_types(
     emitter: GraphEmitter,
     graph: onnx.GraphProto,
-    extra_input: onnx.ValueInfoProto | None,
+    extra_inputs: Sequence[onnx.ValueInfoProto],
     opsets: Sequence[onnx.OperatorSetIdProto],
 ) -> None:
     """Records onnx's inferred types of ``graph``'s values that ``emitter`` does not know yet."""
     probe = _graph_with(graph, [], [])
-    if extra_input is not None:
-        probe.input.append(extra_input)
+    probe.input.extend(extra_inputs)
     model = onnx.helper.make_model(probe, opset_imports=list(opsets))
     for name, value_type in infer_value_types(model).items():
         if emitter.value_type(name) is None:

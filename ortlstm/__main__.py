@@ -90,6 +90,45 @@ def _named_value(text: str) -> tuple[str, object]:
     return name, array
 
 
+def _loss_option(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``--loss-option``: a torch argument of the loss, converted by ``_loss_options``."""
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. blank=0 or reduction=sum), got {text!r}")
+    return name, value
+
+
+def _loss_options(kind: str, options: Sequence[tuple[str, str]]) -> dict[str, object]:
+    """Each ``--loss-option`` value as the type of the ``Loss`` field it sets (a list of floats for weights)."""
+    import dataclasses
+
+    from ortlstm.graphs import losses
+
+    defaults = {field.name: field.default for field in dataclasses.fields(losses.Loss)}
+    accepted = losses.LOSSES[kind].options
+    converted: dict[str, object] = {}
+    for name, text in options:
+        if name not in accepted:
+            raise ValueError(f"--loss-option {name}: {kind} takes {', '.join(accepted) or 'no option'}")
+        default = defaults[name]
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                converted[name] = text.lower() in ("true", "1")
+            elif isinstance(default, (int, float)):
+                converted[name] = type(default)(text)
+            elif default is None:
+                converted[name] = [float(item) for item in text.split(",")]
+            else:
+                converted[name] = text
+        except ValueError:
+            expected = "true or false" if isinstance(default, bool) else type(default).__name__
+            expected = "a comma-separated list of floats" if default is None else expected
+            raise ValueError(f"--loss-option {name}={text}: expected {expected}") from None
+    return converted
+
+
 def _named_dims(text: str) -> tuple[str, list[int | None]]:
     """``NAME=D0,D1,...`` of ``--fixed-shape``: an int fixes an axis, ``?`` keeps it."""
     name, _, dims = text.partition("=")
@@ -177,6 +216,15 @@ def _parser() -> argparse.ArgumentParser:
         type=_renamed_values(train_step.prog, "--loss", _OLD_TRAIN_LOSSES),
         required=True,
         help="a torch.nn.functional loss, or output: the model output is the loss",
+    )
+    train_step.add_argument(
+        "--loss-option",
+        action="append",
+        default=[],
+        type=_loss_option,
+        metavar="NAME=VALUE",
+        help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
+        "batch_first=true for a batch-major output of logits); repeat for several",
     )
     train_step.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
     train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
@@ -330,7 +378,7 @@ def _train_step(args: argparse.Namespace) -> int:
     optimizer = optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters)
     trainer = Trainer(
         args.model,
-        loss=losses.Loss(args.loss),
+        loss=losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
         optimizer=optimizer,
         requires_grad=args.requires_grad,
         frozen=args.frozen,
@@ -345,7 +393,12 @@ def _train_step(args: argparse.Namespace) -> int:
     )
     trainer.write(args.directory)
     signature = trainer.signature
-    feeds = [*signature.batch_inputs, *([signature.target] if signature.target else [])]
+    optional = {extra.name for extra in trainer.spec.loss.extra_targets if not extra.required}
+    feeds = [
+        *signature.batch_inputs,
+        *([signature.target] if signature.target else []),
+        *(f"{name} (optional)" if port in optional else name for port, name in signature.extra_targets.items()),
+    ]
     print(f"{args.directory}: train_step.onnx, eval.onnx, gradients.onnx, apply.onnx, model.onnx, training.json, ")
     print(
         f"  state.safetensors (step 0); batch feeds: {', '.join(feeds)}; {type(optimizer).__name__} lr {optimizer.lr:g}"

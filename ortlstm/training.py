@@ -679,7 +679,7 @@ class Trainer:
         inputs = {value.name: value_type_of(value) for value in self._models["eval"].graph.input}
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
-        self._checked_targets: set[tuple[ValueType | None, ValueType]] = set()
+        self._checked_targets: set[tuple[Any, ...]] = set()
         # lr and step of the next update: bound once to each update binding, written in place.
         self._lr_value = np.zeros((), dtype=np.float64)
         self._step_value = np.zeros((), dtype=np.int64)
@@ -884,6 +884,11 @@ class Trainer:
         self, batch: Sequence[Any], named: Mapping[str, Any], target: Any, where: str, carry: bool = True
     ) -> dict[str, np.ndarray]:
         names = self._user_inputs
+        # The loss's other targets (ctc_loss's lengths) come as keywords named as their inputs.
+        extra_given = {
+            port: named[name] for port, name in self.signature.extra_targets.items() if name in named
+        }
+        named = {name: value for name, value in named.items() if name not in self.signature.extra_targets.values()}
         if len(batch) > len(names):
             raise ValueError(f"{where}: {len(batch)} positional inputs, but the model has {len(names)}: {list(names)}")
         feeds: dict[str, np.ndarray] = {}
@@ -944,17 +949,49 @@ class Trainer:
             onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
         )
         target_type = ValueType(target_elem, tuple(target_array.shape))
-        if (prediction, target_type) not in self._checked_targets:  # a loop feeds the same shapes
+        extra_feeds = self._extra_target_feeds(extra_given, where)
+        extra_types = {
+            port: ValueType(onnx.TensorProto.INT64, tuple(value.shape))
+            for port, value in extra_feeds.items()
+            if value.size or port in extra_given
+        }
+        key = (prediction, target_type, tuple(sorted(extra_types.items())))
+        if key not in self._checked_targets:  # a loop feeds the same shapes
             losses.check_target(
                 spec.loss,
                 prediction,
                 target_type,
                 prediction_name=spec.prediction,
                 target_name=spec.target or "target",
+                extra_types=extra_types,
             )
-            self._checked_targets.add((prediction, target_type))
+            self._checked_targets.add(key)
         losses.check_target_values(spec.loss, prediction, target_array, target_name=spec.target or "target")
         feeds[spec.target] = target_array  # type: ignore[index]
+        feeds.update({self.signature.extra_targets[port]: value for port, value in extra_feeds.items()})
+        return feeds
+
+    def _extra_target_feeds(self, given: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+        """The loss's other targets (ctc_loss's lengths) by torch name: int64, or empty for a derived one.
+
+        Raises:
+            ValueError: A required one is missing, or one is not an integer array.
+        """
+        feeds: dict[str, np.ndarray] = {}
+        loss = self.spec.loss
+        for extra in loss.extra_targets:
+            keyword = self.signature.extra_targets[extra.name]
+            if extra.name not in given:
+                if extra.required:
+                    raise ValueError(f"{where}: the loss {loss.kind} needs {keyword}=... ({extra.doc})")
+                feeds[extra.name] = np.zeros(0, np.int64)  # the loss derives it
+                continue
+            value = np.asarray(given[extra.name])
+            if value.dtype.kind not in "iu":
+                raise ValueError(
+                    f"{where}: {keyword} must be integers ({extra.doc}), got {value.dtype} {list(value.shape)}"
+                )
+            feeds[extra.name] = value.astype(np.int64, copy=False)
         return feeds
 
     def _value_type(self, name: str) -> ValueType | None:
@@ -1041,7 +1078,9 @@ class Trainer:
             *batch: The model's inputs, in order (or by name as keywords).
             target: The labels (omitted for ``Loss.output()``).
             lr: The learning rate of this update (default: the trainer's constant or schedule).
-            **named: Model inputs by name.
+            **named: Model inputs by name, and the loss's other targets by their input names
+                (``signature.extra_targets``; ctc_loss: ``target_lengths=...`` and, optionally,
+                ``input_lengths=...``, else every sample has all of the prediction's steps).
 
         Returns:
             The loss (a float when it is one number), or ``(loss, *extra_outputs)`` when the
@@ -1191,7 +1230,7 @@ class Trainer:
             *batch: The model's inputs, in order (or by name as keywords).
             target: The labels (omitted for ``Loss.output()``).
             outputs: Model outputs to return after the loss (default: the trainer's extra outputs).
-            **named: Model inputs by name.
+            **named: Model inputs by name, and the loss's other targets (see ``step``).
 
         Returns:
             The loss, or ``(loss, *outputs)``.

@@ -160,8 +160,9 @@ def test_defaults_are_torchs() -> None:
 
 @pytest.mark.parametrize("kind", losses.KINDS)
 def test_each_loss_has_a_constructor_and_a_function_from_the_table(kind: str) -> None:
-    """``Loss.<kind>`` takes the loss function's torch arguments (after emitter, input, target), its defaults."""
-    function_arguments = list(inspect.signature(losses.LOSSES[kind].body).parameters.values())[3:]
+    """``Loss.<kind>`` takes the loss function's torch arguments (after emitter, input, targets), its defaults."""
+    targets = 3 + len(losses.LOSSES[kind].extra_targets)
+    function_arguments = list(inspect.signature(losses.LOSSES[kind].body).parameters.values())[targets:]
     constructor = getattr(losses.Loss, kind)
     assert list(inspect.signature(constructor).parameters.values()) == function_arguments
     assert list(losses.LOSSES[kind].options) == [argument.name for argument in function_arguments]

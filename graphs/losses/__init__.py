@@ -2,12 +2,14 @@
 
 One function per loss, beside its torch formula, in a module per family (``FAMILIES``:
 class-index losses in ``classification``, element-wise ones in ``regression``, ``divergence``
-and ``binary``, a model output as the loss in ``output``), each registered in one table
+and ``binary``, ctc_loss in ``sequence``, a model output as the loss in ``output``), each registered in one table
 (``LOSSES``, see ``base``; ``KINDS`` lists its names) that the train-step builder, the Trainer
 and the command line read.
 
 ``Loss`` describes one (``Loss.cross_entropy(label_smoothing=0.1)``, ``Loss.output()``, ...);
-``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name;
+``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name (a
+loss that reads more than one target, ctc_loss, also takes ``{name: value}`` of its
+``Loss.extra_targets``);
 ``check_target`` refuses a target of the wrong element type or shape before anything is built,
 ``check_target_values`` target values torch refuses; ``gradient_seed`` says where the backward
 starts. Each loss function also works on its own: ``cross_entropy(emitter, input, target, ...)``
@@ -25,6 +27,7 @@ try:
         INDEX_TYPES,
         KL_DIV_REDUCTIONS,
         LOSSES,
+        ExtraTarget,
         REDUCTIONS,
         Loss,
         LossDef,
@@ -39,6 +42,7 @@ except ModuleNotFoundError:
         INDEX_TYPES,
         KL_DIV_REDUCTIONS,
         LOSSES,
+        ExtraTarget,
         REDUCTIONS,
         Loss,
         LossDef,
@@ -49,7 +53,7 @@ except ModuleNotFoundError:
         register_loss,
     )
 
-FAMILIES = ("classification", "regression", "divergence", "binary", "output")
+FAMILIES = ("classification", "regression", "divergence", "binary", "sequence", "output")
 """The modules that register the losses, imported in this order: the table's (the CLI lists it)."""
 for _family in FAMILIES:
     importlib.import_module(f"{__name__}.{_family}")
@@ -77,6 +81,7 @@ __all__ = [
     "KL_DIV_REDUCTIONS",
     "LOSSES",
     "REDUCTIONS",
+    "ExtraTarget",
     "Loss",
     "LossDef",
     "add_loss",

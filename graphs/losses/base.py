@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,29 @@ ValuesCheck = Callable[["Loss", "ValueType | None", np.ndarray, str], None]
 """``check(spec, prediction_type, target_values, target_name)``; raises ValueError."""
 GradientFunction = Callable[[GraphEmitter, "Loss", str, str], str]
 """``gradient(emitter, spec, prediction, target) -> torch's gradient of the prediction``."""
+ExtraTargetsCheck = Callable[
+    ["Loss", "ValueType | None", "ValueType | None", "Mapping[str, ValueType | None]"], None
+]
+"""``check(spec, prediction_type, target_type, {extra target: its type or None})``; raises ValueError."""
+DeclaredTarget = Callable[["ValueType | None", str], "tuple[int, list[str] | None]"]
+"""``declare(prediction_type, target_name) -> (elem_type, symbolic shape or None)`` of the target input."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtraTarget:
+    """A target input a loss reads besides ``target`` (ctc_loss's ``input_lengths``, ``target_lengths``).
+
+    Attributes:
+        name: torch's argument name; also the train step's input name (unless the model has a
+            value of that name) and the Trainer's keyword.
+        doc: What it holds, for messages.
+        required: False when the loss derives it when not given (an empty ``[0]`` feed in a
+            train step).
+    """
+
+    name: str
+    doc: str
+    required: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +85,11 @@ class LossDef:
         validate: Refuses argument values torch refuses, beyond ``reductions``, or None.
         gradient: torch's gradient of the prediction where its backward is not the derivative of
             the loss graph (binary_cross_entropy), or None: the loss value is differentiated.
+        extra_targets: Target inputs read besides ``target``, in the function's argument order
+            (after ``target``); () for most losses.
+        check_extra_targets: Refuses types/shapes of the extra targets, or None.
+        declared_target: The target input's declared type, when it is not what ``class_target``
+            says (class indices or the prediction's type), or None.
     """
 
     name: str
@@ -75,6 +103,9 @@ class LossDef:
     check_values: ValuesCheck | None
     validate: Callable[[Loss], None] | None
     gradient: GradientFunction | None
+    extra_targets: tuple[ExtraTarget, ...] = ()
+    check_extra_targets: ExtraTargetsCheck | None = None
+    declared_target: DeclaredTarget | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -154,6 +185,12 @@ class Loss(metaclass=_LossConstructors):
         beta: Where smooth_l1_loss turns from quadratic to linear (>= 0; 0 is l1_loss).
         delta: Where huber_loss turns from quadratic to linear (> 0).
         log_target: kl_div's target holds log-probabilities instead of probabilities.
+        blank: ctc_loss's blank label.
+        zero_infinity: ctc_loss: an infinite loss (no alignment fits) and its gradient become 0.
+        input: What the prediction holds (ctc_loss): ``"log_probs"`` as torch takes them,
+            ``"probs"`` (a Log is inserted) or ``"logits"`` (a LogSoftmax over the classes).
+        batch_first: ctc_loss: the prediction is batch-major ``(N, T, C)`` (a Transpose is
+            inserted), not torch's time-major ``(T, N, C)``.
     """
 
     kind: str
@@ -165,6 +202,10 @@ class Loss(metaclass=_LossConstructors):
     beta: float = 1.0
     delta: float = 1.0
     log_target: bool = False
+    blank: int = 0
+    zero_infinity: bool = False
+    input: str = "log_probs"
+    batch_first: bool = False
 
     def __post_init__(self) -> None:
         entry = LOSSES.get(self.kind)
@@ -203,6 +244,11 @@ class Loss(metaclass=_LossConstructors):
     def options(self) -> dict[str, Any]:
         """The loss function's keyword arguments: this spec's values of its torch arguments."""
         return {name: getattr(self, name) for name in LOSSES[self.kind].options}
+
+    @property
+    def extra_targets(self) -> tuple[ExtraTarget, ...]:
+        """Target inputs besides ``target`` (ctc_loss: input_lengths, target_lengths); () for most."""
+        return LOSSES[self.kind].extra_targets
 
 
 _FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Loss) if field.name != "kind"}
@@ -274,13 +320,17 @@ def register_loss(
     check_values: ValuesCheck | None = None,
     validate: Callable[[Loss], None] | None = None,
     gradient: GradientFunction | None = None,
+    extra_targets: tuple[ExtraTarget, ...] = (),
+    check_extra_targets: ExtraTargetsCheck | None = None,
+    declared_target: DeclaredTarget | None = None,
 ) -> Callable[[LossFunction], LossFunction]:
     """Adds the decorated loss function to ``LOSSES`` (see ``LossDef`` for the arguments).
 
-    The function's arguments after ``(emitter, input, target)`` are its torch keyword arguments:
-    each must be a ``Loss`` field, with the field's default (torch's). The decorator returns the
-    public function: it validates its arguments as ``Loss`` does, checks the target's type and
-    shape, then emits (``add_loss``).
+    The function's arguments after ``(emitter, input, target)`` and its ``extra_targets`` (value
+    names, None for an absent optional one) are its torch keyword arguments: each must be a
+    ``Loss`` field, with the field's default (torch's). The decorator returns the public
+    function: it validates its arguments as ``Loss`` does, checks the target's type and shape,
+    then emits (``add_loss``).
 
     Raises:
         TypeError: An argument that is no ``Loss`` field, or a default that is not the field's.
@@ -291,7 +341,11 @@ def register_loss(
         kind = name or function.__name__
         if kind in LOSSES:
             raise ValueError(f"loss {kind!r} is registered twice")
-        parameters = list(inspect.signature(function).parameters.values())[3:]
+        every = list(inspect.signature(function).parameters.values())
+        extra_names = tuple(extra.name for extra in extra_targets)
+        if tuple(parameter.name for parameter in every[3 : 3 + len(extra_names)]) != extra_names:
+            raise TypeError(f"{kind}: the arguments after (emitter, input, target) must be {list(extra_names)}")
+        parameters = every[3 + len(extra_names) :]
         for parameter in parameters:
             if parameter.name not in _FIELD_DEFAULTS:
                 raise TypeError(f"{kind}: argument {parameter.name!r} is no Loss field; add the field first")
@@ -300,8 +354,13 @@ def register_loss(
                 raise TypeError(f"{kind}: {parameter.name} defaults to {parameter.default!r}, Loss to {default!r}")
 
         @functools.wraps(function)
-        def checked(emitter: GraphEmitter, input: str, target: str, *args: object, **kwargs: object) -> str:
-            return add_loss(emitter, _construct(LOSSES[kind], *args, **kwargs), input, target)
+        def checked(emitter: GraphEmitter, input: str, target: str, /, *args: object, **kwargs: object) -> str:
+            given = dict(zip(extra_names, args, strict=False))
+            for extra in extra_names:
+                if extra in kwargs:
+                    given[extra] = kwargs.pop(extra)  # type: ignore[assignment]
+            spec = _construct(LOSSES[kind], *args[len(extra_names) :], **kwargs)
+            return add_loss(emitter, spec, input, target, given)  # type: ignore[arg-type]
 
         LOSSES[kind] = LossDef(
             kind,
@@ -315,6 +374,9 @@ def register_loss(
             check_values,
             validate,
             gradient,
+            extra_targets,
+            check_extra_targets,
+            declared_target,
         )
         return checked
 
@@ -331,8 +393,12 @@ def check_target(
     *,
     prediction_name: str = "prediction",
     target_name: str = "target",
+    extra_types: Mapping[str, ValueType | None] | None = None,
 ) -> None:
     """Refuses a prediction/target pair the loss cannot take; unknown types and dims pass.
+
+    ``extra_types`` gives the types of the loss's extra targets (``Loss.extra_targets``, by name;
+    None or absent: unknown), checked by the loss when given.
 
     The prediction is a float tensor; the target is what the loss's ``check_target`` takes:
     class indices (int64 or int32, the prediction without its class axis) for cross_entropy and
@@ -347,7 +413,10 @@ def check_target(
             f"loss {spec.kind}: the prediction {prediction_name!r} must be a float tensor, "
             f"got {type_name(prediction_type.elem_type)}"
         )
-    LOSSES[spec.kind].check_target(spec, prediction_type, target_type, prediction_name, target_name)
+    entry = LOSSES[spec.kind]
+    entry.check_target(spec, prediction_type, target_type, prediction_name, target_name)
+    if extra_types is not None and entry.check_extra_targets is not None:
+        entry.check_extra_targets(spec, prediction_type, target_type, extra_types)
 
 
 def check_target_values(
@@ -367,7 +436,13 @@ def check_target_values(
         check(spec, prediction_type, target, target_name)
 
 
-def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | None = None) -> str:
+def add_loss(
+    emitter: GraphEmitter,
+    spec: Loss,
+    prediction: str,
+    target: str | None = None,
+    extra_targets: Mapping[str, str | None] | None = None,
+) -> str:
     """Emits the loss ``spec`` describes; returns its value's name (0-D for mean and sum).
 
     Args:
@@ -375,23 +450,41 @@ def add_loss(emitter: GraphEmitter, spec: Loss, prediction: str, target: str | N
         spec: The loss.
         prediction: The model output the loss reads (logits, log-probabilities, values).
         target: The labels' value (a graph input); None for ``Loss.output()``.
+        extra_targets: The values of the loss's other targets (``spec.extra_targets``) by name
+            (ctc_loss: ``target_lengths``, and ``input_lengths`` or None to derive it).
 
     Raises:
-        ValueError: The target is missing, or its type or shape does not fit (``check_target``).
+        ValueError: The target or a required extra target is missing, an unknown extra target
+            is given, or a type or shape does not fit (``check_target``).
     """
     entry = LOSSES[spec.kind]
     if entry.needs_target and target is None:
         raise ValueError(f"loss {spec.kind} needs a target, none was given")
     if not entry.needs_target and target is not None:
         raise ValueError(f"loss {spec.kind!r} reads no target, but target {target!r} was given")
+    given = dict(extra_targets or {})
+    names = [extra.name for extra in entry.extra_targets]
+    unknown = [name for name in given if name not in names]
+    if unknown:
+        takes = f"takes only {names}" if names else "takes no other target"
+        raise ValueError(f"loss {spec.kind} {takes} besides the target; got {unknown}")
+    missing = [extra.name for extra in entry.extra_targets if extra.required and not given.get(extra.name)]
+    if missing:
+        raise ValueError(f"loss {spec.kind} needs {missing} besides the target ({_extra_docs(entry, missing)})")
     check_target(
         spec,
         emitter.value_type(prediction),
         emitter.value_type(target) if target is not None else None,
         prediction_name=prediction,
         target_name=target or "",
+        extra_types={name: emitter.value_type(value) for name, value in given.items() if value},
     )
-    return entry.body(emitter, prediction, target, **spec.options)
+    extras = [given.get(name) or None for name in names]
+    return entry.body(emitter, prediction, target, *extras, **spec.options)
+
+
+def _extra_docs(entry: LossDef, names: Sequence[str]) -> str:
+    return "; ".join(f"{extra.name}: {extra.doc}" for extra in entry.extra_targets if extra.name in names)
 
 
 def gradient_seed(

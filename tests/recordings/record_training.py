@@ -289,22 +289,25 @@ def unchanged(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> bool:
     return True
 
 
-def main() -> None:
-    """Writes every case's recording; a file whose arrays did not change is left as it is.
+def write_unless_unchanged(path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    """Writes ``arrays`` to ``path``, unless it holds them already (see ``unchanged``).
 
     (A zip holds its members' write times, so rewriting equal arrays would change its bytes.)
     """
+    if unchanged(path, arrays):
+        print(f"unchanged {path.stem}")
+        return
+    np.savez_compressed(path, **arrays)
+    print(f"recorded {path.stem}")
+
+
+def main() -> None:
+    """Writes every case's recording; a file whose arrays did not change is left as it is."""
     OUTPUT_DIR.mkdir(exist_ok=True)
     names = [case_name(case) for case in CASES]
     assert len(set(names)) == len(names), f"two cases have the same name: {names}"
     for case, name in zip(CASES, names, strict=True):
-        path = OUTPUT_DIR / f"{name}.npz"
-        arrays = record(case)
-        if unchanged(path, arrays):
-            print(f"unchanged {name}")
-            continue
-        np.savez_compressed(path, **arrays)
-        print(f"recorded {name}")
+        write_unless_unchanged(OUTPUT_DIR / f"{name}.npz", record(case))
 
 
 if __name__ == "__main__":
