@@ -1,4 +1,7 @@
-"""Command line (also ``python -m ortlstm``): ``demo``, ``convert``, ``train-step``, ``fit``, ``export``, ``artifacts``."""
+"""Command line (also ``python -m ortlstm``).
+
+Commands: ``demo``, ``demo-chars``, ``convert``, ``train-step``, ``fit``, ``export``, ``artifacts``.
+"""
 
 from __future__ import annotations
 
@@ -235,12 +238,18 @@ def _add_fit(commands: Any) -> None:
     fit.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     fit.add_argument("--plot", type=Path, default=None, help="PNG of the curves (needs matplotlib)")
     fit.add_argument(
-        "--batch-axis", action="append", default=[], type=_named_axis, metavar="NAME=AXIS",
+        "--batch-axis",
+        action="append",
+        default=[],
+        type=_named_axis,
+        metavar="NAME=AXIS",
         help="the axis of array NAME that stacks the samples (default: see above)",
     )
     fit.add_argument("--schedule", choices=SCHEDULES, default="constant", help="learning-rate schedule (torch's)")
     fit.add_argument(
-        "--schedule-unit", choices=SCHEDULE_UNITS, default="update",
+        "--schedule-unit",
+        choices=SCHEDULE_UNITS,
+        default="update",
         help="step the schedule after every update (default) or every epoch",
     )
     fit.add_argument("--step-size", type=int, default=None, help="step: StepLR's step_size (schedule units)")

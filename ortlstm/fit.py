@@ -481,7 +481,7 @@ def save_checkpoint(trainer: Trainer, path: str | Path, config: Mapping[str, Any
 
 
 def read_fit_state(path: str | Path) -> tuple[dict[str, Any], FitState]:
-    """fit's configuration and state from a checkpoint ``save_checkpoint`` wrote.
+    """The fit configuration and state of a checkpoint that ``save_checkpoint`` wrote.
 
     Raises:
         FileNotFoundError: No such file.
