@@ -254,6 +254,25 @@ def test_the_batch_axis_follows_the_declared_layout_and_can_be_set_per_array() -
         fitting.data_specs(trainer, model, {"labels": 0})
 
 
+def test_npz_and_safetensors_files_read_alike_and_other_files_are_refused(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    data = rule_data(10, 0)
+    np.savez(tmp_path / "data.npz", **data)
+    save_file(data, str(tmp_path / "data.safetensors"))
+    for name in ("data.npz", "data.safetensors"):
+        read = fitting.read_arrays(tmp_path / name)
+        assert sorted(read) == ["pixels", "target"]
+        for key, value in data.items():
+            assert np.array_equal(read[key], value)
+            assert read[key].dtype == value.dtype
+    (tmp_path / "data.csv").write_text("1,2\n")
+    with pytest.raises(ValueError, match=r"expected a .npz \(np.savez\(path, name=array, ...\)\) or .safetensors"):
+        fitting.read_arrays(tmp_path / "data.csv")
+    with pytest.raises(FileNotFoundError, match="no data file"):
+        fitting.read_arrays(tmp_path / "missing.npz")
+
+
 # ---- the loop -------------------------------------------------------------------------------------
 
 
@@ -382,6 +401,25 @@ def test_k_epochs_then_resumed_to_n_equals_n_epochs_straight(tmp_path: Path) -> 
         run(tmp_path, epochs=4, checkpoint=checkpoint)
     with pytest.raises(ValueError, match=r"other settings \(schedule: saved"):
         run(tmp_path, epochs=6, checkpoint=checkpoint, resume=True, schedule=fitting.Schedule("cosine", 0.02))
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = tmp_path / "run.safetensors"
+    first = run(tmp_path, epochs=1, checkpoint=checkpoint)
+    before = checkpoint.read_bytes()
+    import safetensors.numpy
+
+    def fail(tensors: dict[str, np.ndarray], filename: str, metadata: dict[str, str]) -> None:
+        Path(filename).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", fail)
+    with pytest.raises(OSError, match="disk full"):
+        fitting.save_checkpoint(first.trainer, checkpoint, {}, fitting.FitState(2, 0, {}))
+    assert checkpoint.read_bytes() == before
+    assert [path.name for path in tmp_path.iterdir()] == ["run.safetensors"]
 
 
 # ---- the command line, end to end -----------------------------------------------------------------
