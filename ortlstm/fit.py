@@ -207,8 +207,8 @@ def _is_batch_dim(dim: int | str | None) -> bool:
 def declared_batch_axis(shape: Sequence[int | str | None] | None, batch_dim: str | None) -> int:
     """The batch axis an array's declared shape says: where ``batch_dim`` (a dim name) is, else 0.
 
-    ``batch_dim`` is the model's batch dim name: the first declared dim of the first model input
-    named ``batch``, ``N`` or containing ``batch`` (any case). Arrays whose shape does not name it
+    ``batch_dim`` is the model's batch dim name: in the first model input that has one, the first
+    declared dim named ``batch`` or ``N`` or containing ``batch`` (any case). Arrays whose shape does not name it
     (targets, lengths, a model without names) take axis 0, torch's convention for a batch.
     """
     if shape is None or batch_dim is None:
@@ -643,6 +643,11 @@ def fit(
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
+    if trainer.nonfinite != "raise":
+        raise ValueError(
+            f"fit counts updates by trainer.global_step: the trainer must refuse non-finite updates "
+            f"(nonfinite='raise'), not {trainer.nonfinite!r}"
+        )
     specs = data_specs(trainer, model, batch_axes)
     samples = check_data(data, specs, data_name)
     if val is not None:

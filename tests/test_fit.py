@@ -491,6 +491,24 @@ def test_cli_refuses_bad_data_naming_the_array(tmp_path: Path) -> None:
     assert not (tmp_path / "trained.onnx").exists()
 
 
+def test_cli_reaches_the_trainers_options(tmp_path: Path) -> None:
+    write_example(tmp_path)
+    command = (
+        "model.onnx --data train.npz --loss cross_entropy --loss-option label_smoothing=0.1 --optimizer sgd "
+        "--lr 0.1 --weight-decay 0.01 --clip-grad-norm 1.0 --frozen head.* --fixed-shape pixels=?,8,8 "
+        "--schedule step --step-size 1 --schedule-unit epoch --epochs 2 --batch-size 64 --threads 1 --out trained.onnx"
+    )
+    done = cli("fit", *command.split(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(", ")[1] for line in done.stdout.splitlines()[:2]] == ["lr 0.1", "lr 0.01"]
+    before, after = (
+        {init.name: numpy_helper.to_array(init) for init in onnx.load(str(tmp_path / name)).graph.initializer}
+        for name in ("model.onnx", "trained.onnx")
+    )
+    assert np.array_equal(before["head.weight"], after["head.weight"])
+    assert not np.array_equal(before["lstm.W"], after["lstm.W"])
+
+
 def test_sigint_saves_a_checkpoint_and_the_resumed_run_exports_the_uninterrupted_model(tmp_path: Path) -> None:
     write_example(tmp_path)
     common = [
