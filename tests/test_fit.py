@@ -8,6 +8,7 @@ exit status, files and output for the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -507,6 +508,34 @@ def test_cli_reaches_the_trainers_options(tmp_path: Path) -> None:
     )
     assert np.array_equal(before["head.weight"], after["head.weight"])
     assert not np.array_equal(before["lstm.W"], after["lstm.W"])
+
+
+def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
+    pytest.importorskip("tqdm")
+    pty = pytest.importorskip("pty")
+    write_example(tmp_path)
+    controller, terminal = pty.openpty()
+    command = "model.onnx --data train.npz --loss cross_entropy --optimizer adamw --epochs 2 --batch-size 32"
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ortlstm", "fit", *command.split()],
+        cwd=tmp_path,
+        env=environment,
+        stdout=terminal,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    os.close(terminal)
+    shown = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(controller, 65536):
+            shown += chunk
+    os.close(controller)
+    assert done.returncode == 0, done.stderr
+    assert "epoch 2/2" in done.stderr  # the bar's description, on stderr
+    assert "15/15" in done.stderr  # 480 samples in batches of 32
+    assert shown.decode().count("epoch ") == 2  # the epoch lines still go to stdout
 
 
 def test_sigint_saves_a_checkpoint_and_the_resumed_run_exports_the_uninterrupted_model(tmp_path: Path) -> None:
