@@ -226,7 +226,9 @@ def _add_fit(commands: Any) -> None:
         "(the same dim name places it in the target); --batch-axis NAME=AXIS sets it.",
     )
     fit.add_argument("model", type=Path)
-    fit.add_argument("--data", type=Path, required=True, help="the training arrays (.npz or .safetensors)")
+    fit.add_argument(
+        "--data", type=Path, required=True, help="the training arrays (.npz, .safetensors, or a folder of NAME.npy)"
+    )
     fit.add_argument("--val", type=Path, default=None, help="validation arrays, same names")
     _add_training_options(fit)
     fit.add_argument("--epochs", type=int, required=True)

@@ -142,11 +142,19 @@ class Schedule:
 def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     """The named arrays of a .npz (``np.savez``) or .safetensors (``safetensors.numpy.save_file``) file.
 
+    A directory of ``NAME.npy`` files (``np.save``) is read memory-mapped: each batch reads its
+    rows from disk, so the data may be larger than memory.
+
     Raises:
         FileNotFoundError: No such file.
         ValueError: Another file type, or a file that does not read as one.
     """
     path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.npy"))
+        if not files:
+            raise ValueError(f"{path}: a directory without NAME.npy files (np.save(f'{path}/pixels.npy', array))")
+        return {file.stem: np.load(file, mmap_mode="r", allow_pickle=False) for file in files}
     if not path.is_file():
         raise FileNotFoundError(f"no data file {str(path)!r}")
     suffix = path.suffix.lower()

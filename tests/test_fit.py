@@ -255,18 +255,30 @@ def test_the_batch_axis_follows_the_declared_layout_and_can_be_set_per_array() -
         fitting.data_specs(trainer, model, {"labels": 0})
 
 
-def test_npz_and_safetensors_files_read_alike_and_other_files_are_refused(tmp_path: Path) -> None:
+def test_npz_safetensors_and_a_folder_of_npy_read_alike_and_other_files_are_refused(tmp_path: Path) -> None:
     from safetensors.numpy import save_file
 
     data = rule_data(10, 0)
     np.savez(tmp_path / "data.npz", **data)
     save_file(data, str(tmp_path / "data.safetensors"))
-    for name in ("data.npz", "data.safetensors"):
+    (tmp_path / "folder").mkdir()
+    for key, value in data.items():
+        np.save(tmp_path / "folder" / f"{key}.npy", value)
+    assert isinstance(fitting.read_arrays(tmp_path / "folder")["pixels"], np.memmap)
+    for name in ("data.npz", "data.safetensors", "folder"):
         read = fitting.read_arrays(tmp_path / name)
         assert sorted(read) == ["pixels", "target"]
         for key, value in data.items():
             assert np.array_equal(read[key], value)
             assert read[key].dtype == value.dtype
+    trained = []
+    for name in ("data.npz", "folder"):  # memory-mapped rows train as loaded ones
+        trainer, model = classifier_trainer()
+        arrays = fitting.read_arrays(tmp_path / name)
+        fitting.fit(trainer, arrays, model=model, epochs=1, batch_size=4, log=lambda line: None)
+        trained.append(params(trainer))
+    for key, value in trained[0].items():
+        assert np.array_equal(trained[1][key], value), key
     (tmp_path / "data.csv").write_text("1,2\n")
     with pytest.raises(ValueError, match=r"expected a .npz \(np.savez\(path, name=array, ...\)\) or .safetensors"):
         fitting.read_arrays(tmp_path / "data.csv")
