@@ -1,4 +1,7 @@
-"""Command line (also ``python -m ortlstm``): ``demo``, ``convert``, ``train-step``, ``export``, ``artifacts``."""
+"""Command line (also ``python -m ortlstm``).
+
+Commands: ``demo``, ``demo-chars``, ``convert``, ``train-step``, ``fit``, ``export``, ``artifacts``.
+"""
 
 from __future__ import annotations
 
@@ -140,9 +143,126 @@ def _named_dims(text: str) -> tuple[str, list[int | None]]:
         ) from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The Trainer's options, shared by ``train-step`` and ``fit``: loss, optimizer, what is trained, fixed inputs."""
     from ortlstm.graphs import losses
 
+    parser.add_argument(
+        "--loss",
+        choices=losses.KINDS,
+        type=_renamed_values(parser.prog, "--loss", _OLD_TRAIN_LOSSES),
+        required=True,
+        help="a torch.nn.functional loss, or output: the model output is the loss",
+    )
+    parser.add_argument(
+        "--loss-option",
+        action="append",
+        default=[],
+        type=_loss_option,
+        metavar="NAME=VALUE",
+        help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
+        "batch_first=true for a batch-major output of logits); repeat for several",
+    )
+    parser.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
+    parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
+    parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
+    parser.add_argument(
+        "--requires-grad",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="default: what torch trains (a torch export's parameters; without metadata, float tensors of rank >= 1)",
+    )
+    parser.add_argument(
+        "--frozen",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
+    )
+    parser.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
+    parser.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
+    parser.add_argument(
+        "--fixed-input",
+        action="append",
+        default=[],
+        type=_named_value,
+        metavar="NAME=VALUE",
+        help="fix an input for training (e.g. sr=16000; a list as 1,2,3): the If nodes it decides keep one branch",
+    )
+    parser.add_argument(
+        "--fixed-shape",
+        action="append",
+        default=[],
+        type=_named_dims,
+        metavar="NAME=DIMS",
+        help="fix an input's shape for training, one entry per axis, '?' keeps an axis (e.g. input=?,576)",
+    )
+
+
+def _named_axis(text: str) -> tuple[str, int]:
+    """``NAME=AXIS`` of ``--batch-axis``."""
+    name, _, axis = text.partition("=")
+    try:
+        return name, int(axis)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=AXIS, e.g. target=1; got {text!r}") from None
+
+
+def _add_fit(commands: Any) -> None:
+    from ortlstm.fit import SCHEDULE_UNITS, SCHEDULES
+
+    fit = commands.add_parser(
+        "fit",
+        help="train a model from data files: shuffled epochs, validation, checkpoints, resume, export, plot",
+        description="Trains MODEL with the ortlstm Trainer on named arrays (a .npz or .safetensors file: the "
+        "model's inputs by name, the loss's target as 'target', ctc_loss's target_lengths and optionally "
+        "input_lengths), checked before training starts. Each epoch visits every sample once in a seeded "
+        "shuffled order (the last batch keeps what is left), validates on --val, prints one line and writes "
+        "--checkpoint atomically; --resume continues bitwise where a run stopped (Ctrl-C saves the last update). "
+        "The batch axis of an array is 0 unless the model declares its input with a dim named batch/N elsewhere "
+        "(the same dim name places it in the target); --batch-axis NAME=AXIS sets it.",
+    )
+    fit.add_argument("model", type=Path)
+    fit.add_argument(
+        "--data", type=Path, required=True, help="the training arrays (.npz, .safetensors, or a folder of NAME.npy)"
+    )
+    fit.add_argument("--val", type=Path, default=None, help="validation arrays, same names")
+    _add_training_options(fit)
+    fit.add_argument("--epochs", type=int, required=True)
+    fit.add_argument("--batch-size", type=int, required=True)
+    fit.add_argument("--seed", type=int, default=0, help="seeds the shuffling (default 0)")
+    fit.add_argument("--out", type=Path, default=None, help="the trained model (standard ONNX ops)")
+    fit.add_argument("--checkpoint", type=Path, default=None, help="saved after each epoch and on Ctrl-C")
+    fit.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    fit.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    fit.add_argument("--plot", type=Path, default=None, help="PNG of the curves (needs matplotlib)")
+    fit.add_argument(
+        "--batch-axis",
+        action="append",
+        default=[],
+        type=_named_axis,
+        metavar="NAME=AXIS",
+        help="the axis of array NAME that stacks the samples (default: see above)",
+    )
+    fit.add_argument("--schedule", choices=SCHEDULES, default="constant", help="learning-rate schedule (torch's)")
+    fit.add_argument(
+        "--schedule-unit",
+        choices=SCHEDULE_UNITS,
+        default="update",
+        help="step the schedule after every update (default) or every epoch",
+    )
+    fit.add_argument("--step-size", type=int, default=None, help="step: StepLR's step_size (schedule units)")
+    fit.add_argument("--gamma", type=float, default=0.1, help="step: StepLR's gamma (default 0.1)")
+    fit.add_argument("--t-max", type=int, default=None, help="cosine: T_max (default: the run's length)")
+    fit.add_argument("--eta-min", type=float, default=0.0, help="cosine: eta_min (default 0)")
+    fit.add_argument("--warmup", type=int, default=0, help="linear-warmup: LinearLR's total_iters")
+    fit.add_argument("--start-factor", type=float, default=1.0 / 3.0, help="linear-warmup: LinearLR's (1/3)")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ortlstm", description="LSTM training ops for ONNX Runtime.")
     parser.add_argument("--version", action="version", version=f"ortlstm {ortlstm.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -210,61 +330,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     train_step.add_argument("model", type=Path)
     train_step.add_argument("directory", type=Path)
-    train_step.add_argument(
-        "--loss",
-        choices=losses.KINDS,
-        type=_renamed_values(train_step.prog, "--loss", _OLD_TRAIN_LOSSES),
-        required=True,
-        help="a torch.nn.functional loss, or output: the model output is the loss",
-    )
-    train_step.add_argument(
-        "--loss-option",
-        action="append",
-        default=[],
-        type=_loss_option,
-        metavar="NAME=VALUE",
-        help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
-        "batch_first=true for a batch-major output of logits); repeat for several",
-    )
-    train_step.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
-    train_step.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
-    train_step.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
-    train_step.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
-    train_step.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
-    train_step.add_argument(
-        "--requires-grad",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="default: what torch trains (a torch export's parameters; without metadata, float tensors of rank >= 1)",
-    )
-    train_step.add_argument(
-        "--frozen",
-        nargs="+",
-        default=[],
-        metavar="PATTERN",
-        help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
-    )
-    train_step.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
-    train_step.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
+    _add_training_options(train_step)
     train_step.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME")
-    train_step.add_argument(
-        "--fixed-input",
-        action="append",
-        default=[],
-        type=_named_value,
-        metavar="NAME=VALUE",
-        help="fix an input for training (e.g. sr=16000; a list as 1,2,3): the If nodes it decides keep one branch",
-    )
-    train_step.add_argument(
-        "--fixed-shape",
-        action="append",
-        default=[],
-        type=_named_dims,
-        metavar="NAME=DIMS",
-        help="fix an input's shape for training, one entry per axis, '?' keeps an axis (e.g. input=?,576)",
-    )
     train_step.add_argument("--ir-version", type=int, default=None, help="IR version of the written models")
+
+    _add_fit(commands)
 
     export = commands.add_parser(
         "export",
@@ -363,8 +433,28 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_step(args: argparse.Namespace) -> int:
+def _trainer_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``Trainer`` keywords from the options ``_add_training_options`` added."""
     from ortlstm.graphs import losses, optimizers
+
+    hyperparameters = {
+        name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
+    }
+    return {
+        "loss": losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
+        "optimizer": optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters),
+        "requires_grad": args.requires_grad,
+        "frozen": args.frozen,
+        "output": args.output,
+        "target": args.target,
+        "clip_grad_norm": args.clip_grad_norm,
+        "clip_norm_type": args.clip_norm_type,
+        "fixed_inputs": dict(args.fixed_input) or None,
+        "fixed_shapes": dict(args.fixed_shape) or None,
+    }
+
+
+def _train_step(args: argparse.Namespace) -> int:
     from ortlstm.training import MANIFEST_FILE, Trainer
 
     if (args.directory / MANIFEST_FILE).exists():
@@ -372,23 +462,12 @@ def _train_step(args: argparse.Namespace) -> int:
             f"{args.directory} already holds training models ({MANIFEST_FILE}); choose another directory "
             "or delete that one"
         )
-    hyperparameters = {
-        name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
-    }
-    optimizer = optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters)
+    options = _trainer_arguments(args)
+    optimizer = options["optimizer"]
     trainer = Trainer(
         args.model,
-        loss=losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
-        optimizer=optimizer,
-        requires_grad=args.requires_grad,
-        frozen=args.frozen,
-        output=args.output,
-        target=args.target,
         extra_outputs=args.extra_outputs,
-        clip_grad_norm=args.clip_grad_norm,
-        clip_norm_type=args.clip_norm_type,
-        fixed_inputs=dict(args.fixed_input) or None,
-        fixed_shapes=dict(args.fixed_shape) or None,
+        **options,
         **({"ir_version": args.ir_version} if args.ir_version is not None else {}),
     )
     trainer.write(args.directory)
@@ -406,6 +485,51 @@ def _train_step(args: argparse.Namespace) -> int:
     print(trainer.summary())
     print(f"train: ortlstm.training.Trainer.open({str(args.directory)!r})")
     print(f"export: ortlstm export {args.directory} OUT.onnx")
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from ortlstm.fit import Schedule, build_trainer, fit, read_arrays
+
+    data = read_arrays(args.data)
+    val = read_arrays(args.val) if args.val is not None else None
+    trainer, model = build_trainer(args.model, threads=args.threads, **_trainer_arguments(args))
+    schedule = Schedule(
+        args.schedule,
+        trainer.spec.optimizer.lr,
+        unit=args.schedule_unit,
+        step_size=args.step_size,
+        gamma=args.gamma,
+        t_max=args.t_max,
+        eta_min=args.eta_min,
+        warmup=args.warmup,
+        start_factor=args.start_factor,
+    )
+    try:
+        result = fit(
+            trainer,
+            data,
+            model=model,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            val=val,
+            seed=args.seed,
+            schedule=schedule,
+            checkpoint=args.checkpoint,
+            resume=args.resume,
+            batch_axes=dict(args.batch_axis),
+            out=args.out,
+            plot=args.plot,
+            log=lambda line: print(line, flush=True),
+            data_name=str(args.data),
+            val_name=str(args.val),
+        )
+    except KeyboardInterrupt:
+        return 130
+    if result.out is not None:
+        print(f"trained model: {result.out}")
+    if result.plot is not None:
+        print(f"curves: {result.plot}")
     return 0
 
 
@@ -455,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo-chars": _demo_chars,
         "convert": _convert,
         "train-step": _train_step,
+        "fit": _fit,
         "export": _export,
         "artifacts": _artifacts,
     }
