@@ -1351,7 +1351,8 @@ class Trainer:
     def _values(self) -> dict[str, np.ndarray]:
         if self._buffers is None:
             return {name: value.copy() for name, value in self._initial.items()}
-        return {name: value.numpy() for name, value in self._buffers[self._current].items()}
+        # OrtValue.numpy() is a view of the buffer, which a later update overwrites: copy.
+        return {name: np.array(value.numpy()) for name, value in self._buffers[self._current].items()}
 
     @property
     def parameters(self) -> dict[str, np.ndarray]:

@@ -279,6 +279,22 @@ def test_apply_of_wrong_gradients_is_refused() -> None:
     assert subject.global_step == 0
 
 
+def test_parameters_and_state_are_copies_that_later_updates_leave_alone() -> None:
+    """Two updates later the buffer a step read is written again; what was returned must not change."""
+    data = batches(3)
+    subject = trainer()
+    subject.step(*data[0][:1], target=data[0][1])
+    parameters, state = subject.parameters, subject.optimizer_state
+    kept = {name: value.copy() for name, value in parameters.items()}
+    kept_state = {name: {slot: value.copy() for slot, value in slots.items()} for name, slots in state.items()}
+    for x, y in data[1:]:
+        subject.step(x, target=y)
+    for name, value in parameters.items():
+        assert np.array_equal(value, kept[name]), name
+        for slot, slot_value in state[name].items():
+            assert np.array_equal(slot_value, kept_state[name][slot]), f"{name}.{slot}"
+
+
 def test_accumulation_misuse_is_refused(tmp_path: Path) -> None:
     subject = trainer()
     ((x, y),) = batches(1)
