@@ -271,7 +271,7 @@ def test_apply_of_given_gradients_is_apply_of_the_accumulated_ones_bitwise() -> 
 def test_apply_of_wrong_gradients_is_refused() -> None:
     subject = trainer()
     gradients = {name: np.zeros_like(value) for name, value in subject.parameters.items()}
-    with pytest.raises(ValueError, match=r"the gradient of 'lstm.B' must be float32 \[2, 40\] .*, got float64 \[2, 40\]"):
+    with pytest.raises(ValueError, match=r"gradient of 'lstm.B' must be float32 \[2, 40\] .*, got float64 \[2, 40\]"):
         subject.apply(gradients={**gradients, "lstm.B": np.zeros((2, 40), np.float64)})
     del gradients["lstm.W"]
     with pytest.raises(ValueError, match=r"apply\(gradients=...\): the gradient of 'lstm.W' must be .*, got nothing"):
