@@ -17,18 +17,24 @@ from pathlib import Path
 import numpy as np
 from test_trainer import CLASSES, batches, classifier
 
+from ortlstm.distributed import DistributedTrainer, shard
 from ortlstm.graphs import losses, optimizers
 from ortlstm.training import Trainer
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A training run: loss, optimizer, clipping and the sizes of its global batches."""
+    """A training run: loss, optimizer, clipping, the sizes of its global batches.
+
+    ``nan_batch``: the index of a global batch whose last row (rank 1's shard) is NaN; the
+    trainers then skip non-finite updates (``nonfinite="skip"``).
+    """
 
     optimizer: optimizers.Optimizer
     sizes: tuple[int, ...] = (8, 8, 8, 8)
     loss: losses.Loss = dataclasses.field(default_factory=losses.Loss.cross_entropy)
     clip_grad_norm: float | None = None
+    nan_batch: int | None = None
 
 
 SCENARIOS = {
@@ -44,6 +50,8 @@ SCENARIOS = {
         loss=losses.Loss.cross_entropy(weight=np.array([1.0, 3.0, 0.5], np.float32), ignore_index=1),
     ),
     "mse_sum": Scenario(optimizers.Adam(lr=0.01), sizes=(5, 8), loss=losses.Loss.mse_loss(reduction="sum")),
+    # Only rank 1's loss is NaN: every rank must skip that update alike.
+    "nan_skip": Scenario(optimizers.Adam(lr=0.01), sizes=(6, 6, 6), nan_batch=1),
 }
 RESUME_SPLIT = 2  # the resume test: updates before the checkpoint, with 2 ranks
 FAULT_STEP = 3  # the fault tests: the update at which rank 1 fails
@@ -58,6 +66,7 @@ def make_trainer(name: str) -> Trainer:
         optimizer=scenario.optimizer,
         clip_grad_norm=scenario.clip_grad_norm,
         threads=1,
+        nonfinite="raise" if scenario.nan_batch is None else "skip",
     )
 
 
@@ -69,36 +78,38 @@ def global_batches(name: str) -> list[tuple[np.ndarray, np.ndarray]]:
         ((x, y),) = batches(1, size=size, seed=10 + index)
         if not scenario.loss.class_target:
             y = np.eye(CLASSES, dtype=np.float32)[y]
+        if index == scenario.nan_batch:
+            x[-1] = np.nan
         result.append((x, y))
     return result
 
 
 def _train(
-    trainer: object, name: str, data: list[tuple[np.ndarray, np.ndarray]], record: dict[str, np.ndarray]
-) -> None:
-    from ortlstm.distributed import shard
-
-    for x, y in data:
-        part = shard(len(x), trainer.rank, trainer.size)  # type: ignore[attr-defined]
-        loss = trainer.step(x[part], target=y[part])  # type: ignore[attr-defined]
-        step = trainer.trainer.global_step  # type: ignore[attr-defined]
-        record[f"loss/{step}"] = np.float64(loss)
-        record.update({f"{step}/{key}": value for key, value in trainer.trainer.parameters.items()})  # type: ignore[attr-defined]
-        if trainer.trainer.last_grad_norm is not None:  # type: ignore[attr-defined]
-            record[f"grad_norm/{step}"] = np.float64(trainer.trainer.last_grad_norm)  # type: ignore[attr-defined]
+    trainer: DistributedTrainer, data: list[tuple[np.ndarray, np.ndarray]], first: int = 1
+) -> dict[str, np.ndarray]:
+    """Trains this rank's shards; by global batch number: loss, grad norm, parameters, counts."""
+    record: dict[str, np.ndarray] = {}
+    for number, (x, y) in enumerate(data, first):
+        part = shard(len(x), trainer.rank, trainer.size)
+        record[f"loss/{number}"] = np.float64(trainer.step(x[part], target=y[part]))
+        record.update({f"{number}/{key}": value for key, value in trainer.trainer.parameters.items()})
+        if trainer.trainer.last_grad_norm is not None:
+            record[f"grad_norm/{number}"] = np.float64(trainer.trainer.last_grad_norm)
+        record[f"counts/{number}"] = np.array([trainer.trainer.global_step, trainer.trainer.skipped_steps])
+    x, y = data[0]
+    part = shard(len(x), trainer.rank, trainer.size)
+    record["evaluate"] = np.float64(trainer.evaluate(x[part], target=y[part]))
+    return record
 
 
 def main() -> None:
     from mpi4py import MPI
 
-    from ortlstm.distributed import DistributedTrainer
-
     scenario, output = sys.argv[1], Path(sys.argv[2])
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     (output / f"pid.{rank}").write_text(str(os.getpid()))
-    record: dict[str, np.ndarray] = {}
-    if scenario in ("die", "raise"):
+    if scenario in ("die", "raise", "diverge"):
         trainer = DistributedTrainer(make_trainer("sgd"), check_every=1)
         data = global_batches("sgd")
         for update in range(1, 100_000):
@@ -106,7 +117,9 @@ def main() -> None:
                 trainer.save(output / "last.safetensors")
                 if rank == 1 and scenario == "die":
                     os.kill(os.getpid(), signal.SIGKILL)
-                if rank == 1:
+                if rank == 1 and scenario == "diverge":
+                    trainer.trainer.skipped_steps += 1  # this rank's state no longer is rank 0's
+                elif rank == 1:
                     raise RuntimeError(f"rank 1 fails on purpose at update {update}")
             x, y = data[update % len(data)]
             trainer.step(x[rank::2], target=y[rank::2])
@@ -117,18 +130,16 @@ def main() -> None:
         data = global_batches("adamw_clip")
         trainer = DistributedTrainer(make_trainer("adamw_clip"), check_every=1)
         if scenario == "resume-save":
-            _train(trainer, "adamw_clip", data[:RESUME_SPLIT], {})
+            _train(trainer, data[:RESUME_SPLIT])
             trainer.save(Path(sys.argv[3]))
-            _train(trainer, "adamw_clip", data[RESUME_SPLIT:], record)
         else:
             trainer.load(Path(sys.argv[3]))
-            _train(trainer, "adamw_clip", data[RESUME_SPLIT:], record)
+        record = _train(trainer, data[RESUME_SPLIT:], first=RESUME_SPLIT + 1)
         np.savez(output / f"{scenario}.rank{rank}.npz", **record)
         return
     for name in scenario.split(","):  # one launch for several scenarios: MPI starts once
-        record = {}
         trainer = DistributedTrainer(make_trainer(name), check_every=1)
-        _train(trainer, name, global_batches(name), record)
+        record = _train(trainer, global_batches(name))
         np.savez(output / f"{name}.rank{rank}.npz", **record)
 
 
