@@ -12,6 +12,7 @@ identical across ranks (checked by comparing a hash). It needs mpi4py (``pip ins
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import time
@@ -128,12 +129,12 @@ class DistributedTrainer:
             comm: An mpi4py communicator (default: ``MPI.COMM_WORLD``).
             check_every: Compare a hash of the training state across ranks every this many
                 updates (and after ``load``); ``DivergenceError`` on a difference. 0: never.
-            abort_on_exception: Install ``abort_on_exception(comm)``: an exception that ends
+            abort_on_exception: ``install_abort_on_exception(comm)``: an exception that ends
                 this process aborts every rank, so none waits forever in a collective.
 
         Raises:
-            ValueError: A stateful trainer (its carried LSTM state is per rank), or a bad
-                ``check_every``.
+            ValueError: A stateful trainer (its carried LSTM state is per rank), a bad
+                ``check_every``, or ranks whose trainers differ in spec or parameters (on every rank).
         """
         if trainer.spec.stateful:
             raise ValueError(
@@ -147,21 +148,20 @@ class DistributedTrainer:
         self.check_every = check_every
         if abort_on_exception:
             install_abort_on_exception(self.comm)
-        params = trainer.signature.params
-        shapes = {name: value.shape for name, value in trainer.parameters.items()}
-        dtypes = {name: value.dtype for name, value in trainer.parameters.items()}
+        self._check_same_training()
+        params = trainer.parameters
         # One contiguous gradient buffer per dtype, in the signature's order (the same on every rank).
-        self._buckets: dict[np.dtype, np.ndarray] = {}
-        self._views: dict[str, np.ndarray] = {}
         sizes: dict[np.dtype, int] = {}
-        for name in params:
-            sizes[dtypes[name]] = sizes.get(dtypes[name], 0) + int(np.prod(shapes[name]))
+        for value in params.values():
+            sizes[value.dtype] = sizes.get(value.dtype, 0) + value.size
         self._buckets = {dtype: np.zeros(size, dtype) for dtype, size in sizes.items()}
+        self._views: dict[str, np.ndarray] = {}
         offsets = dict.fromkeys(sizes, 0)
-        for name in params:
-            dtype, count = dtypes[name], int(np.prod(shapes[name]))
-            self._views[name] = self._buckets[dtype][offsets[dtype] : offsets[dtype] + count].reshape(shapes[name])
-            offsets[dtype] += count
+        for name in trainer.signature.params:
+            value = params[name]
+            start = offsets[value.dtype]
+            self._views[name] = self._buckets[value.dtype][start : start + value.size].reshape(value.shape)
+            offsets[value.dtype] += value.size
         self.reduced_bytes = sum(bucket.nbytes for bucket in self._buckets.values())
         self.reduce_seconds = 0.0
         self._broadcast_state()
@@ -190,11 +190,25 @@ class DistributedTrainer:
             state.update({signature.state[name][slot]: value for slot, value in slots[name].items()})
         return state
 
+    def _check_same_training(self) -> None:
+        """Refuses ranks whose trainers differ: same spec, parameters, shapes and types as rank 0."""
+        trainer = self.trainer
+        layout = [(name, value.dtype.str, value.shape) for name, value in self._state().items()]
+        described = json.dumps([trainer.spec.to_json(), layout], sort_keys=True, default=str)
+        digests = self.comm.allgather(hashlib.blake2b(described.encode(), digest_size=16).hexdigest())
+        differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+        if differing:
+            raise ValueError(
+                f"DistributedTrainer: the Trainer of rank(s) {differing} differs from rank 0's in its training spec "
+                "(loss, optimizer, options) or its parameters' names, shapes or types; build the same Trainer on "
+                "every rank"
+            )
+
     def _broadcast_state(self) -> None:
         state = self._state()
         for value in state.values():
             self.comm.Bcast(value, root=0)
-        self.trainer._assign(state)
+        self.trainer._assign(state)  # the Trainer's own setter of parameters and optimizer state
         counts = self.comm.bcast((self.trainer.global_step, self.trainer.skipped_steps), root=0)
         self.trainer.global_step, self.trainer.skipped_steps = counts
 

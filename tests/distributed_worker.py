@@ -124,6 +124,8 @@ def main() -> None:
             x, y = data[update % len(data)]
             trainer.step(x[rank::2], target=y[rank::2])
         return
+    if scenario == "mismatch":  # rank 1 builds another optimizer
+        DistributedTrainer(make_trainer("sgd" if rank == 0 else "adam"))
     if scenario.startswith("resume"):
         # resume-save: 2 ranks, RESUME_SPLIT updates, checkpoint, then on uninterrupted;
         # resume-continue: any number of ranks loads the checkpoint and trains the rest.
