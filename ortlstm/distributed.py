@@ -58,6 +58,30 @@ def shard(total: int, rank: int, size: int) -> slice:
     return slice(start, start + quotient + (rank < remainder))
 
 
+def epoch_batches(
+    num_samples: int, batch_size: int, *, epoch: int, seed: int = 0, shuffle: bool = True, drop_last: bool = False
+) -> list[np.ndarray]:
+    """The global batches of one epoch as sample indices: every sample once, the same on every rank.
+
+    The order is a permutation seeded by ``(seed, epoch)`` (as torch's DistributedSampler seeds
+    ``seed + epoch``), so every rank computes the same batches without communicating, and they do
+    not depend on the number of ranks: a run resumed on another number of ranks sees the same data.
+    Each rank trains ``batch[shard(len(batch), rank, size)]`` of each. Unlike DistributedSampler,
+    nothing is repeated to pad the last batch: it is smaller (or dropped with ``drop_last``), and
+    ``DistributedTrainer`` weights it exactly.
+
+    Raises:
+        ValueError: ``batch_size`` < 1, or ``num_samples`` or ``epoch`` < 0.
+    """
+    if batch_size < 1:
+        raise ValueError(f"epoch_batches(): batch_size must be >= 1, got {batch_size}")
+    if num_samples < 0 or epoch < 0:
+        raise ValueError(f"epoch_batches(): num_samples and epoch must be >= 0, got {num_samples} and {epoch}")
+    order = np.random.default_rng([seed, epoch]).permutation(num_samples) if shuffle else np.arange(num_samples)
+    stop = num_samples - num_samples % batch_size if drop_last else num_samples
+    return [order[start : min(start + batch_size, stop)] for start in range(0, stop, batch_size)]
+
+
 def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: Mapping[str, Any]) -> float:
     """The denominator of the loss's ``'mean'`` on this batch: the share a rank's mean gradient carries.
 

@@ -103,16 +103,6 @@ def single_process(name: str, trainer: Trainer | None = None, data: list | None 
     return trajectory
 
 
-def test_shard_splits_every_sample_once_in_order() -> None:
-    for total in (0, 1, 5, 7, 8):
-        for size in (1, 2, 3):
-            parts = [shard(total, rank, size) for rank in range(size)]
-            assert [i for part in parts for i in range(total)[part]] == list(range(total))
-            assert max(len(range(total)[p]) for p in parts) - min(len(range(total)[p]) for p in parts) <= 1
-    with pytest.raises(ValueError, match=r"shard\(\): rank must be in \[0, size=2\), got 2"):
-        shard(4, 2, 2)
-
-
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_ranks_are_bitwise_equal_after_every_update(scenarios: Path, name: str) -> None:
     rank0, rank1 = records(scenarios, name)
