@@ -89,8 +89,8 @@ def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: 
     denominator; a rank divides by its own. Scaling each rank's gradient by ``own / global``
     before summing gives the global mean. The denominators follow torch: the non-ignored
     targets' class weights (cross_entropy, nll_loss with class indices), the samples (ctc_loss,
-    kl_div ``'batchmean'``, ``Loss.output()``: ``batch_size``), the target's elements over the
-    class axis (class probabilities), else the target's elements.
+    kl_div ``'batchmean'``, ``Loss.output()``: ``batch_size``), else the target's elements (only
+    the ratio between ranks matters, so class probabilities need not divide by the classes).
 
     Returns:
         1.0 for ``'sum'`` and ``'none'`` (their gradients add up across ranks unscaled).
@@ -107,8 +107,6 @@ def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: 
         if loss.weight is None:
             return float(kept.size)
         return float(np.sum(np.asarray(loss.weight, np.float64)[kept]))
-    if loss.class_target and target.ndim > 1:
-        return float(target.size // target.shape[1])
     return float(target.size)
 
 
