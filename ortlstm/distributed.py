@@ -11,13 +11,15 @@ identical across ranks (checked by comparing a hash). It needs mpi4py (``pip ins
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -143,6 +145,7 @@ class DistributedTrainer:
         *,
         check_every: int = 100,
         abort_on_exception: bool = True,
+        collective_timeout: float | None = None,
     ) -> None:
         """Broadcasts rank 0's parameters, optimizer state and step counts to every rank.
 
@@ -153,6 +156,10 @@ class DistributedTrainer:
                 updates (and after ``load``); ``DivergenceError`` on a difference. 0: never.
             abort_on_exception: ``install_abort_on_exception(comm)``: an exception that ends
                 this process aborts every rank, so none waits forever in a collective.
+            collective_timeout: Seconds this rank may wait in one collective (which includes
+                waiting for the slowest rank's step) before it aborts every rank with
+                ``MPI_Abort``, naming the collective: a rank that hangs without dying (a deadlock,
+                a stalled file system) then ends the job too. None (default): wait forever.
 
         Raises:
             ValueError: A stateful trainer (its carried LSTM state is per rank), a bad
@@ -165,11 +172,14 @@ class DistributedTrainer:
             )
         if check_every < 0:
             raise ValueError(f"check_every must be >= 0 (0: never), got {check_every}")
+        if collective_timeout is not None and not collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be > 0 seconds or None, got {collective_timeout}")
         self.trainer = trainer
         self.comm = _import_mpi().COMM_WORLD if comm is None else comm
         self.check_every = check_every
         if abort_on_exception:
             install_abort_on_exception(self.comm)
+        self._watchdog = None if collective_timeout is None else _Watchdog(self.comm, collective_timeout)
         self._check_same_training()
         params = trainer.parameters
         # One contiguous gradient buffer per dtype, in the signature's order (the same on every rank).
@@ -217,7 +227,8 @@ class DistributedTrainer:
         trainer = self.trainer
         layout = [(name, value.dtype.str, value.shape) for name, value in self._state().items()]
         described = json.dumps([trainer.spec.to_json(), layout], sort_keys=True, default=str)
-        digests = self.comm.allgather(hashlib.blake2b(described.encode(), digest_size=16).hexdigest())
+        with self._waiting("the comparison of the trainers"):
+            digests = self.comm.allgather(hashlib.blake2b(described.encode(), digest_size=16).hexdigest())
         differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
         if differing:
             raise ValueError(
@@ -228,10 +239,11 @@ class DistributedTrainer:
 
     def _broadcast_state(self) -> None:
         state = self._state()
-        for value in state.values():
-            self.comm.Bcast(value, root=0)
+        with self._waiting("the broadcast of rank 0's state"):
+            for value in state.values():
+                self.comm.Bcast(value, root=0)
+            counts = self.comm.bcast((self.trainer.global_step, self.trainer.skipped_steps), root=0)
         self.trainer._assign(state)  # the Trainer's own setter of parameters and optimizer state
-        counts = self.comm.bcast((self.trainer.global_step, self.trainer.skipped_steps), root=0)
         self.trainer.global_step, self.trainer.skipped_steps = counts
 
     def state_digest(self) -> str:
@@ -249,7 +261,8 @@ class DistributedTrainer:
         Raises:
             DivergenceError: On every rank, when some rank's state differs from rank 0's.
         """
-        digests = self.comm.allgather(self.state_digest())
+        with self._waiting("the comparison of the state hashes"):
+            digests = self.comm.allgather(self.state_digest())
         differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
         if differing:
             raise DivergenceError(
@@ -291,7 +304,8 @@ class DistributedTrainer:
         mean = loss.reduction not in ("sum", "none")
         contribution = 0.0 if local_loss is None else float(np.sum(local_loss)) * (weight if mean else 1.0)
         totals = np.array([weight, contribution], np.float64)
-        self.comm.Allreduce(self._in_place(), totals)
+        with self._waiting("the all-reduce of the loss (every rank's step)"):
+            self.comm.Allreduce(self._in_place(), totals)
         total_weight, total_loss = float(totals[0]), float(totals[1])
         global_loss = total_loss / total_weight if mean and total_weight > 0 else total_loss
         if not np.isfinite(global_loss):
@@ -306,8 +320,9 @@ class DistributedTrainer:
             else:
                 view.fill(0)
         started = time.perf_counter()
-        for bucket in self._buckets.values():
-            self.comm.Allreduce(self._in_place(), bucket)
+        with self._waiting("the all-reduce of the gradients"):
+            for bucket in self._buckets.values():
+                self.comm.Allreduce(self._in_place(), bucket)
         self.reduce_seconds += time.perf_counter() - started
         trainer.zero_grad()
         trainer.apply(lr, gradients=self._views)
@@ -324,6 +339,10 @@ class DistributedTrainer:
         extras = {port: named[name] for port, name in ports.items() if name in named}
         return loss_weight(self.trainer.spec.loss, target, rows or 0, extras)
 
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """Guards a collective with the watchdog (``collective_timeout``), if there is one."""
+        return contextlib.nullcontext() if self._watchdog is None else self._watchdog.guard(what)
+
     @staticmethod
     def _in_place() -> Any:
         return _import_mpi().IN_PLACE
@@ -338,7 +357,8 @@ class DistributedTrainer:
         if trainer.nonfinite == "skip":
             trainer.skipped_steps += 1
             return
-        ranks = self.comm.allgather(local_loss is not None and not bool(np.all(np.isfinite(local_loss))))
+        with self._waiting("the exchange of non-finite losses"):
+            ranks = self.comm.allgather(local_loss is not None and not bool(np.all(np.isfinite(local_loss))))
         raise NonFiniteStepError(
             f"step(): update {trainer.global_step + 1} refused, not finite: the global batch's loss is {global_loss} "
             f"(the loss of the shard of rank(s) {[rank for rank, bad in enumerate(ranks) if bad]} is not finite). "
@@ -357,7 +377,8 @@ class DistributedTrainer:
         local = trainer.evaluate(*batch, target=target, outputs=[], **named) if weight > 0 else 0.0
         mean = loss.reduction not in ("sum", "none")
         totals = np.array([weight, float(np.sum(local)) * (weight if mean else 1.0)], np.float64)
-        self.comm.Allreduce(self._in_place(), totals)
+        with self._waiting("the all-reduce of the evaluation loss"):
+            self.comm.Allreduce(self._in_place(), totals)
         return float(totals[1] / totals[0]) if mean and totals[0] > 0 else float(totals[1])
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -381,7 +402,8 @@ class DistributedTrainer:
             except Exception as failure:  # every rank must hear of it, or they would wait for rank 0
                 partial.unlink(missing_ok=True)
                 error = f"{type(failure).__name__}: {failure}"
-        error = self.comm.bcast(error, root=0)
+        with self._waiting("rank 0's checkpoint write"):
+            error = self.comm.bcast(error, root=0)
         if error is not None:
             raise RuntimeError(f"save(): rank 0 could not write {path}: {error}")
         return path
@@ -395,7 +417,8 @@ class DistributedTrainer:
         """Rank 0 writes the trained original model (a collective)."""
         if self.rank == 0:
             self.trainer.export(path)
-        self.comm.Barrier()
+        with self._waiting("rank 0's export"):
+            self.comm.Barrier()
 
 
 def _batch_rows(batch: Sequence[Any], named: Mapping[str, Any]) -> int | None:
@@ -408,6 +431,54 @@ def _batch_rows(batch: Sequence[Any], named: Mapping[str, Any]) -> int | None:
 
 
 # ---- faults: no rank waits forever for a dead one -----------------------------------------------
+
+
+class _Watchdog:
+    """A daemon thread that aborts every rank when one collective outlasts ``seconds``.
+
+    MPI has no timeout on a collective, and a rank that hangs without dying stalls the others
+    forever. ``MPI_Abort`` from this thread (mpi4py initializes MPI with thread support) ends the
+    job while the main thread still waits.
+    """
+
+    def __init__(self, comm: Any, seconds: float) -> None:
+        self._comm = comm
+        self._seconds = seconds
+        self._condition = threading.Condition()
+        self._deadline: float | None = None
+        self._what = ""
+        threading.Thread(target=self._watch, name="ortlstm-collective-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        with self._condition:
+            self._deadline, self._what = time.monotonic() + self._seconds, what
+            self._condition.notify()
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._deadline = None
+
+    def _watch(self) -> None:
+        with self._condition:
+            while True:
+                if self._deadline is None:
+                    self._condition.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._condition.wait(left)
+                    continue
+                sys.stderr.write(
+                    f"ortlstm.distributed: rank {self._comm.Get_rank()} of {self._comm.Get_size()} waited "
+                    f"{self._seconds:g} s (collective_timeout) in {self._what}: another rank hangs or is far "
+                    "slower; aborting every rank (MPI_Abort)\n"
+                )
+                sys.stderr.flush()
+                self._comm.Abort(1)
+                return
+
 
 _INSTALLED: list[Any] = []
 

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,7 @@ SCENARIOS = {
 }
 RESUME_SPLIT = 2  # the resume test: updates before the checkpoint, with 2 ranks
 FAULT_STEP = 3  # the fault tests: the update at which rank 1 fails
+HANG_TIMEOUT = 3.0  # the hang test's collective_timeout, seconds
 
 
 def make_trainer(name: str) -> Trainer:
@@ -109,14 +111,17 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     (output / f"pid.{rank}").write_text(str(os.getpid()))
-    if scenario in ("die", "raise", "diverge"):
-        trainer = DistributedTrainer(make_trainer("sgd"), check_every=1)
+    if scenario in ("die", "raise", "diverge", "hang"):
+        timeout = HANG_TIMEOUT if scenario == "hang" else None
+        trainer = DistributedTrainer(make_trainer("sgd"), check_every=1, collective_timeout=timeout)
         data = global_batches("sgd")
         for update in range(1, 100_000):
             if update == FAULT_STEP:
                 trainer.save(output / "last.safetensors")
                 if rank == 1 and scenario == "die":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if rank == 1 and scenario == "hang":
+                    time.sleep(600)  # alive, but never reaches the next collective
                 if rank == 1 and scenario == "diverge":
                     trainer.trainer.skipped_steps += 1  # this rank's state no longer is rank 0's
                 elif rank == 1:
@@ -140,7 +145,8 @@ def main() -> None:
         np.savez(output / f"{scenario}.rank{rank}.npz", **record)
         return
     for name in scenario.split(","):  # one launch for several scenarios: MPI starts once
-        trainer = DistributedTrainer(make_trainer(name), check_every=1)
+        # The watchdog guards every collective; it must never fire on a healthy run.
+        trainer = DistributedTrainer(make_trainer(name), check_every=1, collective_timeout=60)
         record = _train(trainer, global_batches(name))
         np.savez(output / f"{name}.rank{rank}.npz", **record)
 

@@ -183,11 +183,12 @@ def _alive(pid: int) -> bool:
         ("raise", r"rank 1 of 2 stopped with RuntimeError; aborting every rank"),
         ("diverge", r"DivergenceError: after update 3: .* of rank\(s\) \[1\] differ from rank 0's"),
         ("mismatch", r"ValueError: DistributedTrainer: the Trainer of rank\(s\) \[1\] differs from rank 0's"),
+        ("hang", r"rank 0 of 2 waited 3 s \(collective_timeout\) in the all-reduce of the loss"),
     ],
-    ids=["killed", "raises", "diverges", "differs"],
+    ids=["killed", "raises", "diverges", "differs", "hangs"],
 )
 def test_a_failing_rank_ends_the_job(tmp_path: Path, fault: str, message: str) -> None:
-    """Rank 1 is killed, raises, diverges or differs while rank 0 waits in a collective: all end, none hangs.
+    """Rank 1 is killed, raises, diverges, differs or hangs while rank 0 waits in a collective: all end.
 
     The message names the rank; the checkpoint written before the fault loads.
     """
