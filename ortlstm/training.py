@@ -1279,19 +1279,28 @@ class Trainer:
         self._keep_carried(named_values)
         return self._result([named_values[name] for name in [signature.loss, *self.spec.extra_outputs]])
 
-    def apply(self, lr: float | None = None) -> None:
+    def apply(self, lr: float | None = None, *, gradients: Mapping[str, np.ndarray] | None = None) -> None:
         """One optimizer update from the accumulated gradients, which are then cleared.
 
         An update whose accumulated gradients or micro-batch losses are not finite is refused as
         ``step`` refuses one; its gradients are discarded and a stateful trainer's carried state
         is the one before its first micro-batch.
 
+        Args:
+            lr: The learning rate of this update (default: the trainer's constant or schedule).
+            gradients: Gradients to apply instead of the accumulated ones (which are cleared
+                too), by parameter; e.g. ``accumulated_gradients`` all-reduced across processes.
+
         Raises:
-            RuntimeError: Nothing was accumulated.
+            RuntimeError: Nothing was accumulated and no gradients were given.
+            ValueError: ``gradients`` lacks a parameter, or one has another shape or type.
             NonFiniteStepError: A loss or gradient is NaN or inf (``nonfinite="raise"``).
         """
-        if not self._accumulated_batches:
+        if gradients is None and not self._accumulated_batches:
             raise RuntimeError("apply(): no gradients accumulated; call accumulate(...) first")
+        if gradients is not None:
+            self._check_gradients(gradients)
+            self._accumulated = dict(gradients)
         signature = self.signature
         feeds = {signature.grads[name]: self._accumulated[name] for name in signature.params}
         self._set_scalars(lr)
@@ -1313,6 +1322,24 @@ class Trainer:
         self._advance()
         self.zero_grad()
 
+    @property
+    def accumulated_gradients(self) -> dict[str, np.ndarray]:
+        """The gradients ``accumulate`` summed since the last update, by parameter (empty: none).
+
+        The arrays themselves, not copies: read them (e.g. to all-reduce) before ``apply``.
+        """
+        return dict(self._accumulated)
+
+    def _check_gradients(self, gradients: Mapping[str, np.ndarray]) -> None:
+        for name in self.signature.params:
+            value, expected = gradients.get(name), self._initial[name]
+            if value is None or value.shape != expected.shape or value.dtype != expected.dtype:
+                got = "nothing" if value is None else f"{value.dtype} {list(value.shape)}"
+                raise ValueError(
+                    f"apply(gradients=...): the gradient of {name!r} must be {expected.dtype} "
+                    f"{list(expected.shape)} (as the parameter), got {got}"
+                )
+
     def zero_grad(self) -> None:
         """Discards the accumulated gradients."""
         self._accumulated = {}
@@ -1324,7 +1351,8 @@ class Trainer:
     def _values(self) -> dict[str, np.ndarray]:
         if self._buffers is None:
             return {name: value.copy() for name, value in self._initial.items()}
-        return {name: value.numpy() for name, value in self._buffers[self._current].items()}
+        # OrtValue.numpy() is a view of the buffer, which a later update overwrites: copy.
+        return {name: np.array(value.numpy()) for name, value in self._buffers[self._current].items()}
 
     @property
     def parameters(self) -> dict[str, np.ndarray]:

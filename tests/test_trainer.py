@@ -253,6 +253,48 @@ def test_accumulation_over_one_batch_is_a_step_bitwise() -> None:
     assert_same_state(stepped, accumulated)
 
 
+def test_apply_of_given_gradients_is_apply_of_the_accumulated_ones_bitwise() -> None:
+    """The seam of a data-parallel trainer: read the accumulated gradients, apply (reduced) ones."""
+    data = batches(2)
+    accumulated, given = trainer(), trainer()
+    for x, y in data:
+        accumulated.accumulate(x, target=y)
+        accumulated.apply()
+        given.accumulate(x, target=y)
+        gradients = {name: value.copy() for name, value in given.accumulated_gradients.items()}
+        given.zero_grad()
+        given.apply(gradients=gradients)
+        assert given.accumulated_gradients == {}
+    assert_same_state(accumulated, given)
+
+
+def test_apply_of_wrong_gradients_is_refused() -> None:
+    subject = trainer()
+    gradients = {name: np.zeros_like(value) for name, value in subject.parameters.items()}
+    with pytest.raises(ValueError, match=r"gradient of 'lstm.B' must be float32 \[2, 40\] .*, got float64 \[2, 40\]"):
+        subject.apply(gradients={**gradients, "lstm.B": np.zeros((2, 40), np.float64)})
+    del gradients["lstm.W"]
+    with pytest.raises(ValueError, match=r"apply\(gradients=...\): the gradient of 'lstm.W' must be .*, got nothing"):
+        subject.apply(gradients=gradients)
+    assert subject.global_step == 0
+
+
+def test_parameters_and_state_are_copies_that_later_updates_leave_alone() -> None:
+    """Two updates later the buffer a step read is written again; what was returned must not change."""
+    data = batches(3)
+    subject = trainer()
+    subject.step(*data[0][:1], target=data[0][1])
+    parameters, state = subject.parameters, subject.optimizer_state
+    kept = {name: value.copy() for name, value in parameters.items()}
+    kept_state = {name: {slot: value.copy() for slot, value in slots.items()} for name, slots in state.items()}
+    for x, y in data[1:]:
+        subject.step(x, target=y)
+    for name, value in parameters.items():
+        assert np.array_equal(value, kept[name]), name
+        for slot, slot_value in state[name].items():
+            assert np.array_equal(slot_value, kept_state[name][slot]), f"{name}.{slot}"
+
+
 def test_accumulation_misuse_is_refused(tmp_path: Path) -> None:
     subject = trainer()
     ((x, y),) = batches(1)
