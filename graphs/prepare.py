@@ -17,6 +17,9 @@ standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
   a value whose shape is static become constants, and so do ``Gather(Shape(x), k)`` where dim
   ``k`` of ``x`` is static and ``Size(Shape(x))`` where the rank of ``x`` is known (the rank and
   dim checks exporters write around squeezes, whatever the dynamic dims);
+- reads of sequences whose structure is static (``SequenceAt`` of a ``SplitToSequence`` at a
+  constant position: torch.split / torch.chunk exported with ``optimize=False``) are tensor ops
+  (``autodiff.rules_sequence.resolve_static_sequences``);
 - ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - declared output shapes and intermediate ``value_info`` are dropped (shape inference redoes them;
   an exporter's wrong declaration is never trusted for labels or losses), and each output then
@@ -40,6 +43,7 @@ import onnx.shape_inference
 
 try:
     from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types, used_names
+    from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences
     from ortlstm.graphs.convert import convert, is_onnx_lstm
     from ortlstm.ops import schema
 except ModuleNotFoundError:
@@ -49,14 +53,16 @@ except ModuleNotFoundError:
         infer_value_types,
         used_names,
     )
+    from graphs.autodiff.rules_sequence import SEQUENCE_OPS, resolve_static_sequences  # type: ignore[no-redef]
     from graphs.convert import convert, is_onnx_lstm  # type: ignore[no-redef]
     from ops import schema  # type: ignore[no-redef]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
-# Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs.
+# Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,
+# never sequence ops (a folded sequence would become a tensor initializer; see resolve_static_sequences).
 _NOT_FOLDED = frozenset(
     {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
-)
+) | frozenset(SEQUENCE_OPS)
 _MAX_FOLDED_ELEMENTS = 1 << 16
 
 
@@ -385,6 +391,7 @@ def prepare_model(
         del graph.node[:]
         graph.node.extend(new_nodes)
 
+    resolve_static_sequences(result, constants)  # torch.split / chunk with optimize=False: tensor ops
     _drop_dead_nodes(graph)
     _drop_unused_initializers(graph)
     converted: tuple[str, ...] = ()

@@ -17,6 +17,8 @@ try:
         rules_lstm,
         rules_math,
         rules_nn,
+        rules_pool,
+        rules_sequence,
         rules_shape,
     )
     from ortlstm.graphs.autodiff.backward import Backward, build_backward
@@ -34,6 +36,8 @@ except ModuleNotFoundError:
         rules_lstm,
         rules_math,
         rules_nn,
+        rules_pool,
+        rules_sequence,
         rules_shape,
     )
     from graphs.autodiff.backward import Backward, build_backward  # type: ignore[no-redef]
