@@ -11,8 +11,10 @@ Competitors, one process, the same model, batch and thread count:
 
 Every model is an LSTM classifier (cross-entropy over 10 classes, AdamW) on top of 1 forward or 2
 bidirectional LSTM layers; the ONNX model is built with onnx.helper and torch's copy gets the same
-weights (the first losses of the three are compared). Rounds are interleaved (the first competitor
-rotating), medians of per-step times are reported with ratios. ``--profile`` adds an onnxruntime
+weights (the first losses of the three are compared). The ``convlstm`` row (issue 22) is a ConvLSTM
+classifier instead (``build_convlstm_model``: one Conv2d cell over [x_t, h], the same loss and
+optimizer) at (N, T, C, H, W, hidden) = (8, 8, 4, 32, 32, 16). Rounds are interleaved (the first
+competitor rotating), medians of per-step times are reported with ratios. ``--profile`` adds an onnxruntime
 profile of the Trainer's (and the Module's) train step at M: the time in the LSTMTraining and
 LSTMGrad kernels against the rest. ``--competitors trainer,trainer-noguard --guard-pairs N``
 measures the non-finite guard: the Trainer with and without its ``all_finite`` output, side by
@@ -119,7 +121,31 @@ CONFIGS: dict[str, Config] = {
         Config("L-2bi", 128, 64, 512, 512, 2, True),
     )
 }
-LARGE = ("M-1", "M-2bi", "L-1", "L-2bi")  # the two larger sizes: the torch target applies here
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvLstmConfig:
+    """A ConvLSTM classifier: x [N, T, C, H, W], one cell (Conv2d over [x_t, h], k x k, padding k // 2)."""
+
+    name: str
+    batch_size: int
+    seq_length: int
+    channels: int
+    height: int
+    width: int
+    hidden_size: int
+    kernel: int = 3
+
+    def describe(self) -> str:
+        """Dims and architecture in words."""
+        dims = (self.batch_size, self.seq_length, self.channels, self.height, self.width, self.hidden_size)
+        return f"ConvLSTM (N, T, C, H, W, hidden) = {dims}, {self.kernel}x{self.kernel}"
+
+
+# The ConvLSTM of issue 22: the torch target applies to it too.
+CONVLSTM = ConvLstmConfig("convlstm", 8, 8, 4, 32, 32, 16)
+CONFIGS[CONVLSTM.name] = CONVLSTM  # type: ignore[assignment]
+LARGE = ("M-1", "M-2bi", "L-1", "L-2bi", CONVLSTM.name)  # the torch target applies here
 PROFILE_CONFIGS = ("M-1", "M-2bi")
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +161,11 @@ def build_model(config: Config, seed: int = 0) -> onnx.ModelProto:
 
     ``x [T, N, I]`` -> LSTM layers (between two: Y [T, D, N, H] -> Transpose, Reshape -> [T, N, D*H])
     -> the last layer's Y_h [D, N, H] -> Transpose, Flatten (torch's ``cat(h_n[-2], h_n[-1])``)
-    -> Gemm -> ``logits [N, 10]``. The demo config is ``ortlstm.demo.build_classifier``.
+    -> Gemm -> ``logits [N, 10]``. The demo config is ``ortlstm.demo.build_classifier``; a
+    ConvLstmConfig's model is ``build_convlstm_model``'s.
     """
+    if isinstance(config, ConvLstmConfig):
+        return build_convlstm_model(config, seed)
     if config.demo:
         from ortlstm.demo import build_classifier
 
@@ -191,6 +220,10 @@ def build_model(config: Config, seed: int = 0) -> onnx.ModelProto:
 def batch_of(config: Config, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The batch every step trains on: x in the model's layout, labels [N] int64."""
     rng = np.random.default_rng(seed)
+    if isinstance(config, ConvLstmConfig):
+        shape = (config.batch_size, config.seq_length, config.channels, config.height, config.width)
+        labels = rng.integers(0, CLASSES, config.batch_size).astype(np.int64)
+        return rng.standard_normal(shape, dtype=np.float32), labels
     shape = (config.batch_size, config.seq_length, config.input_size)
     if not config.demo:
         shape = (config.seq_length, config.batch_size, config.input_size)
@@ -209,6 +242,8 @@ def _torch_gates(value: np.ndarray, hidden: int) -> np.ndarray:
 
 def torch_model(torch: ModuleType, config: Config, model: onnx.ModelProto) -> Any:
     """The same network in torch, with the ONNX model's weights."""
+    if isinstance(config, ConvLstmConfig):
+        return torch_convlstm_model(torch, config, model)
     hidden, directions = config.hidden_size, config.directions
     weights = {init.name: onnx.numpy_helper.to_array(init).copy() for init in model.graph.initializer}
 
@@ -242,6 +277,94 @@ def torch_model(torch: ModuleType, config: Config, model: onnx.ModelProto) -> An
                 getattr(net.lstm, f"bias_hh_{suffix}").copy_(torch.from_numpy(_torch_gates(b[d][4 * hidden :], hidden)))
         net.head.weight.copy_(torch.from_numpy(weights["head.weight"]))
         net.head.bias.copy_(torch.from_numpy(weights["head.bias"]))
+    return net
+
+
+def build_convlstm_model(config: ConvLstmConfig, seed: int = 0) -> onnx.ModelProto:
+    """The ConvLSTM classifier as ONNX, as TorchScript exports it with a dynamic batch.
+
+    Zero state (ConstantOfShape of [N, hidden, H, W]); per step ``t``: Gather(x, t, axis=1),
+    Concat([x_t, h]) -> Conv(k x k, padding k // 2) -> [N, 4*hidden, H, W] -> Split into i, f, g, o;
+    ``c = sigmoid(f) * c + sigmoid(i) * tanh(g)``, ``h = sigmoid(o) * tanh(c)``; then the mean of
+    the last h over H, W -> Gemm -> ``logits [N, 10]``. Initialized as torch initializes Conv2d
+    and Linear.
+    """
+    helper = onnx.helper
+    rng = np.random.default_rng(seed)
+    hidden, k = config.hidden_size, config.kernel
+    fan_in = (config.channels + hidden) * k * k
+    arrays = {
+        "cell.weight": _uniform(rng, 1 / math.sqrt(fan_in), 4 * hidden, config.channels + hidden, k, k),
+        "cell.bias": _uniform(rng, 1 / math.sqrt(fan_in), 4 * hidden),
+        "head.weight": _uniform(rng, 1 / math.sqrt(hidden), CLASSES, hidden),
+        "head.bias": _uniform(rng, 1 / math.sqrt(hidden), CLASSES),
+        "state_dims": np.array([hidden, config.height, config.width], np.int64),
+        "gate_sizes": np.full(4, hidden, np.int64),
+    }
+    arrays.update({f"t{t}": np.array(t, np.int64) for t in range(config.seq_length)})
+    nodes = [
+        helper.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "state_dims"], ["state_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["zeros"]),
+    ]
+    h = c = "zeros"
+    for t in range(config.seq_length):
+        gates = [f"{gate}{t}" for gate in "ifgo"]
+        nodes += [
+            helper.make_node("Gather", ["x", f"t{t}"], [f"x{t}"], axis=1),
+            helper.make_node("Concat", [f"x{t}", h], [f"xh{t}"], axis=1),
+            helper.make_node("Conv", [f"xh{t}", "cell.weight", "cell.bias"], [f"gates{t}"], pads=[k // 2] * 4),
+            helper.make_node("Split", [f"gates{t}", "gate_sizes"], gates, axis=1),
+            *(helper.make_node("Sigmoid", [f"{g}{t}"], [f"{g}s{t}"]) for g in "ifo"),
+            helper.make_node("Tanh", [f"g{t}"], [f"gt{t}"]),
+            helper.make_node("Mul", [f"fs{t}", c], [f"fc{t}"]),
+            helper.make_node("Mul", [f"is{t}", f"gt{t}"], [f"ig{t}"]),
+            helper.make_node("Add", [f"fc{t}", f"ig{t}"], [f"c{t}"]),
+            helper.make_node("Tanh", [f"c{t}"], [f"ct{t}"]),
+            helper.make_node("Mul", [f"os{t}", f"ct{t}"], [f"h{t}"]),
+        ]
+        h, c = f"h{t}", f"c{t}"
+    nodes += [
+        helper.make_node("ReduceMean", [h, "spatial_axes"], ["pooled"], keepdims=0),
+        helper.make_node("Gemm", ["pooled", "head.weight", "head.bias"], ["logits"], transB=1),
+    ]
+    arrays["spatial_axes"] = np.array([2, 3], np.int64)
+    float_type = onnx.TensorProto.FLOAT
+    x_shape = ["N", config.seq_length, config.channels, config.height, config.width]
+    graph = helper.make_graph(
+        nodes,
+        f"convlstm_{config.name}",
+        [helper.make_tensor_value_info("x", float_type, x_shape)],
+        [helper.make_tensor_value_info("logits", float_type, ["N", CLASSES])],
+        [onnx.numpy_helper.from_array(value, name) for name, value in arrays.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def torch_convlstm_model(torch: ModuleType, config: ConvLstmConfig, model: onnx.ModelProto) -> Any:
+    """The same ConvLSTM in torch (torch.split of the gates, a Python loop), with the ONNX model's weights."""
+    weights = {init.name: onnx.numpy_helper.to_array(init).copy() for init in model.graph.initializer}
+    hidden = config.hidden_size
+
+    class ConvLstmClassifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = torch.nn.Conv2d(config.channels + hidden, 4 * hidden, config.kernel, padding=config.kernel // 2)
+            self.head = torch.nn.Linear(hidden, CLASSES)
+
+        def forward(self, x: Any) -> Any:
+            h = x.new_zeros(x.shape[0], hidden, config.height, config.width)
+            c = torch.zeros_like(h)
+            for t in range(x.shape[1]):
+                i, f, g, o = torch.split(self.cell(torch.cat([x[:, t], h], dim=1)), hidden, dim=1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+            return self.head(h.mean(dim=(2, 3)))
+
+    net = ConvLstmClassifier()
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            parameter.copy_(torch.from_numpy(weights[name]))
     return net
 
 
@@ -727,7 +850,7 @@ def render_markdown(results: Results) -> str:
         value = _ratio(trainer, results.median("module", config.name))
         rows.append(_target_row(f"trainer / module <= {TARGET_MODULE}", config.name, value, TARGET_MODULE))
     for profile in results.profiles:
-        if profile.competitor == "trainer":
+        if profile.competitor == "trainer" and profile.config != CONVLSTM.name:  # no LSTM kernels there
             rows.append(
                 _target_row(
                     f"outside the LSTM kernels <= {TARGET_OUTSIDE:.0%}",

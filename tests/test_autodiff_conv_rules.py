@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnx.reference
 import onnxruntime as ort
 import pytest
@@ -179,6 +180,16 @@ CASES = [
         auto_pad="SAME_UPPER",
         strides=[2, 2],
     ),
+    # 3-D: the im2col kernel's taps in W's order
+    _conv("3d_strides_pads", _r(1, 2, 4, 3, 5), _r(2, 2, 2, 2, 3), _r(2), strides=[1, 2, 2], pads=[1, 0, 1, 0, 1, 0]),
+    # W's shape not static (kernel_shape given): dW through conv(X^T, dY^T)
+    Case(
+        "2d_weight_shape_dynamic",
+        "Conv",
+        (wrt(_r(2, 2, 5, 4)), wrt(_r(3, 2, 3, 2), dynamic=True), wrt(_r(3))),
+        {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1]},
+        float64_ops=_FLOAT64_OPS,
+    ),
     # only some inputs differentiated: X a constant (the STFT's input), W a constant
     Case(
         "1d_weight_only",
@@ -228,17 +239,18 @@ def test_numpy_conv_is_onnxruntimes(case: Case) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=case.id)
 
 
-def test_static_geometry_is_one_conv_transpose_and_one_conv() -> None:
-    """With X's spatial dims static, dX and dW are one node each: no run-time shape arithmetic.
+def test_static_geometry_is_one_conv_transpose_and_one_im2col_conv() -> None:
+    """With X's spatial dims static, dX is one ConvTranspose and dW an im2col Conv and one MatMul.
 
-    dX is a ConvTranspose with pads and output_padding set, dW a Conv between transposes whose end
-    pad drops the input elements no window reaches.
+    dX is a ConvTranspose with pads and output_padding set; dW's windows come from one Conv with
+    the forward's geometry, group = C and a one-hot kernel. No run-time shape arithmetic.
     """
     built = build(_conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), np.float32)
     forward_count = len(built.forward.graph.node)
     op_types = [node.op_type for node in built.with_gradients.graph.node[forward_count:]]
     assert op_types.count("ConvTranspose") == 1, op_types
     assert op_types.count("Conv") == 1, op_types
+    assert op_types.count("MatMul") == 1, op_types
     assert not {"Shape", "Slice", "Pad"} & set(op_types), op_types
     transpose = next(node for node in built.with_gradients.graph.node if node.op_type == "ConvTranspose")
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in transpose.attribute}
@@ -246,4 +258,8 @@ def test_static_geometry_is_one_conv_transpose_and_one_conv() -> None:
     assert attributes["output_padding"] == [1]  # (8 + 2 - 3) % 2 = 1
     conv = next(node for node in built.with_gradients.graph.node[forward_count:] if node.op_type == "Conv")
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in conv.attribute}
-    assert attributes["pads"] == [1, 0]  # the end pad less the remainder: dW's extent is the kernel's
+    assert (attributes["pads"], attributes["strides"], attributes["group"]) == ([1, 1], [2], 3)
+    kernel = next(init for init in built.with_gradients.graph.initializer if init.name == conv.input[1])
+    one_hot = onnx.numpy_helper.to_array(kernel)
+    assert one_hot.shape == (9, 1, 3)  # C * K output channels, one input channel per group
+    np.testing.assert_array_equal(one_hot[:, 0, :], np.tile(np.eye(3), (3, 1)))

@@ -3,19 +3,24 @@
 For ``Y = conv(X, W) + B`` (X ``[N, C, in...]``, W ``[M, C/group, k...]``, Y ``[N, M, out...]``):
 
 - ``dX = conv_transpose(dY, W)`` with the forward strides, dilations and group, cut to X's extent;
-- ``dW = conv(X^T, dY^T)`` with strides and dilations swapped: the batch axis becomes the summed
-  channel axis, so one Conv computes every ``dW[m, c, k] = sum_{n,o} dY[n,m,o] X[n,c,o*s+k*d-pad]``;
+- ``dW[m, c, k] = sum_{n,o} dY[n,m,o] X[n,c,o*s+k*d-pad]``: X's windows gathered by one Conv with
+  a one-hot kernel (im2col: ``[N, C*K, out...]``, K taps), then one MatMul per sample and a sum
+  over the batch; where W's shape is not static, ``conv(X^T, dY^T)`` with strides and dilations
+  swapped (the batch axis becomes the summed channel axis), which onnxruntime runs much slower;
 - ``dB = sum(dY)`` over the batch and spatial axes.
 
-With X's spatial dims static (the common case once input shapes are known) each gradient is one
-node plus transposes; otherwise the extent of dX and SAME pads are computed at run time. Protos
-only.
+With X's spatial dims static (the common case once input shapes are known) dX is one node;
+otherwise the extent of dX and SAME pads are computed at run time. Protos only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
+
+import numpy as np
+import onnx
 
 try:
     from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
@@ -171,7 +176,61 @@ def _grad_x(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
 
 
 def _grad_w(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
-    """dW = conv(X^T, dY^T) with strides and dilations swapped, cut to the kernel's extent."""
+    """dW[m, c, k] = sum_{n, o} dY[n, m, o] cols[n, c, k, o]: X's windows (im2col) by one Conv, one MatMul.
+
+    ``cols = conv(X, E)`` with the forward's strides, dilations and pads and group = C, where E
+    ``[C*K, 1, k...]`` (K taps) is one-hot: output channel ``c*K + j`` copies tap j of channel c
+    at every output position (exactly: one product by 1, the others by 0). Then per sample and
+    group one MatMul ``dY [Mg, O] x cols^T [O, Cg*K]`` and a sum over the batch. onnxruntime runs
+    this at about the forward Conv's speed, several times faster than one Conv of X^T and dY^T.
+    A non-finite element of X spreads to all K taps of its channel here (0 * inf is NaN).
+    """
+    x, w, e = ctx.input(0), ctx.input(1), ctx.emitter
+    w_shape = e.static_shape(w)
+    if w_shape is None:
+        return _grad_w_transposed(ctx, geometry, dy)
+    r, group = geometry.spatial_rank, geometry.group
+    maps, per_group = w_shape[0], w_shape[1]
+    taps = math.prod(geometry.kernel)
+    channels = group * per_group
+    one_hot = np.tile(np.eye(taps).reshape(taps, 1, *geometry.kernel), (channels, 1, *[1] * r))
+    elem_type = e.elem_type(x)
+    if elem_type:
+        kernel = e.constant(one_hot, elem_type, name="im2col_kernel")
+    else:
+        kernel = ctx.op("CastLike", [e.constant(one_hot, onnx.TensorProto.FLOAT, name="im2col_kernel"), x])
+    placement = {"pads": geometry.pads} if geometry.auto_pad == "NOTSET" else {"auto_pad": geometry.auto_pad}
+    cols = ctx.op(
+        "Conv",
+        [x, kernel],
+        strides=geometry.strides,
+        dilations=geometry.dilations,
+        group=channels,
+        kernel_shape=geometry.kernel,
+        **placement,
+    )  # [N, C*K, out...]
+    positions = -1  # the output positions O; explicit when static, so that an empty batch reshapes too
+    if geometry.spatial is not None and geometry.pads is not None:
+        pads = geometry.pads
+        positions = math.prod(
+            (size + pads[axis] + pads[axis + r] - extent) // stride + 1
+            for axis, (size, extent, stride) in enumerate(
+                zip(geometry.spatial, geometry.effective_kernel, geometry.strides, strict=True)
+            )
+        )
+    cols = ctx.op("Reshape", [cols, e.ints([0, group, per_group * taps, positions])])  # [N, G, Cg*K, O]
+    grads = ctx.op("Reshape", [dy, e.ints([0, group, maps // group, positions])])  # [N, G, Mg, O]
+    per_sample = ctx.op("MatMul", [grads, ctx.op("Transpose", [cols], perm=[0, 1, 3, 2])])  # [N, G, Mg, Cg*K]
+    summed = e.reduce_sum(per_sample, [0], keepdims=False)  # [G, Mg, Cg*K]
+    return ctx.op("Reshape", [summed, e.ints(list(w_shape))])
+
+
+def _grad_w_transposed(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
+    """dW = conv(X^T, dY^T) with strides and dilations swapped, cut to the kernel's extent.
+
+    For a W whose shape is not static (``_grad_w`` needs its channel count); onnxruntime runs it
+    3-10x slower than the forward Conv (a [C*N, k'] im2col per channel of X, a GEMM of N = k').
+    """
     x, w, e = ctx.input(0), ctx.input(1), ctx.emitter
     r, group = geometry.spatial_rank, geometry.group
     spatial_perm = list(range(2, 2 + r))

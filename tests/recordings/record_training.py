@@ -2,14 +2,16 @@
 
 Run with the training environment, which has torch:
 
-    .venvs/train/bin/python tests/recordings/record_training.py
+    .venvs/train/bin/python tests/recordings/record_training.py [WORD ...]
 
-For each case it exports the scenario's model (tests/torch_scenarios.py), trains a copy in
-PyTorch for ``STEPS`` steps and writes ``train_step/<case>.npz`` next to this file: the exported
-model's bytes, a JSON config (optimizer and loss with torch's arguments, parameter groups by ONNX
-initializer name, the ONNX initializers to train and their torch sources, the batch input names),
-every batch, the loss of every step and, for every trained ONNX initializer, its value after
-every step as computed from the torch parameters it was made of.
+(with words: only the cases whose file name contains one of them). For each case it exports the
+scenario's model (tests/torch_scenarios.py, tests/convlstm_scenarios.py), trains a copy in PyTorch
+for ``STEPS`` steps and writes ``train_step/<case>.npz`` (the ConvLSTM cases:
+``convlstm/<case>.npz``) next to this file: the exported model's bytes, a JSON config (optimizer and
+loss with torch's arguments, parameter groups by ONNX initializer name, the ONNX initializers to
+train and their torch sources, the batch input names), every batch, the loss of every step and, for
+every trained ONNX initializer, its value after every step as computed from the torch parameters it
+was made of.
 ``tests/test_train_step_parity.py`` replays the batches through the train-step model in
 onnxruntime, without torch. Seeded: a rerun with the same torch computes the same arrays, and
 leaves a file whose arrays are unchanged as it is (byte for byte).
@@ -23,6 +25,7 @@ import math
 import pathlib
 import sys
 import tempfile
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -31,18 +34,15 @@ import onnx
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import convlstm_scenarios  # noqa: E402
 import torch  # noqa: E402
+import torch_scenarios  # noqa: E402
 from torch_scenarios import (  # noqa: E402
     TRAIN_STEP_SCENARIOS,
-    Net,
     Scenario,
     TorchSource,
-    export,
-    make_batch,
-    model_inputs,
     pair_initializers,
     split_frozen,
-    torch_loss,
 )
 
 SEED = 20251123
@@ -126,6 +126,20 @@ CASES: list[dict[str, Any]] = [
     ),
 ]
 
+# ConvLSTM models (tests/convlstm_scenarios.py) in every export flavour, with Adam; recorded into
+# their own folder: tests/test_convlstm_parity.py replays them with the Trainer's defaults.
+CONVLSTM_DIRECTORY = "convlstm"
+CASES += [
+    {
+        "scenario": scenario.name,
+        "exporter": exporter,
+        "optimizer": {"name": "Adam", "kwargs": {"lr": 0.01}},
+        "directory": CONVLSTM_DIRECTORY,
+    }
+    for scenario in convlstm_scenarios.SCENARIOS
+    for exporter in ("torchscript", "dynamo", "dynamo_unoptimized")
+]
+
 # Parameter-group selections of torch parameter names (a case's "select").
 SELECTIONS = {"biases": lambda name: name.rsplit(".", 1)[-1].startswith("bias")}
 
@@ -178,12 +192,25 @@ def param_groups(
     return torch_groups, onnx_groups
 
 
+def scenarios_of(name: str) -> ModuleType:
+    """The module of scenario ``name``: tests/torch_scenarios.py or tests/convlstm_scenarios.py.
+
+    Both offer Net, make_batch, model_inputs, torch_loss and export.
+    """
+    if any(scenario.name == name for scenario in convlstm_scenarios.SCENARIOS):
+        return convlstm_scenarios
+    return torch_scenarios
+
+
 def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
     """Trains one case in torch; returns the arrays of its .npz file."""
-    scenario: Scenario = next(s for s in TRAIN_STEP_SCENARIOS if s.name == case["scenario"])
+    models = scenarios_of(case["scenario"])
+    scenario: Scenario | convlstm_scenarios.Scenario = next(
+        s for s in [*TRAIN_STEP_SCENARIOS, *convlstm_scenarios.SCENARIOS] if s.name == case["scenario"]
+    )
     rng = np.random.default_rng(SEED)
     torch.manual_seed(SEED)
-    exported_net = Net(scenario)
+    exported_net = models.Net(scenario)
     float64 = case.get("dtype") == "float64"
     if float64:
         exported_net = exported_net.double()
@@ -196,11 +223,11 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
         net.get_parameter(name).requires_grad_(False)
     exporter = case["exporter"]
     with tempfile.TemporaryDirectory() as directory:
-        model = export(
+        model = models.export(
             exported_net,
             scenario,
             "torchscript" if exporter == "torchscript" else "dynamo",
-            batch_of(make_batch(scenario, rng)),
+            batch_of(models.make_batch(scenario, rng)),
             pathlib.Path(directory) / "model.onnx",
             optimize=exporter != "dynamo_unoptimized",
         )
@@ -215,14 +242,14 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
     trajectories: dict[str, list[np.ndarray]] = {name: [] for name in trainable}
     batch_names: list[str] = []
     for step in range(STEPS):
-        batch = batch_of(make_batch(scenario, rng))
+        batch = batch_of(models.make_batch(scenario, rng))
         batch_names = sorted(batch)
         for key, value in batch.items():
             arrays[f"batch/{step}/{key}"] = value
         for group in optimizer.param_groups:
             group["lr"] = base_lr * lr_factor(step)
         optimizer.zero_grad()
-        loss = torch_loss(net, batch)
+        loss = models.torch_loss(net, batch)
         loss.backward()
         if "clip_grad_norm" in case:
             torch.nn.utils.clip_grad_norm_(
@@ -246,7 +273,7 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
         "trainable": trainable,
         "frozen": frozen,
         "sources": {name: pairs[name].description for name in pairs},
-        "model_inputs": sorted(model_inputs({name: np.zeros(1) for name in batch_names})),
+        "model_inputs": sorted(models.model_inputs({name: np.zeros(1) for name in batch_names})),
         "target": next(name for name in batch_names if name in ("labels", "target")),
         "torch": torch.__version__,
     }
@@ -301,14 +328,21 @@ def write_unless_unchanged(path: pathlib.Path, arrays: dict[str, np.ndarray]) ->
     print(f"recorded {path.stem}")
 
 
-def main() -> None:
-    """Writes every case's recording; a file whose arrays did not change is left as it is."""
-    OUTPUT_DIR.mkdir(exist_ok=True)
+def main(words: list[str]) -> None:
+    """Writes every case's recording; a file whose arrays did not change is left as it is.
+
+    Args:
+        words: Record only the cases whose name contains one of these (all when empty).
+    """
     names = [case_name(case) for case in CASES]
     assert len(set(names)) == len(names), f"two cases have the same name: {names}"
     for case, name in zip(CASES, names, strict=True):
-        write_unless_unchanged(OUTPUT_DIR / f"{name}.npz", record(case))
+        if words and not any(word in name for word in words):
+            continue
+        directory = HERE / case["directory"] if "directory" in case else OUTPUT_DIR
+        directory.mkdir(exist_ok=True)
+        write_unless_unchanged(directory / f"{name}.npz", record(case))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
