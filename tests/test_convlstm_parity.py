@@ -25,40 +25,15 @@ from ortlstm.training import Trainer
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "convlstm").glob("*.npz"))
 
-# Known gaps. The zero initial state (torch.zeros) reaches the export as a float tensor that is
-# no torch parameter: with static shapes as a zero tensor of the state's full shape (TorchScript: a
-# Constant node, dynamo: an initializer), with a dynamic batch in dynamo as a 0-D initializer that
-# an Expand broadcasts (TorchScript writes ConstantOfShape then, which is no candidate).
-_DEFAULT_TRAINS_ZEROS = (
-    "the Trainer's default requires_grad trains the export's zero initial state (a float initializer or "
-    "Constant of torch.zeros that is no torch parameter): the lead's fix of the default in graphs/train_step.py "
-    "and graphs/prepare.py"
-)
-
-
-def _gap(stem: str, settings: str) -> pytest.MarkDecorator | None:
-    """The strict xfail of a known gap of recording ``stem`` replayed with ``settings``, or None.
-
-    dynamo optimize=False writes torch.split as SplitToSequence + SequenceAt (the sequence rules of
-    graphs/autodiff/rules_sequence.py train it) and the zero state as an Expand of a 0-D Constant
-    node, which the default does not train: no gap.
-    """
-    exporter = stem.split("-")[1]
-    if exporter == "dynamo_unoptimized":
-        return None
-    static = "dynamic_batch" not in stem
-    if settings == "defaults" and (exporter == "dynamo" or static):
-        return pytest.mark.xfail(reason=_DEFAULT_TRAINS_ZEROS, raises=AssertionError, strict=True)
-    return None
-
-
 def _cases() -> list:
-    cases = []
-    for settings in ("defaults", "requires_grad"):
-        for path in RECORDINGS:
-            gap = _gap(path.stem, settings)
-            cases.append(pytest.param(path, settings, id=f"{path.stem}-{settings}", marks=[gap] if gap else []))
-    return cases
+    # The zero initial state (torch.zeros) reaches every export as a float tensor that is no torch
+    # parameter: a full-shape Constant (TorchScript, static shapes), a zeros initializer or a 0-D one
+    # an Expand broadcasts (dynamo). The defaults must leave it alone in all of them.
+    return [
+        pytest.param(path, settings, id=f"{path.stem}-{settings}")
+        for settings in ("defaults", "requires_grad")
+        for path in RECORDINGS
+    ]
 
 
 def replay(recording: Recording, settings: str) -> tuple[list[float], list[dict[str, np.ndarray]]]:
