@@ -6,7 +6,7 @@ Each (config, runtime) runs in a fresh process: the libraries are imported and t
 is built and ``--steps`` steps run; "added" is the peak resident set after them (``VmHWM``) minus
 the baseline. The models are bench_training.py's LSTM classifiers (cross-entropy over 10 classes,
 AdamW), bidirectional, at the sizes of issue 26: demo (8, 32, 8, 64, 1 layer), mid (64, 32, 128,
-256, 2 layers), big (128, 64, 256, 512, 1 layer).
+256, 2 layers), big (128, 64, 256, 512, 1 layer); and its ConvLSTM classifier (``convlstm``).
 
 The Trainer runs with the interpreter given by ``--trainer-python`` (plain onnxruntime), torch
 with ``--torch-python`` (default: this interpreter for both). Linux only (``/proc``).
@@ -28,6 +28,8 @@ CONFIGS = {
     "demo": (8, 32, 8, 64, 1),
     "mid": (64, 32, 128, 256, 2),
     "big": (128, 64, 256, 512, 1),
+    # bench_training.py's ConvLSTM classifier: (N, T, C, H, W, hidden) = (8, 8, 4, 32, 32, 16)
+    "convlstm": (8, 8, 4, 32, 32, 16),
 }
 
 
@@ -44,8 +46,11 @@ def measure(config_name: str, runtime: str, steps: int, threads: int) -> dict[st
     sys.path.insert(0, str(HERE))
     import bench_training
 
-    seq_length, batch_size, input_size, hidden_size, layers = CONFIGS[config_name]
-    config = bench_training.Config(config_name, seq_length, batch_size, input_size, hidden_size, layers, True)
+    if config_name == "convlstm":
+        config = bench_training.CONFIGS["convlstm"]
+    else:
+        seq_length, batch_size, input_size, hidden_size, layers = CONFIGS[config_name]
+        config = bench_training.Config(config_name, seq_length, batch_size, input_size, hidden_size, layers, True)
     model = bench_training.build_model(config)
     batch = bench_training.batch_of(config)
     if runtime == "torch":
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"CPU: {cpu}, {os.cpu_count()} CPUs; {args.threads} threads, {args.steps} steps, median of {args.repeats}")
     print(
-        "| config (T, N, I, H, layers) | "
+        "| config (T, N, I, H, layers; convlstm: N, T, C, H, W, hidden) | "
         + " | ".join(f"{runtime} added (peak)" for runtime in runtimes)
         + " | ratio |"
     )
