@@ -288,14 +288,16 @@ def _add_demo_ocr(commands: Any) -> None:
     ocr.add_argument(
         "--clean-fraction", type=float, default=0.25, help="share of each batch in the clean style (default 0.25)"
     )
-    ocr.add_argument(
+    trained = ocr.add_mutually_exclusive_group()
+    trained.add_argument(
         "--frozen",
         nargs="+",
-        default=[],
+        default=None,
         metavar="PATTERN",
-        help="parameters not to train, e.g. 'conv2d_*' 'batch_norm_*' to train only the LSTMs and the head "
-        "(default: the whole model)",
+        help="parameters not to train: names, globs or prefixes (default: the CNN, conv2d_* batch_norm_*: "
+        "the LSTMs and the head are trained)",
     )
+    trained.add_argument("--whole-model", action="store_true", help="train every parameter, the CNN too")
     ocr.add_argument("--held-out", type=int, default=100, help="held-out lines per style (default 100)")
     ocr.add_argument("--eval-every", type=int, default=10, help="steps between CER measurements (default 10)")
     ocr.add_argument("--seed", type=int, default=0)
@@ -466,7 +468,7 @@ def _demo_chars(args: argparse.Namespace) -> int:
 
 
 def _demo_ocr(args: argparse.Namespace) -> int:
-    from ortlstm.demo_ocr import report, run_demo_ocr
+    from ortlstm.demo_ocr import CNN, report, run_demo_ocr
 
     result = run_demo_ocr(
         model_wheel=args.model_wheel,
@@ -475,7 +477,7 @@ def _demo_ocr(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         learning_rate=args.lr,
         clean_fraction=args.clean_fraction,
-        frozen=tuple(args.frozen),
+        frozen=() if args.whole_model else CNN if args.frozen is None else tuple(args.frozen),
         held_out=args.held_out,
         eval_every=args.eval_every,
         seed=args.seed,

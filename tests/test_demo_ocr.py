@@ -105,6 +105,7 @@ def test_ctc_steps_lower_the_loss_and_the_export_runs_without_ortlstm_and_matche
         model,
         loss=losses.Loss.ctc_loss(input="probs", batch_first=True),
         optimizer=optimizers.Adam(lr=1e-3),
+        frozen=demo_ocr.CNN,  # the demo's default: the LSTMs and the head are trained
         output=demo_ocr.OUTPUT,
         threads=2,
     )
@@ -148,3 +149,16 @@ def test_the_cached_wheel_is_used_without_downloading(tmp_path: Path) -> None:
     cached = tmp_path / demo_ocr.WHEEL
     cached.write_bytes(b"")
     assert demo_ocr.find_wheel(None, cache=tmp_path) == cached
+
+
+def test_the_cli_trains_the_lstms_and_the_head_unless_told_otherwise(capsys: pytest.CaptureFixture[str]) -> None:
+    from ortlstm.__main__ import _parser
+
+    parser = _parser()
+    assert parser.parse_args(["demo-ocr"]).frozen is None  # -> demo_ocr.CNN
+    assert parser.parse_args(["demo-ocr", "--whole-model"]).whole_model
+    assert parser.parse_args(["demo-ocr", "--frozen", "conv2d_*"]).frozen == ["conv2d_*"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo-ocr", "--whole-model", "--frozen", "conv2d_*"])
+    assert "argument --frozen: not allowed with argument --whole-model" in capsys.readouterr().err
+    assert demo_ocr.CNN == ("conv2d_*", "batch_norm_*")
