@@ -10,8 +10,8 @@ lower case as upper case). The demo measures the character error rate (CER, gree
 on held-out lines of both styles, fine-tunes its LSTMs and head (the CNN frozen) with
 ``Loss.ctc_loss`` (Adam, cosine schedule) on lines of the new style with a quarter of clean lines
 mixed in (so that it does not forget the clean style), measures again, prints a table, writes a
-plot and a sheet of sample lines with their readings, and checks that the exported model, run by onnxruntime without the ortlstm library,
-reads what the fine-tuned trainer reads. No torch anywhere.
+plot and a sheet of sample lines with their readings, and checks that the exported model, run by
+onnxruntime without the ortlstm library, reads what the fine-tuned trainer reads. No torch anywhere.
 """
 
 from __future__ import annotations
