@@ -20,9 +20,9 @@ standard ``LSTM`` nodes. ``prepare_model`` returns a model where:
   the initializers that are torch parameters or were folded from them (``export_metadata``),
   never buffers or an exporter's constants (a zero initial state); without it, the float
   initializers of rank >= 1 (0-D ones are an exporter's literals, an epsilon or a zero state to
-  expand) and the float ``Constant`` tensors of rank >= 1 that are not filled with one value
-  (TorchScript's zero initial states), all of them in a model that keeps every weight in
-  ``Constant`` nodes (spox); never a value read only as a ``Pow`` exponent;
+  expand) and the float ``Constant`` tensors of rank >= 1 that are not many elements of one value
+  (TorchScript's and paddle2onnx's zero initial states); never a value read only as a ``Pow``
+  exponent;
 - a candidate that a ``BatchNormalization`` also reads as its running mean or variance gets its
   own constant copy there (onnxscript's optimizer merges equal initializers: a zero bias and a
   zero running mean become one, and training the bias must not move the statistic);
@@ -425,17 +425,19 @@ def _prepare(
             for init in graph.initializer
             if init.data_type in FLOAT_TYPES and init.name in initializer_names and (init.dims or init.name in kept)
         }
-    # Where the weights are initializers (torch, paddle2onnx), a Constant node filled with one value
-    # is a literal of the forward (TorchScript writes torch.zeros initial states so); spox writes
-    # every weight as a Constant.
-    constants_are_weights = origins is None and not candidates
 
+    # A Constant node filled with one value is a literal of the forward: TorchScript writes
+    # torch.zeros initial states so, paddle2onnx its LSTMs' zero states (spox and paddle2onnx write
+    # every weight as a Constant, so the weights among Constants are the other ones).
     def is_weight_constant(name: str, value: np.ndarray) -> bool:
         if name in kept:
             return True
         if origins is not None or value.ndim == 0 or value.size == 0:
             return False
-        return constants_are_weights or bool(np.any(value != value.reshape(-1)[0]))
+        # A tensor of many elements and one value (zeros to Tile or Expand into a state) is a
+        # literal, in a model of Constant weights too: paddle2onnx's PP-OCRv2 writes its LSTMs' zero
+        # states so. A one-element tensor is a weight (silero-vad's output bias).
+        return value.size == 1 or bool(np.any(value != value.reshape(-1)[0]))
 
     opsets = list(result.opset_import)
     specialized: list[str] = []

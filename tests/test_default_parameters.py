@@ -158,6 +158,43 @@ def test_defaults_train_the_torch_parameters_only() -> None:
     assert set(built.signature.params) == TORCH_PARAMETERS
 
 
+def test_in_a_model_of_constant_weights_zero_states_are_literals() -> None:
+    """paddle2onnx / spox: every weight a Constant; a zeros state Constant is not trained, a one-element bias is.
+
+    (PP-OCRv2 Tiles two [1, 4, 64] zero Constants into its LSTMs' initial states; silero-vad's
+    output bias is a [1] Constant.)
+    """
+    rng = np.random.default_rng(8)
+
+    def constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value.astype(np.float32), name))
+
+    nodes = [
+        constant("W", rng.uniform(-0.5, 0.5, (1, 4 * HIDDEN, FEATURES))),
+        constant("R", rng.uniform(-0.5, 0.5, (1, 4 * HIDDEN, HIDDEN))),
+        constant("zero_state", np.zeros((1, 1, HIDDEN))),
+        constant("head.weight", rng.uniform(-0.5, 0.5, (HIDDEN, 1))),
+        constant("head.bias", np.asarray([0.25])),
+        helper.make_node("Constant", [], ["repeats"], value=numpy_helper.from_array(np.asarray([1, 3, 1], np.int64))),
+        helper.make_node("Tile", ["zero_state", "repeats"], ["state"]),
+        helper.make_node("LSTM", ["x", "W", "R", "", "", "state", "state"], ["", "h_n"], hidden_size=HIDDEN),
+        helper.make_node("Squeeze", ["h_n", "zero_axis"], ["h"]),
+        helper.make_node("MatMul", ["h", "head.weight"], ["scores"]),
+        helper.make_node("Add", ["scores", "head.bias"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "constant_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3, FEATURES])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [3, 1])],
+        [numpy_helper.from_array(np.asarray([0], np.int64), "zero_axis")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    built = _build(model)
+    assert set(built.signature.params) == {"W", "R", "head.weight", "head.bias"}
+
+
 def test_without_metadata_a_0d_initializer_is_a_literal_but_can_be_named() -> None:
     model = dynamo_like_model(with_metadata=False)
     built = _build(model)
