@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +348,90 @@ def _table(result: OcrResult) -> str:
     return "\n".join(rows)
 
 
+def _check_settings(sizes: Mapping[str, int], width: int, clean_fraction: float) -> None:
+    """Refuses sizes below 1, a width that is not whole output frames, and a clean share outside [0, 1)."""
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if width < FRAME_WIDTH or width % FRAME_WIDTH:
+        raise ValueError(f"width must be a positive multiple of {FRAME_WIDTH} (one output frame each), got {width}")
+    if not 0.0 <= clean_fraction < 1.0:
+        raise ValueError(f"clean_fraction must be in [0, 1), got {clean_fraction}")
+
+
+def _held_out_lines(
+    model: Any, classes: list[str], seed: int, held_out: int, width: int, threads: int
+) -> tuple[dict[str, Lines], dict[str, list[str]], dict[str, float]]:
+    """The held-out lines of each style, the shipped model's readings of them and its CER."""
+    held_out_rng = np.random.default_rng([seed, 1])
+    tests = {
+        style.name: render_lines(
+            random_texts(held_out_rng, held_out, HELD_OUT_WORDS), style, held_out_rng, width, classes
+        )
+        for style in (NEW_STYLE, CLEAN_STYLE)
+    }
+    original = plain_session(model, threads)
+    readings = {name: read(run_plain(original, lines.images), classes) for name, lines in tests.items()}
+    return tests, readings, {name: cer(readings[name], lines.texts) for name, lines in tests.items()}
+
+
+def _fine_tune(
+    trainer: Any,
+    tests: Mapping[str, Lines],
+    result: OcrResult,
+    rng: np.random.Generator,
+    clean_lines: int,
+    width: int,
+    classes: list[str],
+    eval_every: int,
+    log: Callable[[str], None],
+) -> None:
+    """Runs the training steps (new-style lines plus ``clean_lines`` clean ones each) and fills the curves."""
+    result.curves = {name: [value] for name, value in result.cer_before.items()}
+    for step in range(1, result.steps + 1):
+        texts = random_texts(rng, result.batch_size, TRAIN_WORDS)
+        batch = concatenate(
+            [
+                render_lines(texts[clean_lines:], NEW_STYLE, rng, width, classes),
+                render_lines(texts[:clean_lines], CLEAN_STYLE, rng, width, classes),
+            ]
+        )
+        started = time.perf_counter()
+        loss = trainer.step(batch.images, target=batch.targets, target_lengths=batch.target_lengths)
+        result.training_seconds += time.perf_counter() - started
+        result.losses.append(float(loss))
+        if step % eval_every == 0 or step == result.steps:
+            result.curve_steps.append(step)
+            for name, lines in tests.items():
+                result.curves[name].append(cer(read(trainer_probabilities(trainer, lines), classes), lines.texts))
+            log(
+                f"step {step:3d}: loss {loss:.4f}, held-out CER "
+                + ", ".join(f"{name} {values[-1]:.3f}" for name, values in result.curves.items())
+            )
+
+
+def _check_exported(
+    trainer: Any,
+    tests: Mapping[str, Lines],
+    result: OcrResult,
+    output: Path | None,
+    classes: list[str],
+    threads: int,
+) -> dict[str, list[str]]:
+    """Exports the fine-tuned model in its original form (standard ONNX ops) and reads with it.
+
+    The held-out lines are read in onnxruntime without ortlstm; returns those readings.
+    """
+    trainer_readings = {name: read(trainer_probabilities(trainer, lines), classes) for name, lines in tests.items()}
+    exported = trainer.export(output)
+    session = plain_session(exported, threads)
+    plain_readings = {name: read(run_plain(session, lines.images), classes) for name, lines in tests.items()}
+    result.plain_cer = {name: cer(plain_readings[name], lines.texts) for name, lines in tests.items()}
+    result.plain_matches = plain_readings == trainer_readings
+    result.model = output
+    return plain_readings
+
+
 def run_demo_ocr(
     model_wheel: Path | None = None,
     steps: int = 30,
@@ -395,14 +479,11 @@ def run_demo_ocr(
     Raises:
         ValueError: A size or fraction out of range.
     """
-    sizes = {"steps": steps, "batch_size": batch_size, "held_out": held_out, "eval_every": eval_every}
-    for name, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if width < FRAME_WIDTH or width % FRAME_WIDTH:
-        raise ValueError(f"width must be a positive multiple of {FRAME_WIDTH} (one output frame each), got {width}")
-    if not 0.0 <= clean_fraction < 1.0:
-        raise ValueError(f"clean_fraction must be in [0, 1), got {clean_fraction}")
+    _check_settings(
+        {"steps": steps, "batch_size": batch_size, "held_out": held_out, "eval_every": eval_every},
+        width,
+        clean_fraction,
+    )
     start = time.perf_counter()
     ort = _require("onnxruntime")
     training = importlib.import_module("ortlstm.training")
@@ -410,17 +491,7 @@ def run_demo_ocr(
     optimizers = importlib.import_module("ortlstm.graphs.optimizers")
     model, classes = load_recognizer(find_wheel(model_wheel, cache))
     rng = np.random.default_rng(seed)
-    held_out_rng = np.random.default_rng([seed, 1])
-    styles = (NEW_STYLE, CLEAN_STYLE)
-    tests = {
-        style.name: render_lines(
-            random_texts(held_out_rng, held_out, HELD_OUT_WORDS), style, held_out_rng, width, classes
-        )
-        for style in styles
-    }
-    original = plain_session(model, threads)
-    readings_before = {name: read(run_plain(original, lines.images), classes) for name, lines in tests.items()}
-    cer_before = {name: cer(readings_before[name], lines.texts) for name, lines in tests.items()}
+    tests, readings_before, cer_before = _held_out_lines(model, classes, seed, held_out, width, threads)
     log(
         f"PP-OCRv2 recognizer from {PACKAGE}, onnxruntime {ort.__version__}: CER before on {held_out} held-out "
         + ", ".join(f"{name} {value:.3f}" for name, value in cer_before.items())
@@ -444,40 +515,11 @@ def run_demo_ocr(
         f"fine-tuning {len(trainer.signature.params)} parameters ({trained:,} values) with CTC, "
         f"Adam lr {learning_rate:g} cosine-annealed over {steps} steps"
     )
-    clean_lines = round(batch_size * clean_fraction)
-    curves = {name: [value] for name, value in cer_before.items()}
-    result = OcrResult(cer_before, {}, {}, False, [], [0], curves, [], steps, batch_size, held_out, 0.0, 0.0)
-    for step in range(1, steps + 1):
-        texts = random_texts(rng, batch_size, TRAIN_WORDS)
-        batch = concatenate(
-            [
-                render_lines(texts[clean_lines:], NEW_STYLE, rng, width, classes),
-                render_lines(texts[:clean_lines], CLEAN_STYLE, rng, width, classes),
-            ]
-        )
-        started = time.perf_counter()
-        loss = trainer.step(batch.images, target=batch.targets, target_lengths=batch.target_lengths)
-        result.training_seconds += time.perf_counter() - started
-        result.losses.append(float(loss))
-        if step % eval_every == 0 or step == steps:
-            result.curve_steps.append(step)
-            for name, lines in tests.items():
-                result.curves[name].append(cer(read(trainer_probabilities(trainer, lines), classes), lines.texts))
-            log(
-                f"step {step:3d}: loss {loss:.4f}, held-out CER "
-                + ", ".join(f"{name} {values[-1]:.3f}" for name, values in result.curves.items())
-            )
+    result = OcrResult(cer_before, {}, {}, False, [], [0], {}, [], steps, batch_size, held_out, 0.0, 0.0)
+    _fine_tune(trainer, tests, result, rng, round(batch_size * clean_fraction), width, classes, eval_every, log)
     log(f"training: {steps} steps of {batch_size} lines, {result.training_seconds:.1f} s")
     result.cer_after = {name: values[-1] for name, values in result.curves.items()}
-    trainer_readings = {name: read(trainer_probabilities(trainer, lines), classes) for name, lines in tests.items()}
-
-    # The fine-tuned model in its original form (standard ONNX ops), in onnxruntime without ortlstm.
-    exported = trainer.export(output)
-    session = plain_session(exported, threads)
-    plain_readings = {name: read(run_plain(session, lines.images), classes) for name, lines in tests.items()}
-    result.plain_cer = {name: cer(plain_readings[name], lines.texts) for name, lines in tests.items()}
-    result.plain_matches = plain_readings == trainer_readings
-    result.model = output
+    plain_readings = _check_exported(trainer, tests, result, output, classes, threads)
     chosen = [(NEW_STYLE.name, i) for i in range(min(samples, held_out))] + [(CLEAN_STYLE.name, 0)]
     result.samples = [
         (name, tests[name].texts[i], readings_before[name][i], plain_readings[name][i]) for name, i in chosen
