@@ -116,6 +116,32 @@ def sample(
     return text
 
 
+def _train_windows(
+    trainer: Any, columns: np.ndarray, seq_length: int, steps: int, log_every: int, result: CharLmResult
+) -> None:
+    """Steps through consecutive windows of every stream (``columns``: [position, stream]).
+
+    The LSTM state is carried from one window to the next, and back to zero at the start of the streams.
+    """
+    tqdm = importlib.import_module("tqdm")
+    windows = (len(columns) - 1) // seq_length
+    with tqdm.tqdm(total=steps, desc="training", leave=False, disable=not sys.stdout.isatty()) as bar:
+        for step in range(steps):
+            window = step % windows
+            if window == 0:
+                trainer.reset_state()  # back to the start of every stream
+            first = window * seq_length
+            inputs = columns[first : first + seq_length]
+            targets = columns[first + 1 : first + seq_length + 1].reshape(-1)
+            loss = trainer.step(inputs, target=targets)
+            result.train_losses.append(loss)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.update()
+            if (step + 1) % log_every == 0 or step + 1 == steps:
+                recent = float(np.mean(result.train_losses[-log_every:]))
+                bar.write(f"step {step + 1:4d}: loss {recent:.3f} ({recent / math.log(2):.2f} bits per character)")
+
+
 def run_char_lm(
     steps: int = 400,
     seq_length: int = 64,
@@ -149,7 +175,6 @@ def run_char_lm(
     """
     start = time.perf_counter()
     ort = importlib.import_module("onnxruntime")
-    tqdm = importlib.import_module("tqdm")
     losses = importlib.import_module("ortlstm.graphs.losses")
     optimizers = importlib.import_module("ortlstm.graphs.optimizers")
     training = importlib.import_module("ortlstm.training")
@@ -158,7 +183,6 @@ def run_char_lm(
     tokens = tokens[: len(tokens) - len(held_out)]
     stream_length = len(tokens) // streams
     columns = tokens[: stream_length * streams].reshape(streams, stream_length).T  # [position, stream]
-    windows = (stream_length - 1) // seq_length
     print(
         f"character LM on {len(tokens):,} characters of Python's reference documentation: {streams} streams, "
         f"windows of {seq_length}, LSTM hidden_size={hidden_size}, stateful truncated BPTT, onnxruntime "
@@ -178,21 +202,7 @@ def run_char_lm(
         threads=threads,
     )
     result = CharLmResult([], 0.0, [], 0.0, None)
-    with tqdm.tqdm(total=steps, desc="training", leave=False, disable=not sys.stdout.isatty()) as bar:
-        for step in range(steps):
-            window = step % windows
-            if window == 0:
-                trainer.reset_state()  # back to the start of every stream
-            first = window * seq_length
-            inputs = columns[first : first + seq_length]
-            targets = columns[first + 1 : first + seq_length + 1].reshape(-1)
-            loss = trainer.step(inputs, target=targets)
-            result.train_losses.append(loss)
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            bar.update()
-            if (step + 1) % log_every == 0 or step + 1 == steps:
-                recent = float(np.mean(result.train_losses[-log_every:]))
-                bar.write(f"step {step + 1:4d}: loss {recent:.3f} ({recent / math.log(2):.2f} bits per character)")
+    _train_windows(trainer, columns, seq_length, steps, log_every, result)
     usable = (len(held_out) - 1) // seq_length * seq_length
     held_out_inputs = held_out[:usable].reshape(-1, seq_length).T  # [seq_length, windows]
     held_out_targets = held_out[1 : usable + 1].reshape(-1, seq_length).T.reshape(-1)
