@@ -188,6 +188,16 @@ def test_train_step_takes_every_loss_of_the_table() -> None:
         assert parser.parse_args(["train-step", "m", "d", "--loss", kind, "--optimizer", "sgd"]).loss == kind
 
 
+def test_train_step_takes_every_optimizer_of_the_table() -> None:
+    from ortlstm.__main__ import _parser, _trainer_arguments
+    from ortlstm.graphs import optimizers
+
+    parser = _parser()
+    for name, cls in optimizers.OPTIMIZERS.items():
+        args = parser.parse_args(["train-step", "m", "d", "--loss", "mse_loss", "--optimizer", name.lower()])
+        assert type(_trainer_arguments(args)["optimizer"]) is cls
+
+
 @pytest.mark.parametrize(
     ("command", "shown", "hidden"),
     [
