@@ -12,6 +12,7 @@ try:
     from ortlstm.graphs.optimizers.base import (
         Optimizer,
         Update,
+        as_betas,
         check_betas,
         check_implementation,
         register_optimizer,
@@ -23,6 +24,7 @@ except ModuleNotFoundError:
     from graphs.optimizers.base import (  # type: ignore[no-redef]
         Optimizer,
         Update,
+        as_betas,
         check_betas,
         check_implementation,
         register_optimizer,
@@ -73,15 +75,12 @@ class Adam(Optimizer):
     implementation: str = dataclasses.field(default="ortlstm", kw_only=True)
 
     def __post_init__(self) -> None:
-        betas = tuple(float(beta) for beta in self.betas)
-        object.__setattr__(self, "betas", betas)
-        if len(betas) != 2:
-            raise ValueError(f"betas must be two floats, got {betas}")
+        object.__setattr__(self, "betas", as_betas(self.betas))
         if not self.lr >= 0.0:
             raise ValueError(f"Invalid learning rate: {self.lr}")
         if not self.eps >= 0.0:
             raise ValueError(f"Invalid epsilon value: {self.eps}")
-        check_betas(betas)
+        check_betas(self.betas)
         if not self.weight_decay >= 0.0:
             raise ValueError(f"Invalid weight_decay value: {self.weight_decay}")
         check_implementation(self.implementation, self.fused_multiply_add)

@@ -123,6 +123,18 @@ def check_nonnegative(*checks: tuple[float, str]) -> None:
             raise ValueError(f"Invalid {label}: {value}")
 
 
+def as_betas(betas: Sequence[float]) -> tuple[float, float]:
+    """``betas`` as a tuple of two Python floats.
+
+    Raises:
+        ValueError: There are not two.
+    """
+    floats = tuple(float(beta) for beta in betas)
+    if len(floats) != 2:
+        raise ValueError(f"betas must be two floats, got {floats}")
+    return floats  # type: ignore[return-value]
+
+
 def check_betas(betas: Sequence[float]) -> None:
     """Raises torch's ``Invalid beta parameter at index <i>: <value>`` for a beta outside [0, 1)."""
     for index, beta in enumerate(betas):
