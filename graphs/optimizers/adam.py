@@ -8,7 +8,7 @@ from typing import ClassVar
 
 try:
     from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
+    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, decoupled_decay, scalar_double
     from ortlstm.graphs.optimizers.base import (
         Optimizer,
         Update,
@@ -20,7 +20,13 @@ try:
     from ortlstm.ops import schema
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double  # type: ignore[no-redef]
+    from graphs.optimizers.arithmetic import (  # type: ignore[no-redef]
+        DOUBLE,
+        TensorMath,
+        cast_to,
+        decoupled_decay,
+        scalar_double,
+    )
     from graphs.optimizers.base import (  # type: ignore[no-redef]
         Optimizer,
         Update,
@@ -104,9 +110,7 @@ class Adam(Optimizer):
             "bias_correction2_sqrt": cast_to(emitter, bc2_sqrt, elem_type),
         }
         if self.decoupled_weight_decay and self.weight_decay != 0:
-            # torch: param.mul_(1 - lr * weight_decay), a Python float.
-            decay = emitter.op("Sub", [one, emitter.op("Mul", [lr, emitter.constant(self.weight_decay, DOUBLE)])])
-            scalars["decay"] = cast_to(emitter, decay, elem_type)
+            scalars["decay"] = decoupled_decay(emitter, lr, self.weight_decay, elem_type)
         return scalars
 
     def standard_update(
@@ -114,12 +118,7 @@ class Adam(Optimizer):
     ) -> Update:
         """See the class docstring."""
         beta1, beta2 = self.betas
-        g = math.op("Neg", [grad]) if self.maximize else grad
-        if self.weight_decay != 0:
-            if self.decoupled_weight_decay:
-                param = math.op("Mul", [param, scalars["decay"]])  # param.mul_(1 - lr * weight_decay)
-            else:
-                g = math.fma(param, self.weight_decay, g)  # grad.add(param, alpha=weight_decay)
+        param, g = math.weight_decay(param, grad, self.maximize, self.weight_decay, scalars.get("decay"))
         # exp_avg.lerp_(grad, 1 - beta1)
         new_exp_avg = math.lerp(state["exp_avg"], g, 1.0 - beta1, name=f"{param}.exp_avg.new")
         # exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

@@ -59,6 +59,13 @@ def cast_to(emitter: GraphEmitter, value: str, elem_type: int) -> str:
     return value if elem_type == DOUBLE else emitter.op("Cast", [value], to=elem_type)
 
 
+def decoupled_decay(emitter: GraphEmitter, lr: str, weight_decay: float, elem_type: int) -> str:
+    """The factor of torch's ``param.mul_(1 - lr * weight_decay)``: a Python float rounded to the parameters' type."""
+    one = emitter.constant(1.0, DOUBLE)
+    decay = emitter.op("Sub", [one, emitter.op("Mul", [lr, emitter.constant(weight_decay, DOUBLE)])])
+    return cast_to(emitter, decay, elem_type)
+
+
 def np_dtype(elem_type: int) -> np.dtype:
     """The NumPy dtype of an ONNX element type."""
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
@@ -133,6 +140,28 @@ class TensorMath:
         """The gradient as torch's first lines make it: ``-grad`` if maximize, then ``+ weight_decay * param``."""
         g = self.emitter.op("Neg", [grad]) if maximize else grad
         return g if weight_decay == 0 else self.fma(param, weight_decay, g)
+
+    def weight_decay(
+        self, param: str, grad: str, maximize: bool, weight_decay: float, decay: str | None = None
+    ) -> tuple[str, str]:
+        """The first lines of torch's update: ``-grad`` if maximize, then the decay, decoupled or through the gradient.
+
+        Args:
+            param: The parameter.
+            grad: Its gradient.
+            maximize: Negate the gradient.
+            weight_decay: The L2 penalty added to the gradient (``grad + weight_decay * param``)
+                when there is no ``decay``.
+            decay: The decoupled decay's factor (``decoupled_decay``): the parameter is
+                multiplied by it instead, or None.
+
+        Returns:
+            The parameter and the gradient the update goes on with.
+        """
+        if decay is None:
+            return param, self.l2_gradient(param, grad, maximize, weight_decay)
+        g = self.emitter.op("Neg", [grad]) if maximize else grad
+        return self.emitter.op("Mul", [param, decay]), g  # param.mul_(1 - lr * weight_decay)
 
     def lerp(self, start: str, end: str, weight: float, *, name: str) -> str:
         """The lerp of torch's ``start.lerp_(end, weight)``, the weight rounded to the tensor's type.
