@@ -328,8 +328,8 @@ def test_train_step_takes_frozen_fixed_shapes_and_fixed_inputs(tmp_path: Path) -
     assert spec.clip_norm_type == float("inf")
 
 
-@pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad")])
-def test_train_step_takes_rmsprop_and_adagrad(tmp_path: Path, flag: str, name: str) -> None:
+@pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad"), ("nadam", "NAdam")])
+def test_train_step_takes_standard_ops_optimizers(tmp_path: Path, flag: str, name: str) -> None:
     from ortlstm.training import Trainer
 
     rng = np.random.default_rng(7)

@@ -60,6 +60,7 @@ try:
         resolve_groups,
     )
     from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
+    from ortlstm.graphs.optimizers.nadam import NAdam
     from ortlstm.graphs.optimizers.rmsprop import RMSprop
     from ortlstm.graphs.optimizers.sgd import SGD
 except ModuleNotFoundError:
@@ -77,6 +78,7 @@ except ModuleNotFoundError:
         resolve_groups,
     )
     from graphs.optimizers.clip import ClipGradNorm, clip_grad_norm  # type: ignore[no-redef]
+    from graphs.optimizers.nadam import NAdam  # type: ignore[no-redef]
     from graphs.optimizers.rmsprop import RMSprop  # type: ignore[no-redef]
     from graphs.optimizers.sgd import SGD  # type: ignore[no-redef]
 
@@ -88,6 +90,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradNorm",
+    "NAdam",
     "Optimizer",
     "OptimizerStep",
     "ParamGroup",

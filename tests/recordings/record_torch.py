@@ -47,6 +47,7 @@ SGD_LR = 0.05
 ADAM_LR = 0.01
 RMSPROP_LR = 0.01
 ADAGRAD_LR = 0.05
+NADAM_LR = 0.01
 CLIP2 = {"max_norm": 3.5, "norm_type": 2.0}
 CLIPINF = {"max_norm": 1.5, "norm_type": "inf"}
 
@@ -155,6 +156,32 @@ OPTIMIZER_CASES: list[dict[str, Any]] = [
         "kwargs": {"lr": ADAGRAD_LR, "eps": 1e-3, "maximize": True},
         "groups": [{"params": [0, 3], "lr_scale": 0.5}, {"params": [1, 2], "weight_decay": 0.02}],
         "wide": True,
+    },
+    {"name": "nadam_default", "optimizer": "NAdam", "kwargs": {"lr": NADAM_LR}},
+    {"name": "nadam_weight_decay", "optimizer": "NAdam", "kwargs": {"lr": NADAM_LR, "weight_decay": 0.1}, "wide": True},
+    {
+        "name": "nadam_decoupled_weight_decay",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "weight_decay": 0.1, "decoupled_weight_decay": True},
+        "wide": True,
+    },
+    {
+        "name": "nadam_momentum_decay_betas_eps_maximize",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "momentum_decay": 0.3, "betas": [0.8, 0.99], "eps": 1e-3, "maximize": True},
+    },
+    {
+        # mu_product falls below 2**-54 at step 8: steps 9 and 10 read the last entry of its table.
+        "name": "nadam_short_momentum",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "betas": [0.01, 0.999]},
+    },
+    {
+        "name": "nadam_groups_clip2",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "weight_decay": 0.05, "decoupled_weight_decay": True},
+        "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1], "lr_scale": 0.3, "betas": [0.5, 0.9]}],
+        "clip": CLIP2,
     },
 ]
 
