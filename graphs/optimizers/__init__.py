@@ -1,12 +1,12 @@
-"""torch.optim's SGD, Adam, AdamW, RMSprop and Adagrad and clip_grad_norm_ as ONNX nodes.
+"""torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad and NAdam and clip_grad_norm_ as ONNX nodes.
 
-One module per optimizer (``sgd``, ``adam`` with AdamW, ``rmsprop``, ``adagrad``), each class
+One module per optimizer (``sgd``, ``adam`` with AdamW, ``rmsprop``, ``adagrad``, ``nadam``), each class
 registered in one table (``OPTIMIZERS``, see ``base``) that ``optimizer_from_torch``, the
 Trainer's checkpoints and the command line read; ``clip`` holds ``clip_grad_norm``, ``arithmetic``
 torch's CPU arithmetic in standard ops. A new optimizer is one module with one registered class
 (see ``register_optimizer``), imported here, plus its test rows.
 
-Clipping, RMSprop and Adagrad are standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
+Clipping, RMSprop, Adagrad and NAdam are standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
 ``ortlstm::AdamUpdate`` node per parameter by default (the ortlstm library's kernels: one pass
 over the parameter, threaded, true fused multiply-adds; docs/ops.md#sgdupdate, #adamupdate), or
 the same update in standard ops with ``implementation="onnx"`` (up to about 20 nodes per

@@ -60,8 +60,8 @@ class ParamGroup:
         momentum: Override (SGD, RMSprop).
         dampening: Override (SGD).
         nesterov: Override (SGD).
-        betas: Override (Adam, AdamW).
-        eps: Override (Adam, AdamW, RMSprop, Adagrad).
+        betas: Override (Adam, AdamW, NAdam).
+        eps: Override (Adam, AdamW, RMSprop, Adagrad, NAdam).
         amsgrad: Override (Adam, AdamW).
         maximize: Override (all).
     """
