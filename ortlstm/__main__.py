@@ -14,9 +14,8 @@ from typing import Any
 import ortlstm
 
 # One vocabulary, torch's: --loss takes torch.nn.functional's names (train-step: the loss table,
-# ortlstm.graphs.losses.KINDS), --optimizer torch.optim's in lower case, --lr the learning rate.
-# command-line name -> torch.optim class name
-_TRAIN_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+# ortlstm.graphs.losses.KINDS), --optimizer torch.optim's in lower case (the optimizer table,
+# ortlstm.graphs.optimizers.OPTIMIZERS), --lr the learning rate.
 # artifacts: the losses and optimizers onnxruntime-training builds -> its LossType / OptimType names
 _ARTIFACT_LOSSES = {
     "cross_entropy": "CrossEntropyLoss",
@@ -29,6 +28,13 @@ _ARTIFACT_OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}
 _OLD_TRAIN_LOSSES = {"bce": "binary_cross_entropy", "bce_with_logits": "binary_cross_entropy_with_logits"}
 _OLD_ARTIFACT_LOSSES = {old: new for new, old in _ARTIFACT_LOSSES.items()}
 _OLD_ARTIFACT_OPTIMIZERS = {old: new for new, old in _ARTIFACT_OPTIMIZERS.items()}
+
+
+def _train_optimizers() -> dict[str, str]:
+    """``--optimizer`` of train-step and fit: command-line name -> torch.optim class name, from the table."""
+    from ortlstm.graphs import optimizers
+
+    return {name.lower(): name for name in optimizers.OPTIMIZERS}
 
 
 def _deprecation(prog: str, old: str, new: str) -> None:
@@ -163,7 +169,7 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
         help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
         "batch_first=true for a batch-major output of logits); repeat for several",
     )
-    parser.add_argument("--optimizer", choices=tuple(_TRAIN_OPTIMIZERS), required=True)
+    parser.add_argument("--optimizer", choices=tuple(_train_optimizers()), required=True)
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
     parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
@@ -518,7 +524,7 @@ def _trainer_arguments(args: argparse.Namespace) -> dict[str, Any]:
     }
     return {
         "loss": losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
-        "optimizer": optimizers.optimizer_from_torch(_TRAIN_OPTIMIZERS[args.optimizer], **hyperparameters),
+        "optimizer": optimizers.optimizer_from_torch(_train_optimizers()[args.optimizer], **hyperparameters),
         "requires_grad": args.requires_grad,
         "frozen": args.frozen,
         "output": args.output,

@@ -188,6 +188,16 @@ def test_train_step_takes_every_loss_of_the_table() -> None:
         assert parser.parse_args(["train-step", "m", "d", "--loss", kind, "--optimizer", "sgd"]).loss == kind
 
 
+def test_train_step_takes_every_optimizer_of_the_table() -> None:
+    from ortlstm.__main__ import _parser, _trainer_arguments
+    from ortlstm.graphs import optimizers
+
+    parser = _parser()
+    for name, cls in optimizers.OPTIMIZERS.items():
+        args = parser.parse_args(["train-step", "m", "d", "--loss", "mse_loss", "--optimizer", name.lower()])
+        assert type(_trainer_arguments(args)["optimizer"]) is cls
+
+
 @pytest.mark.parametrize(
     ("command", "shown", "hidden"),
     [
@@ -318,8 +328,8 @@ def test_train_step_takes_frozen_fixed_shapes_and_fixed_inputs(tmp_path: Path) -
     assert spec.clip_norm_type == float("inf")
 
 
-@pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad")])
-def test_train_step_takes_rmsprop_and_adagrad(tmp_path: Path, flag: str, name: str) -> None:
+@pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad"), ("nadam", "NAdam")])
+def test_train_step_takes_standard_ops_optimizers(tmp_path: Path, flag: str, name: str) -> None:
     from ortlstm.training import Trainer
 
     rng = np.random.default_rng(7)

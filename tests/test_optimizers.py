@@ -1,4 +1,4 @@
-"""SGD, Adam, AdamW and clip_grad_norm_ in ONNX against recorded torch.optim trajectories.
+"""SGD, Adam, AdamW, RMSprop, Adagrad, NAdam and clip_grad_norm_ in ONNX against recorded torch.optim trajectories.
 
 The recordings (``tests/recordings/optimizers.npz``, made by ``tests/recordings/record_torch.py``)
 hold, per case, the gradients torch computed at every step, the learning rate of every step and
@@ -298,6 +298,10 @@ def test_defaults_are_torchs() -> None:
     assert optimizers.Adam(amsgrad=True).state_slots() == ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     assert optimizers.SGD().state_slots() == ()
     assert optimizers.SGD(momentum=0.9).state_slots() == ("momentum_buffer",)
+    assert optimizers.NAdam() == optimizers.NAdam(
+        lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3, decoupled_weight_decay=False
+    )
+    assert optimizers.NAdam().state_slots() == ("exp_avg", "exp_avg_sq")
 
 
 def test_initial_state_is_zeros_of_the_param() -> None:
@@ -323,6 +327,8 @@ def test_initial_state_is_zeros_of_the_param() -> None:
         (lambda: optimizers.RMSprop(centered=True), r"RMSprop\(centered=True\) is not supported yet"),
         (lambda: optimizers.Adagrad(lr_decay=-1.0), "Invalid lr_decay value: -1.0"),
         (lambda: optimizers.Adagrad(initial_accumulator_value=-1.0), "Invalid initial_accumulator_value value"),
+        (lambda: optimizers.NAdam(betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
+        (lambda: optimizers.NAdam(momentum_decay=-1.0), "Invalid momentum_decay value: -1.0"),
         (lambda: optimizers.ClipGradNorm(1.0, norm_type=0.0), "norm_type"),
         (
             lambda: optimizers.resolve_groups(
@@ -339,6 +345,24 @@ def test_initial_state_is_zeros_of_the_param() -> None:
 def test_invalid_settings_are_refused(build: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize("name", sorted(name for name, case in CASES.items() if case["optimizer"] == "NAdam"))
+def test_nadam_mu_products_are_torchs(name: str) -> None:
+    """NAdam reads torch's float32 ``mu_product`` by step from a table: the values torch recorded, bit for bit.
+
+    Past the table's end the recorded product is negligible (1 - it is 1.0 in float64), as is the last entry.
+    """
+    case = CASES[name]
+    optimizer, groups, _ = _optimizer(case)
+    params = [f"p{i}" for i in range(len(case["param_shapes"]))]
+    for dtype in TOLERANCES:
+        recorded = _DATA[f"{name}/{dtype}/state/mu_product"]  # step, parameter
+        for index, (param_optimizer, _) in enumerate(optimizers.resolve_groups(optimizer, params, groups).values()):
+            table = optimizers.nadam.mu_products(param_optimizer.betas[0], param_optimizer.momentum_decay)
+            steps = min(STEPS, len(table) - 1)
+            np.testing.assert_array_equal(recorded[:steps, index], table[1 : steps + 1], err_msg=f"{name} p{index}")
+            assert all(1.0 - float(value) == 1.0 for value in (table[-1], *recorded[steps:, index]))
 
 
 def test_missing_state_is_named() -> None:

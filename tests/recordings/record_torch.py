@@ -8,9 +8,9 @@ It rewrites ``optimizers.npz`` and ``losses.npz`` next to this file (``--only lo
 one). Each holds a ``configs`` entry (JSON: every case's torch arguments, which the tests turn
 into ortlstm's builders) and the arrays, keyed ``<case>/<dtype>/...``. Everything is seeded, but
 torch's results differ in the last bit between machines and runs (rerun here, the unchanged
-script moved 17 float64 loss values and 320 gradient elements of the recording), so a loss case
-already in ``losses.npz`` keeps its recorded values: adding a case changes no other
-(``--rerecord`` recomputes them all). ``tests/test_optimizers.py``, ``tests/test_losses.py`` and
+script moved 17 float64 loss values and 320 gradient elements of the recording), so a case
+already recorded keeps its recorded values: adding a case changes no other (``--rerecord``
+recomputes them all). ``tests/test_optimizers.py``, ``tests/test_losses.py`` and
 ``tests/test_loss_gradients.py`` read them without torch.
 """
 
@@ -47,6 +47,7 @@ SGD_LR = 0.05
 ADAM_LR = 0.01
 RMSPROP_LR = 0.01
 ADAGRAD_LR = 0.05
+NADAM_LR = 0.01
 CLIP2 = {"max_norm": 3.5, "norm_type": 2.0}
 CLIPINF = {"max_norm": 1.5, "norm_type": "inf"}
 
@@ -156,6 +157,32 @@ OPTIMIZER_CASES: list[dict[str, Any]] = [
         "groups": [{"params": [0, 3], "lr_scale": 0.5}, {"params": [1, 2], "weight_decay": 0.02}],
         "wide": True,
     },
+    {"name": "nadam_default", "optimizer": "NAdam", "kwargs": {"lr": NADAM_LR}},
+    {"name": "nadam_weight_decay", "optimizer": "NAdam", "kwargs": {"lr": NADAM_LR, "weight_decay": 0.1}, "wide": True},
+    {
+        "name": "nadam_decoupled_weight_decay",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "weight_decay": 0.1, "decoupled_weight_decay": True},
+        "wide": True,
+    },
+    {
+        "name": "nadam_momentum_decay_betas_eps_maximize",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "momentum_decay": 0.3, "betas": [0.8, 0.99], "eps": 1e-3, "maximize": True},
+    },
+    {
+        # mu_product falls below 2**-54 at step 8: steps 9 and 10 read the last entry of its table.
+        "name": "nadam_short_momentum",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "betas": [0.01, 0.999]},
+    },
+    {
+        "name": "nadam_groups_clip2",
+        "optimizer": "NAdam",
+        "kwargs": {"lr": NADAM_LR, "weight_decay": 0.05, "decoupled_weight_decay": True},
+        "groups": [{"params": [0, 2], "weight_decay": 0.0}, {"params": [1], "lr_scale": 0.3, "betas": [0.5, 0.9]}],
+        "clip": CLIP2,
+    },
 ]
 
 
@@ -239,16 +266,39 @@ def record_optimizer_case(case: dict[str, Any], dtype_name: str, arrays: dict[st
     return {"clipped_steps": clipped}
 
 
-def record_optimizers() -> None:
+def recorded_optimizers(path: pathlib.Path) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray]]:
+    """``(case name -> case, key -> array)`` of a recording of ``STEPS`` steps (({}, {}) if none)."""
+    if not path.exists():
+        return {}, {}
+    stored = np.load(path)
+    meta = json.loads(str(stored["configs"]))
+    if meta["steps"] != STEPS:
+        return {}, {}
+    return {case["name"]: case for case in meta["cases"]}, {key: stored[key] for key in stored.files}
+
+
+def record_optimizers(rerecord: bool = False) -> None:
+    """Writes optimizers.npz; a case already recorded (same name and settings) keeps its arrays.
+
+    As for the losses: torch's last bits vary between machines and runs, so adding a case must not
+    rewrite the trajectories the tests already pin. ``rerecord`` recomputes every case.
+    """
+    previous, stored = ({}, {}) if rerecord else recorded_optimizers(HERE / "optimizers.npz")
     arrays: dict[str, np.ndarray] = {}
-    for case in OPTIMIZER_CASES:
+    cases = [{**case, "param_shapes": param_shapes(case)} for case in OPTIMIZER_CASES]
+    kept = 0
+    for case in cases:
+        if previous.get(case["name"]) == json.loads(json.dumps(case)):
+            arrays.update({key: value for key, value in stored.items() if key.startswith(f"{case['name']}/")})
+            kept += 1
+            continue
         for dtype_name in DTYPES:
             info = record_optimizer_case(case, dtype_name, arrays)
             if "clip" in case:
                 print(f"{case['name']} {dtype_name}: clipping active in {info['clipped_steps']}/{STEPS} steps")
-    cases = [{**case, "param_shapes": param_shapes(case)} for case in OPTIMIZER_CASES]
     meta = {"steps": STEPS, "cases": cases, "torch": torch.__version__}
     np.savez_compressed(HERE / "optimizers.npz", configs=np.asarray(json.dumps(meta)), **arrays)
+    print(f"{len(cases)} optimizer cases ({kept} kept as recorded)")
 
 
 # ---- losses ------------------------------------------------------------------------------------
@@ -483,11 +533,11 @@ def record_losses(rerecord: bool = False) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Records torch's optimizer trajectories and losses.")
     parser.add_argument("--only", choices=("optimizers", "losses"), default=None, help="write one file (default: both)")
-    parser.add_argument("--rerecord", action="store_true", help="losses: recompute the cases already recorded too")
+    parser.add_argument("--rerecord", action="store_true", help="recompute the cases already recorded too")
     args = parser.parse_args()
     torch.manual_seed(SEED)
     if args.only in (None, "optimizers"):
-        record_optimizers()
+        record_optimizers(args.rerecord)
     if args.only in (None, "losses"):
         record_losses(args.rerecord)
 
