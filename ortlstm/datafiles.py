@@ -80,7 +80,9 @@ class ShardedArray:
         return self.shape[0]
 
     def __repr__(self) -> str:
-        return f"ShardedArray({self.name!r}, {self.dtype} {list(self.shape)}, {len(self.parts)} shards, axis {self.axis})"
+        return (
+            f"ShardedArray({self.name!r}, {self.dtype} {list(self.shape)}, {len(self.parts)} shards, axis {self.axis})"
+        )
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         whole = np.concatenate([np.asarray(part) for part in self.parts], axis=self.axis)
@@ -186,8 +188,7 @@ def _read_folder(path: Path) -> dict[str, Any]:
     shards = [
         entry
         for entry in entries
-        if (entry.is_file() and entry.suffix.lower() in SHARD_SUFFIXES)
-        or (entry.is_dir() and any(entry.glob("*.npy")))
+        if (entry.is_file() and entry.suffix.lower() in SHARD_SUFFIXES) or (entry.is_dir() and any(entry.glob("*.npy")))
     ]
     layouts = (
         f"{path}: expected NAME.npy files (np.save(f'{path}/pixels.npy', array)), or shards: train-00000.npz, "

@@ -24,7 +24,14 @@ import numpy as np
 import onnx
 
 from ortlstm import metrics
-from ortlstm.datafiles import ConcatenatedRows, ShardedArray, bind_batch_axes, read_arrays, shard_files, take_rows
+from ortlstm.datafiles import (  # read_arrays: fit's own reader, as before
+    ConcatenatedRows,
+    ShardedArray,
+    bind_batch_axes,
+    read_arrays,  # noqa: F401
+    shard_files,
+    take_rows,
+)
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
 from ortlstm.training import CarriedState, Trainer, with_carried_state
@@ -34,6 +41,33 @@ FIT_METADATA_KEY = "ortlstm.fit"
 FIT_FORMAT = "ortlstm.fit/1"
 SCHEDULES = ("constant", "step", "cosine", "linear-warmup")
 SCHEDULE_UNITS = ("update", "epoch")
+CONFIG_SUFFIXES = (".json", ".toml")
+
+TRAINER_OPTIONS: dict[str, str] = {
+    "loss": "loss",  # with loss_option
+    "optimizer": "optimizer",  # with lr, weight_decay, optimizer_option
+    "lr": "lr",  # the optimizer's lr; with schedule, each update's lr is given to step(lr=...)
+    "requires_grad": "requires_grad",
+    "frozen": "frozen",
+    "output": "output",
+    "target": "target",
+    "extra_outputs": "extra_outputs",
+    "param_groups": "param_groups",
+    "clip_grad_norm": "clip_grad_norm",
+    "clip_norm_type": "clip_norm_type",
+    "fixed_inputs": "fixed_input",
+    "fixed_shapes": "fixed_shape",
+    "stateful": "stateful",
+    "threads": "threads",
+    "ir_version": "ir_version",
+    "nonfinite": "nonfinite",
+}
+"""Every keyword of ``Trainer(...)`` but the model -> the option of ``ortlstm fit`` that sets it.
+
+An option is ``--NAME`` on the command line (``_`` written ``-``) and ``NAME`` in ``--config``;
+tests/test_fit.py checks this table against the Trainer's signature, so a new Trainer option
+fails there until fit reaches it.
+"""
 _BATCH_WORDS = ("batch", "n")  # a declared dim named so (any case, "batch" as a part) is the batch axis
 
 
@@ -100,6 +134,26 @@ class Schedule:
                 f"--schedule {self.kind}: needs 0 <= --warmup ({self.warmup}) < T_max ({t_max} scheduler steps)"
             )
 
+    @classmethod
+    def from_options(cls, lr: float, kind: str | Mapping[str, Any], **fields: Any) -> Schedule:
+        """The schedule of fit's options: ``kind`` a name, or a JSON object of fields that override ``fields``.
+
+        Raises:
+            ValueError: An object without ``kind`` or with a field a schedule does not have.
+        """
+        if isinstance(kind, str):
+            return cls(kind, lr, **fields)
+        settable = [
+            field.name for field in dataclasses.fields(cls) if field.name not in ("lr", "steps_per_epoch", "total")
+        ]
+        unknown = sorted(set(kind) - set(settable))
+        if unknown or "kind" not in kind:
+            raise ValueError(
+                f"--schedule {json.dumps(kind)}: expected an object with kind ({', '.join(SCHEDULES)}) and any of "
+                f"{', '.join(settable[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'kind is missing'}"
+            )
+        return cls(lr=lr, **{**fields, **kind})
+
     def bound(self, steps_per_epoch: int, epochs: int) -> Schedule:
         """This schedule for a run of ``epochs`` epochs of ``steps_per_epoch`` updates (``total`` filled in)."""
         total = epochs * steps_per_epoch if self.unit == "update" else epochs
@@ -135,6 +189,66 @@ class Schedule:
         if self.kind in ("constant", "step"):
             del fields["total"]
         return fields
+
+
+# ---- options ----------------------------------------------------------------------------------------
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The options of a ``--config`` file: a JSON object, or a TOML table (Python >= 3.11's tomllib).
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Another suffix, or a file that is not one object of options.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--config: no file {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ValueError(f"--config {path}: expected a .json or .toml file, got {suffix or 'no suffix'!r}")
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            config = tomllib.loads(path.read_text())
+        else:
+            config = json.loads(path.read_text())
+    except ModuleNotFoundError:
+        raise ValueError(f"--config {path}: reading TOML needs Python >= 3.11 (tomllib); write it as JSON") from None
+    except ValueError as error:
+        raise ValueError(f"--config {path}: not valid {suffix[1:].upper()} ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f'--config {path}: expected an object of options, e.g. {{"epochs": 10}}, got {config!r}')
+    return config
+
+
+def param_groups_from_json(groups: Any) -> tuple[optimizers.ParamGroup, ...]:
+    """``ParamGroup``s from JSON: ``[{"params": ["lstm.bias"], "weight_decay": 0.0}, ...]``.
+
+    Raises:
+        ValueError: Not a list of objects, a group without params, or a key ParamGroup does not have.
+    """
+    if groups is None:
+        return ()
+    fields = [field.name for field in dataclasses.fields(optimizers.ParamGroup)]
+    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise ValueError(f"--param-groups: expected a JSON list of objects, e.g. {example}, got {groups!r}")
+    built = []
+    for index, group in enumerate(groups):
+        unknown = sorted(set(group) - set(fields))
+        if unknown or "params" not in group:
+            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
+            raise ValueError(
+                f"--param-groups: group {index} {json.dumps(group)}: needs params (a list of parameter names) and "
+                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
+            )
+        try:
+            built.append(optimizers.ParamGroup(**group))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--param-groups: group {index} {json.dumps(group)}: {error}") from None
+    return tuple(built)
 
 
 # ---- data -----------------------------------------------------------------------------------------
@@ -255,7 +369,9 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
     )
     integers = (np.dtype(np.int64), np.dtype(np.int32))
     if loss.kind == "ctc_loss":
-        return ArraySpec(name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", integers, None, 0)
+        return ArraySpec(
+            name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", integers, None, 0
+        )
     if loss.class_target:
         shape = None if pred_shape is None else tuple(d for axis, d in enumerate(pred_shape) if axis != 1)
         dtypes = (*integers, pred_dtype) if loss.kind == "cross_entropy" else integers
@@ -348,9 +464,7 @@ def _sum(array: Any) -> int:
     return sum(int(np.sum(part, dtype=np.int64)) for part in parts)
 
 
-def prepare_data(
-    arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec], where: str
-) -> tuple[dict[str, Any], int]:
+def prepare_data(arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec], where: str) -> tuple[dict[str, Any], int]:
     """The arrays as the loop reads them, checked (``check_data``); and the number of samples.
 
     Shards are concatenated along each array's batch axis after every shard was checked;
@@ -913,7 +1027,18 @@ def build_trainer(
     threads: int | None = None,
     **options: Any,
 ) -> tuple[Trainer, onnx.ModelProto]:
-    """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``)."""
+    """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``).
+
+    Args:
+        model: The model file.
+        loss: The Trainer's.
+        optimizer: The Trainer's.
+        threads: The Trainer's.
+        **options: Any other keyword of ``Trainer`` (``TRAINER_OPTIONS``).
+    """
+    unknown = sorted(set(options) - set(TRAINER_OPTIONS))
+    if unknown:
+        raise TypeError(f"build_trainer: {unknown} are not Trainer options; they are {sorted(TRAINER_OPTIONS)}")
     path = Path(model)
     if not path.is_file():
         raise FileNotFoundError(f"no model file {str(path)!r}")
