@@ -273,7 +273,7 @@ def _add_fit(commands: Any) -> None:
     _add_fit_arguments(fit)
     # Options not given on the command line are left out, so that --config's values can fill them in.
     for action in fit._actions:  # argparse lists a parser's actions nowhere public
-        if action.dest != "help":
+        if action.option_strings and action.dest != "help":
             action.default = argparse.SUPPRESS
 
 
@@ -687,14 +687,19 @@ def _fit_options(args: argparse.Namespace) -> argparse.Namespace:
 
     defaults = vars(parser("ortlstm fit").parse_args([]))
     given = {name: value for name, value in vars(args).items() if name in defaults}
+    if given.get("model") is None:  # a positional keeps its default (None): an absent model is not given
+        given.pop("model", None)
     from_config: dict[str, Any] = {}
     if given.get("config") is not None:
         where = f"--config {given['config']}"
         config_parser = parser(where)
         for action in config_parser._actions:  # only the options the file sets
-            action.default = argparse.SUPPRESS
+            if action.option_strings:
+                action.default = argparse.SUPPRESS
         argv = _config_argv(read_config(given["config"]), config_parser, where)
         from_config = vars(config_parser.parse_args(argv))
+        if from_config.get("model") is None:
+            from_config.pop("model", None)
     options = argparse.Namespace(**{**defaults, **from_config, **given})
     missing = [flag for name, flag in _FIT_REQUIRED.items() if getattr(options, name) is None]
     if missing:
