@@ -114,11 +114,9 @@ class ShardedArray:
         shape = list(self.shape)
         shape[self.axis] = len(rows)
         out = np.empty(shape, dtype=self.dtype)
-        index: list[Any] = [slice(None)] * self.ndim
         for part in np.unique(shard):
             positions = np.flatnonzero(shard == part)
-            index[self.axis] = positions
-            out[tuple(index)] = np.take(self.parts[part], local[positions], axis=self.axis)
+            out[_along(self.axis, positions)] = self.parts[part][_along(self.axis, local[positions])]
         return out
 
 
@@ -345,4 +343,14 @@ def take_rows(array: Any, axis: int, rows: np.ndarray) -> np.ndarray:
         if axis != array.axis:
             array = array.along(axis, array.name)
         return array.take(rows)
-    return np.ascontiguousarray(np.take(array, rows, axis=axis))
+    return np.ascontiguousarray(array[_along(axis, np.asarray(rows, dtype=np.int64))])
+
+
+def _along(axis: int, rows: np.ndarray) -> tuple[Any, ...]:
+    """The index of ``rows`` along ``axis``.
+
+    Indexing, not ``np.take``: a member of an .npz starts at any byte of the file, and NumPy's
+    ``take`` of such an unaligned memory map is a thousand times slower (61 ms vs 0.07 ms for 16
+    rows of 64 KiB here).
+    """
+    return (slice(None),) * axis + (rows,)

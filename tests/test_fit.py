@@ -924,6 +924,7 @@ def test_each_trainer_option_reaches_the_built_trainer(
         (tmp_path / "run.json").write_text(json.dumps({**base, **NEW_OPTIONS_CONFIG}))
         argv = ["--config", str(tmp_path / "run.json")]
     else:
+        pytest.importorskip("tomllib")  # Python >= 3.11
         lines = [f"{key} = {json.dumps(value)}" for key, value in base.items()]
         (tmp_path / "run.toml").write_text("\n".join(lines) + TOML_CONFIG)
         argv = ["--config", str(tmp_path / "run.toml")]
@@ -1137,3 +1138,17 @@ def test_ctc_labels_may_come_concatenated_as_one_row_per_label_in_memory_and_in_
         r"\[sum\(target_lengths\)\], got int64 \[12, 3, 1\]",
     ):
         train({"x": x, "target": padded[:, :, None], "target_lengths": lengths})
+
+
+def test_the_command_line_trains_on_a_folder_of_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortlstm.__main__ import main
+
+    write_example(tmp_path)
+    write_shards(tmp_path / "shards", rule_data(30, 0), "safetensors")
+    command = "model.onnx --data shards --loss cross_entropy --optimizer adamw --epochs 2 --batch-size 8 --threads 1"
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *command.split(), "--out", "trained.onnx"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.count("epoch ") == 2
+    assert (tmp_path / "trained.onnx").exists()
