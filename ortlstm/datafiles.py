@@ -189,7 +189,7 @@ def _read_folder(path: Path) -> dict[str, Any]:
         if (entry.is_file() and entry.suffix.lower() in SHARD_SUFFIXES) or (entry.is_dir() and any(entry.glob("*.npy")))
     ]
     layouts = (
-        f"{path}: expected NAME.npy files (np.save(f'{path}/pixels.npy', array)), or shards: train-00000.npz, "
+        f"expected NAME.npy files (np.save('{path}/pixels.npy', array)), or shards: train-00000.npz, "
         "train-00001.npz, ... (np.savez), .safetensors files, or subfolders 00000/, 00001/ ... of NAME.npy files"
     )
     if npy and shards:

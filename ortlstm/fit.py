@@ -1,7 +1,8 @@
 """``ortlstm fit``: one call from data files to a trained model, over ``ortlstm.training.Trainer``.
 
-Reads named arrays (.npz or .safetensors), checks them against the model's inputs and the loss's
-targets before anything is trained, then runs epochs of seeded shuffled batches with validation,
+Reads named arrays (.npz, .safetensors, folders of .npy, folders of memory-mapped shards:
+``ortlstm.datafiles``), checks them against the model's inputs and the loss's targets before
+anything is trained, then runs epochs of seeded shuffled batches with validation,
 a learning-rate schedule, an atomic checkpoint per epoch (resumable bitwise, also after Ctrl-C),
 the trained model's export and a plot. It drives the Trainer's public API only; it never changes
 how a step is computed.
@@ -384,6 +385,9 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
     """Checks a data file's arrays against what the fit reads; returns the number of samples.
 
+    ctc_loss's labels may be padded ``[N, S]`` or concatenated ``[sum(target_lengths)]`` (then
+    checked against the lengths' sum rather than counted as samples).
+
     Raises:
         ValueError: An array is missing or unknown, of another dtype or shape, or the arrays hold
             different numbers of samples; the message names the array, expected vs actual, and
@@ -688,8 +692,8 @@ def _check_resumable(path: Path, saved: Mapping[str, Any], config: Mapping[str, 
     if differing:
         details = "; ".join(f"{key}: saved {saved.get(key)!r}, now {config.get(key)!r}" for key in differing)
         raise ValueError(
-            f"{path}: the run was started with other settings ({details}); resume with the same data, "
-            "--batch-size, --seed, --epochs and schedule, or start a new run"
+            f"{path}: the run was started with other settings ({details}); resume with the same data (and "
+            "shards), --batch-size, --seed, --shuffle, --epochs and schedule, or start a new run"
         )
 
 

@@ -737,6 +737,9 @@ def test_mismatched_shards_are_refused_before_training_naming_the_shard_the_arra
     np.save(mixed / "pixels.npy", data["pixels"])
     with pytest.raises(ValueError, match=r"holds both NAME.npy files and shards"):
         fitting.read_arrays(mixed)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: a folder without data; expected NAME.npy files .*, or shards"):
+        fitting.read_arrays(tmp_path / "empty")
 
 
 def test_an_interrupted_run_over_shards_resumes_bitwise(tmp_path: Path) -> None:
