@@ -1155,3 +1155,21 @@ def test_the_command_line_trains_on_a_folder_of_shards(
     assert main(["fit", *command.split(), "--out", "trained.onnx"]) == 0, capsys.readouterr().err
     assert capsys.readouterr().out.count("epoch ") == 2
     assert (tmp_path / "trained.onnx").exists()
+
+
+def test_time_major_shards_are_concatenated_along_the_declared_batch_axis(tmp_path: Path) -> None:
+    data = rule_data(24, 0)
+    time_major = {"rows_in": np.ascontiguousarray(data["pixels"].transpose(1, 0, 2)), "target": data["target"]}
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    for index, (first, end) in enumerate([(0, 9), (9, 24)]):
+        np.savez(
+            directory / f"{index}.npz", rows_in=time_major["rows_in"][:, first:end], target=data["target"][first:end]
+        )
+    trained = []
+    for source in (time_major, fitting.read_arrays(directory)):
+        trainer, model = classifier_trainer(time_major_classifier())
+        fitting.fit(trainer, source, model=model, epochs=1, batch_size=8, seed=5, log=lambda line: None)
+        trained.append(params(trainer))
+    for name, value in trained[0].items():
+        assert np.array_equal(trained[1][name], value), name
