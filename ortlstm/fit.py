@@ -1,7 +1,8 @@
 """``ortlstm fit``: one call from data files to a trained model, over ``ortlstm.training.Trainer``.
 
-Reads named arrays (.npz or .safetensors), checks them against the model's inputs and the loss's
-targets before anything is trained, then runs epochs of seeded shuffled batches with validation,
+Reads named arrays (.npz, .safetensors, folders of .npy, folders of memory-mapped shards:
+``ortlstm.datafiles``), checks them against the model's inputs and the loss's targets before
+anything is trained, then runs epochs of seeded shuffled batches with validation,
 a learning-rate schedule, an atomic checkpoint per epoch (resumable bitwise, also after Ctrl-C),
 the trained model's export and a plot. It drives the Trainer's public API only; it never changes
 how a step is computed.
@@ -24,15 +25,50 @@ import numpy as np
 import onnx
 
 from ortlstm import metrics
+from ortlstm.datafiles import (  # read_arrays: fit's own reader, as before
+    ConcatenatedRows,
+    ShardedArray,
+    bind_batch_axes,
+    read_arrays,  # noqa: F401
+    shard_files,
+    take_rows,
+)
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
-from ortlstm.training import Trainer
+from ortlstm.training import CarriedState, Trainer, with_carried_state
 
 FIT_METADATA_KEY = "ortlstm.fit"
 """The checkpoint's metadata entry that holds fit's own state (JSON), beside the Trainer's."""
 FIT_FORMAT = "ortlstm.fit/1"
 SCHEDULES = ("constant", "step", "cosine", "linear-warmup")
 SCHEDULE_UNITS = ("update", "epoch")
+CONFIG_SUFFIXES = (".json", ".toml")
+
+TRAINER_OPTIONS: dict[str, str] = {
+    "loss": "loss",  # with loss_option
+    "optimizer": "optimizer",  # with lr, weight_decay, optimizer_option
+    "lr": "lr",  # the optimizer's lr; with schedule, each update's lr is given to step(lr=...)
+    "requires_grad": "requires_grad",
+    "frozen": "frozen",
+    "output": "output",
+    "target": "target",
+    "extra_outputs": "extra_outputs",
+    "param_groups": "param_groups",
+    "clip_grad_norm": "clip_grad_norm",
+    "clip_norm_type": "clip_norm_type",
+    "fixed_inputs": "fixed_input",
+    "fixed_shapes": "fixed_shape",
+    "stateful": "stateful",
+    "threads": "threads",
+    "ir_version": "ir_version",
+    "nonfinite": "nonfinite",
+}
+"""Every keyword of ``Trainer(...)`` but the model -> the option of ``ortlstm fit`` that sets it.
+
+An option is ``--NAME`` on the command line (``_`` written ``-``) and ``NAME`` in ``--config``;
+tests/test_fit.py checks this table against the Trainer's signature, so a new Trainer option
+fails there until fit reaches it.
+"""
 _BATCH_WORDS = ("batch", "n")  # a declared dim named so (any case, "batch" as a part) is the batch axis
 
 
@@ -99,6 +135,26 @@ class Schedule:
                 f"--schedule {self.kind}: needs 0 <= --warmup ({self.warmup}) < T_max ({t_max} scheduler steps)"
             )
 
+    @classmethod
+    def from_options(cls, lr: float, kind: str | Mapping[str, Any], **fields: Any) -> Schedule:
+        """The schedule of fit's options: ``kind`` a name, or a JSON object of fields that override ``fields``.
+
+        Raises:
+            ValueError: An object without ``kind`` or with a field a schedule does not have.
+        """
+        if isinstance(kind, str):
+            return cls(kind, lr, **fields)
+        settable = [
+            field.name for field in dataclasses.fields(cls) if field.name not in ("lr", "steps_per_epoch", "total")
+        ]
+        unknown = sorted(set(kind) - set(settable))
+        if unknown or "kind" not in kind:
+            raise ValueError(
+                f"--schedule {json.dumps(kind)}: expected an object with kind ({', '.join(SCHEDULES)}) and any of "
+                f"{', '.join(settable[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'kind is missing'}"
+            )
+        return cls(lr=lr, **{**fields, **kind})
+
     def bound(self, steps_per_epoch: int, epochs: int) -> Schedule:
         """This schedule for a run of ``epochs`` epochs of ``steps_per_epoch`` updates (``total`` filled in)."""
         total = epochs * steps_per_epoch if self.unit == "update" else epochs
@@ -136,41 +192,67 @@ class Schedule:
         return fields
 
 
-# ---- data -----------------------------------------------------------------------------------------
+# ---- options ----------------------------------------------------------------------------------------
 
 
-def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
-    """The named arrays of a .npz (``np.savez``) or .safetensors (``safetensors.numpy.save_file``) file.
-
-    A directory of ``NAME.npy`` files (``np.save``) is read memory-mapped: each batch reads its
-    rows from disk, so the data may be larger than memory.
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The options of a ``--config`` file: a JSON object, or a TOML table (Python >= 3.11's tomllib).
 
     Raises:
         FileNotFoundError: No such file.
-        ValueError: Another file type, or a file that does not read as one.
+        ValueError: Another suffix, or a file that is not one object of options.
     """
     path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.npy"))
-        if not files:
-            raise ValueError(f"{path}: a directory without NAME.npy files (np.save(f'{path}/pixels.npy', array))")
-        return {file.stem: np.load(file, mmap_mode="r", allow_pickle=False) for file in files}
     if not path.is_file():
-        raise FileNotFoundError(f"no data file {str(path)!r}")
+        raise FileNotFoundError(f"--config: no file {str(path)!r}")
     suffix = path.suffix.lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ValueError(f"--config {path}: expected a .json or .toml file, got {suffix or 'no suffix'!r}")
     try:
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                return {name: archive[name] for name in archive.files}
-        if suffix == ".safetensors":
-            from safetensors.numpy import load_file
+        if suffix == ".toml":
+            import tomllib
 
-            return load_file(str(path))
-    except Exception as error:
-        raise ValueError(f"{path}: cannot read it as {suffix[1:]} ({error})") from error
-    raise ValueError(
-        f"{path}: expected a .npz (np.savez(path, name=array, ...)) or .safetensors file, got {suffix or 'no suffix'!r}"
-    )
+            config = tomllib.loads(path.read_text())
+        else:
+            config = json.loads(path.read_text())
+    except ModuleNotFoundError:
+        raise ValueError(f"--config {path}: reading TOML needs Python >= 3.11 (tomllib); write it as JSON") from None
+    except ValueError as error:
+        raise ValueError(f"--config {path}: not valid {suffix[1:].upper()} ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f'--config {path}: expected an object of options, e.g. {{"epochs": 10}}, got {config!r}')
+    return config
+
+
+def param_groups_from_json(groups: Any) -> tuple[optimizers.ParamGroup, ...]:
+    """``ParamGroup``s from JSON: ``[{"params": ["lstm.bias"], "weight_decay": 0.0}, ...]``.
+
+    Raises:
+        ValueError: Not a list of objects, a group without params, or a key ParamGroup does not have.
+    """
+    if groups is None:
+        return ()
+    fields = [field.name for field in dataclasses.fields(optimizers.ParamGroup)]
+    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise ValueError(f"--param-groups: expected a JSON list of objects, e.g. {example}, got {groups!r}")
+    built = []
+    for index, group in enumerate(groups):
+        unknown = sorted(set(group) - set(fields))
+        if unknown or "params" not in group:
+            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
+            raise ValueError(
+                f"--param-groups: group {index} {json.dumps(group)}: needs params (a list of parameter names) and "
+                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
+            )
+        try:
+            built.append(optimizers.ParamGroup(**group))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--param-groups: group {index} {json.dumps(group)}: {error}") from None
+    return tuple(built)
+
+
+# ---- data -----------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +266,8 @@ class ArraySpec:
         shape: The declared shape (int: fixed; str or None: free), or None (any rank).
         batch_axis: The axis that indexes samples.
         required: False for an optional extra target (ctc_loss's input_lengths).
+        lengths: The array of per-sample lengths when this one may also come concatenated as
+            ``[sum(lengths)]`` (ctc_loss's labels beside ``target_lengths``), else None.
     """
 
     name: str
@@ -192,6 +276,7 @@ class ArraySpec:
     shape: tuple[int | str | None, ...] | None
     batch_axis: int
     required: bool = True
+    lengths: str | None = None
 
     def expected(self) -> str:
         """``float32 [batch, 8, 8] (batch axis 0)`` for messages."""
@@ -224,6 +309,11 @@ def declared_batch_axis(shape: Sequence[int | str | None] | None, batch_dim: str
     return next((axis for axis, dim in enumerate(shape) if dim == batch_dim), 0)
 
 
+def carried_states(trainer: Trainer, model: onnx.ModelProto) -> tuple[CarriedState, ...]:
+    """The LSTMs whose state a stateful trainer carries (their initial states are not data), else ()."""
+    return with_carried_state(model)[1] if trainer.spec.stateful else ()
+
+
 def data_specs(
     trainer: Trainer, model: onnx.ModelProto, batch_axes: Mapping[str, int] | None = None
 ) -> dict[str, ArraySpec]:
@@ -239,22 +329,26 @@ def data_specs(
     """
     signature, loss = trainer.signature, trainer.spec.loss
     declared = {value.name: value_type_of(value) for value in [*model.graph.input, *model.graph.output]}
+    carried = {name for state in carried_states(trainer, model) for name in (state.initial_h, state.initial_c)}
+    inputs = [name for name in signature.batch_inputs if name not in carried]
     batch_dim = None
-    for name in signature.batch_inputs:
+    for name in inputs:
         value = declared.get(name)
         shape = value.shape if value is not None else None
         batch_dim = next((dim for dim in shape or () if _is_batch_dim(dim)), None)
         if batch_dim is not None:
             break
     specs: dict[str, ArraySpec] = {}
-    for name in signature.batch_inputs:
+    for name in inputs:
         value = declared.get(name)
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type)) if value else np.dtype(np.float32)
         shape = value.shape if value is not None else None
         axis = declared_batch_axis(shape, batch_dim)
         specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis)
     if signature.target is not None:
-        specs[signature.target] = _target_spec(loss, signature.target, declared.get(trainer.spec.prediction), batch_dim)
+        target = _target_spec(loss, signature.target, declared.get(trainer.spec.prediction), batch_dim)
+        lengths = signature.extra_targets.get("target_lengths") if loss.kind == "ctc_loss" else None
+        specs[signature.target] = dataclasses.replace(target, lengths=lengths)
     required = {extra.name: extra.required for extra in loss.extra_targets}
     for port, name in signature.extra_targets.items():
         integers = (np.dtype(np.int64), np.dtype(np.int32))
@@ -276,7 +370,9 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
     )
     integers = (np.dtype(np.int64), np.dtype(np.int32))
     if loss.kind == "ctc_loss":
-        return ArraySpec(name, "ctc_loss's padded targets [N, S]", integers, (None, None), 0)
+        return ArraySpec(
+            name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", integers, None, 0
+        )
     if loss.class_target:
         shape = None if pred_shape is None else tuple(d for axis, d in enumerate(pred_shape) if axis != 1)
         dtypes = (*integers, pred_dtype) if loss.kind == "cross_entropy" else integers
@@ -288,6 +384,9 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
 
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
     """Checks a data file's arrays against what the fit reads; returns the number of samples.
+
+    ctc_loss's labels may be padded ``[N, S]`` or concatenated ``[sum(target_lengths)]`` (then
+    checked against the lengths' sum rather than counted as samples).
 
     Raises:
         ValueError: An array is missing or unknown, of another dtype or shape, or the arrays hold
@@ -316,6 +415,14 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
                 f"{where}: array {name!r} ({spec.role}) must be {spec.expected()}, got {array.dtype} "
                 f"{list(array.shape)}; pass it as array.astype(np.{spec.dtypes[0]})"
             )
+        if spec.lengths is not None and array.ndim not in (1, 2):
+            raise ValueError(
+                f"{where}: array {name!r} must be {' or '.join(map(str, spec.dtypes))} labels, padded [N, S] (row n's "
+                f"first {spec.lengths}[n] entries count) or concatenated [sum({spec.lengths})], got {array.dtype} "
+                f"{list(array.shape)}"
+            )
+        if _is_concatenated(array, spec):
+            continue  # one entry per label, not per sample: checked against the lengths below
         shape_ok = spec.shape is None or (
             array.ndim == len(spec.shape)
             and all(
@@ -338,11 +445,60 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
     count = next(iter(counts.values()))
     if count == 0:
         raise ValueError(f"{where}: the arrays hold no sample")
+    for name, array in arrays.items():
+        spec = specs[name]
+        if _is_concatenated(array, spec) and spec.lengths in arrays:
+            labels = _sum(arrays[spec.lengths])
+            if labels != array.shape[0]:
+                raise ValueError(
+                    f"{where}: array {name!r} holds {array.shape[0]} concatenated labels, but {spec.lengths!r} "
+                    f"sums to {labels}; pass every sample's labels end to end (or padded [N, S])"
+                )
     return count
 
 
-def _take(array: np.ndarray, axis: int, rows: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(np.take(array, rows, axis=axis))
+def _is_concatenated(array: Any, spec: ArraySpec) -> bool:
+    """Whether ``array`` holds labels end to end (ctc_loss's ``[sum(target_lengths)]``)."""
+    return spec.lengths is not None and array.ndim == 1
+
+
+def _sum(array: Any) -> int:
+    """The sum of an integer array, shard by shard (never the whole array in memory at once)."""
+    parts = array.parts if isinstance(array, ShardedArray) else (array,)
+    return sum(int(np.sum(part, dtype=np.int64)) for part in parts)
+
+
+def prepare_data(arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec], where: str) -> tuple[dict[str, Any], int]:
+    """The arrays as the loop reads them, checked (``check_data``); and the number of samples.
+
+    Shards are concatenated along each array's batch axis after every shard was checked;
+    concatenated labels (ctc_loss) are indexed by sample.
+
+    Raises:
+        ValueError: As ``check_data``, and for shards whose arrays differ in shape or sample count.
+    """
+    per_sample = {
+        name: spec.batch_axis
+        for name, spec in specs.items()
+        if name in arrays and not _is_concatenated(arrays[name], spec)
+    }
+    arrays = bind_batch_axes(arrays, per_sample, where)
+    count = check_data(arrays, specs, where)
+    prepared = dict(arrays)
+    for name, array in arrays.items():
+        spec = specs[name]
+        if not _is_concatenated(array, spec):
+            continue
+        lengths = arrays[spec.lengths]
+        if isinstance(array, ShardedArray) and isinstance(lengths, ShardedArray):
+            for file, part, lengths_part in zip(array.files, array.parts, lengths.parts, strict=True):
+                if _sum(lengths_part) != part.shape[0]:
+                    raise ValueError(
+                        f"{where}: shard {file}: array {name!r} holds {part.shape[0]} concatenated labels, but "
+                        f"{spec.lengths!r} sums to {_sum(lengths_part)} there; each shard holds its samples' labels"
+                    )
+        prepared[name] = ConcatenatedRows(array, take_rows(lengths, 0, np.arange(count)))
+    return prepared, count
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -359,6 +515,7 @@ class EpochRecord:
         val_loss: The validation loss (None without validation data).
         val_accuracy: Classification losses: argmax accuracy on the validation data.
         val_cer: ctc_loss: the greedy decoding's character error rate on the validation data.
+        skipped: Batches skipped as non-finite (``nonfinite="skip"``).
     """
 
     epoch: int
@@ -367,6 +524,7 @@ class EpochRecord:
     val_loss: float | None = None
     val_accuracy: float | None = None
     val_cer: float | None = None
+    skipped: int = 0
 
     def line(self, epochs: int) -> str:
         """``epoch 3/10: loss 0.1234, lr 0.001, val loss 0.2, val accuracy 95.0%``."""
@@ -377,6 +535,8 @@ class EpochRecord:
             parts.append(f"val accuracy {self.val_accuracy:.1%}")
         if self.val_cer is not None:
             parts.append(f"val CER {self.val_cer:.2%}")
+        if self.skipped:
+            parts.append(f"skipped {self.skipped} non-finite update{'s' if self.skipped > 1 else ''}")
         return ", ".join(parts)
 
 
@@ -386,11 +546,12 @@ class FitState:
 
     Attributes:
         epoch: Epochs completed.
-        steps_in_epoch: Updates done in the current (incomplete) epoch.
+        steps_in_epoch: Batches done in the current (incomplete) epoch (updates, and skipped ones).
         rng_state: The shuffle generator's state at the start of the current epoch
             (``numpy.random.PCG64`` state), from which its order is drawn again on resume.
         loss_sum: The current epoch's step losses times batch sizes, summed.
-        samples: The samples of the current epoch trained on.
+        samples: The samples of the current epoch trained on (in updates kept).
+        skipped: The current epoch's batches skipped as non-finite.
         history: The completed epochs.
     """
 
@@ -399,6 +560,7 @@ class FitState:
     rng_state: dict[str, Any]
     loss_sum: float = 0.0
     samples: int = 0
+    skipped: int = 0
     history: list[EpochRecord] = dataclasses.field(default_factory=list)
 
 
@@ -410,13 +572,15 @@ class StepInfo:
         epoch: 1-based number of the epoch the update belongs to.
         step_in_epoch: 1-based number of the update within the epoch.
         global_step: The trainer's updates done.
-        loss: The update's loss.
+        loss: The update's loss (NaN or inf for a skipped one).
+        outputs: The trainer's extra outputs of the step, by name (``extra_outputs``).
     """
 
     epoch: int
     step_in_epoch: int
     global_step: int
     loss: float
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -439,9 +603,16 @@ class FitResult:
 
 
 def _fit_config(
-    batch_size: int, seed: int, samples: int, schedule: Schedule | None, names: Sequence[str]
+    batch_size: int,
+    seed: int,
+    samples: int,
+    schedule: Schedule | None,
+    names: Sequence[str],
+    shuffle: bool,
+    shards: list[list[Any]] | None,
 ) -> dict[str, Any]:
-    return {
+    """What a resumed run must share with the saved one (keys added later only when they differ from before)."""
+    config = {
         "format": FIT_FORMAT,
         "batch_size": batch_size,
         "seed": seed,
@@ -449,6 +620,11 @@ def _fit_config(
         "schedule": schedule.to_json() if schedule is not None else None,
         "arrays": list(names),
     }
+    if not shuffle:
+        config["shuffle"] = False
+    if shards is not None:
+        config["shards"] = shards
+    return config
 
 
 def save_checkpoint(trainer: Trainer, path: str | Path, config: Mapping[str, Any], state: FitState) -> Path:
@@ -511,12 +687,13 @@ def read_fit_state(path: str | Path) -> tuple[dict[str, Any], FitState]:
 
 
 def _check_resumable(path: Path, saved: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    differing = [key for key in config if saved.get(key) != config[key]]
+    keys = [*config, *(key for key in saved if key not in config)]
+    differing = [key for key in keys if saved.get(key) != config.get(key)]
     if differing:
-        details = "; ".join(f"{key}: saved {saved.get(key)!r}, now {config[key]!r}" for key in differing)
+        details = "; ".join(f"{key}: saved {saved.get(key)!r}, now {config.get(key)!r}" for key in differing)
         raise ValueError(
-            f"{path}: the run was started with other settings ({details}); resume with the same data, "
-            "--batch-size, --seed, --epochs and schedule, or start a new run"
+            f"{path}: the run was started with other settings ({details}); resume with the same data (and "
+            "shards), --batch-size, --seed, --shuffle, --epochs and schedule, or start a new run"
         )
 
 
@@ -537,7 +714,7 @@ def _batch_arguments(
     """Keywords for ``Trainer.step``/``evaluate``: inputs and extra targets by name, ``target=``."""
     named: dict[str, Any] = {}
     for name, array in arrays.items():
-        value = _take(array, specs[name].batch_axis, rows)
+        value = take_rows(array, specs[name].batch_axis, rows)
         named["target" if name == target else name] = value
     return named
 
@@ -554,7 +731,11 @@ def evaluate_data(
     """
     spec = trainer.spec
     loss_kind = spec.loss
-    count = next(int(array.shape[specs[name].batch_axis]) for name, array in arrays.items())
+    count = next(
+        int(array.shape[specs[name].batch_axis])
+        for name, array in arrays.items()
+        if not isinstance(array, ConcatenatedRows)
+    )
     target_name = trainer.signature.target
     wants_output = target_name is not None and (loss_kind.class_target or loss_kind.kind == "ctc_loss")
     total = 0.0
@@ -585,7 +766,10 @@ def evaluate_data(
                 prediction, blank=loss_kind.blank, time_major=not loss_kind.batch_first, input_lengths=lengths
             )
             target_lengths = named[trainer.signature.extra_targets["target_lengths"]]
-            references += [list(row[: int(n)]) for row, n in zip(target, target_lengths, strict=True)]
+            if target.ndim == 1:  # concatenated labels
+                references += [list(row) for row in np.split(target, np.cumsum(target_lengths)[:-1])]
+            else:
+                references += [list(row[: int(n)]) for row, n in zip(target, target_lengths, strict=True)]
         elif target.dtype.kind in "iu":
             keep = target != loss_kind.ignore_index
             correct += int(np.sum((np.argmax(prediction, axis=1) == target) & keep))
@@ -598,13 +782,14 @@ def evaluate_data(
 
 def fit(
     trainer: Trainer,
-    data: Mapping[str, np.ndarray],
+    data: Mapping[str, Any],
     *,
     model: onnx.ModelProto,
     epochs: int,
     batch_size: int,
-    val: Mapping[str, np.ndarray] | None = None,
+    val: Mapping[str, Any] | None = None,
     seed: int = 0,
+    shuffle: bool | None = None,
     schedule: Schedule | None = None,
     checkpoint: str | Path | None = None,
     resume: bool = False,
@@ -620,10 +805,21 @@ def fit(
 
     Each epoch visits every sample once, in an order drawn from one ``numpy.random.PCG64(seed)``
     generator that continues from epoch to epoch (torch's ``RandomSampler(generator=...)``); the
-    last batch of an epoch keeps what is left (``drop_last=False``). After each epoch: validation
-    on ``val`` in order, one line through ``log``, and the checkpoint. With ``schedule``, each update
-    gets ``step(lr=schedule(global_step))``; without, the trainer's own ``lr``. Updates are counted
-    by ``trainer.global_step``, so the trainer must keep ``nonfinite="raise"`` (its default).
+    last batch of an epoch keeps what is left (``drop_last=False``). Sharded data (``read_arrays``
+    of a folder of shards) is shuffled over all rows of all shards; a batch gathers its rows from
+    whichever shards hold them. After each epoch: validation on ``val`` in order, one line through
+    ``log``, and the checkpoint. With ``schedule``, each batch gets
+    ``step(lr=schedule(batches_done))``; without, the trainer's own ``lr``.
+
+    A trainer with ``nonfinite="skip"`` skips a batch whose loss or gradients are not finite:
+    the batch still counts (for the schedule and the epoch's position), its loss does not enter
+    the epoch's mean, and the epoch's line says how many were skipped.
+
+    A stateful trainer (truncated BPTT) reads batch ``k`` as the rows ``k*batch_size`` to
+    ``(k+1)*batch_size - 1`` in the file's order: row ``i`` of each batch continues the sequence of
+    row ``i`` of the batch before, so the batches are not shuffled, every batch has
+    ``batch_size`` rows, and the carried LSTM state is reset to zeros at the start of every epoch.
+    Validation batches start from zeros (``Trainer.evaluate``).
 
     Args:
         trainer: A fresh trainer (or one ``resume`` loads into).
@@ -633,6 +829,8 @@ def fit(
         batch_size: Samples per update.
         val: Validation arrays, same names.
         seed: Seeds the shuffling.
+        shuffle: Shuffle the samples each epoch (default: True, False for a stateful trainer,
+            which refuses True).
         schedule: The learning-rate schedule (default: the optimizer's constant lr).
         checkpoint: Written at the end of each epoch, and on KeyboardInterrupt (atomically).
         resume: Continue from ``checkpoint``: the trainer's state, the epoch and the step within
@@ -640,7 +838,7 @@ def fit(
         batch_axes: Per array, its batch axis when the declared layout does not say it.
         out: Where to export the trained model at the end.
         plot: Where to draw the curves (PNG) when matplotlib is installed.
-        callback: Called after every update with a ``StepInfo`` (e.g. to stop a run).
+        callback: Called after every batch with a ``StepInfo`` (e.g. to stop a run).
         log: Receives one line per epoch and the notes.
         data_name: The data's name in messages (its file).
         val_name: The validation data's name in messages.
@@ -651,20 +849,30 @@ def fit(
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
-    if trainer.nonfinite != "raise":
+    stateful = trainer.spec.stateful
+    if shuffle is None:
+        shuffle = not stateful
+    if stateful and shuffle:
         raise ValueError(
-            f"fit counts updates by trainer.global_step: the trainer must refuse non-finite updates "
-            f"(nonfinite='raise'), not {trainer.nonfinite!r}"
+            "--stateful carries row i of each batch's LSTM state into row i of the next batch, so the batches "
+            "must come in the file's order: drop --shuffle (each stream's consecutive chunks are rows "
+            "i, i + batch_size, i + 2 * batch_size, ... of the data)"
         )
     specs = data_specs(trainer, model, batch_axes)
-    samples = check_data(data, specs, data_name)
+    data, samples = prepare_data(data, specs, data_name)
     if val is not None:
-        check_data(val, specs, val_name)
+        val, _ = prepare_data(val, specs, val_name)
+    if stateful and samples % batch_size:
+        raise ValueError(
+            f"--stateful: {data_name} holds {samples} samples, not a multiple of --batch-size {batch_size}; every "
+            "batch continues the streams of the one before, so each needs batch_size rows (drop the last "
+            f"{samples % batch_size} samples, or choose a batch size that divides {samples})"
+        )
     _check_values(trainer, model, data, data_name)
     steps_per_epoch = -(-samples // batch_size)
     if schedule is not None:
         schedule = schedule.bound(steps_per_epoch, epochs)
-    config = _fit_config(batch_size, seed, samples, schedule, list(data))
+    config = _fit_config(batch_size, seed, samples, schedule, list(data), shuffle, shard_files(data))
     generator = np.random.Generator(np.random.PCG64(seed))
     state = FitState(epoch=0, steps_in_epoch=0, rng_state=generator.bit_generator.state)
     resumed_from = None
@@ -680,13 +888,17 @@ def fit(
     elif checkpoint is not None and checkpoint.exists():
         raise ValueError(f"{checkpoint} exists: pass --resume to continue that run, or choose another --checkpoint")
     target_name = trainer.signature.target
-    stepping = False  # within an epoch's updates: the trainer's step count says where the epoch stands
-    start_step = trainer.global_step - state.steps_in_epoch
+    extra_outputs = trainer.spec.extra_outputs
+    stepping = False  # within an epoch's updates: the trainer's counts say where the epoch stands
+    start = _batches_done(trainer) - state.steps_in_epoch
     try:
         while state.epoch < epochs:
             generator.bit_generator.state = state.rng_state
-            order = generator.permutation(samples)
-            start_step = trainer.global_step - state.steps_in_epoch
+            order = generator.permutation(samples) if shuffle else np.arange(samples)
+            start = _batches_done(trainer) - state.steps_in_epoch
+            skipped_before = trainer.skipped_steps - state.skipped
+            if stateful and state.steps_in_epoch == 0:
+                trainer.reset_state()
             bar = _progress(steps_per_epoch, f"epoch {state.epoch + 1}/{epochs}")
             if bar is not None:
                 bar.update(state.steps_in_epoch)
@@ -694,26 +906,31 @@ def fit(
             try:
                 for index in range(state.steps_in_epoch, steps_per_epoch):
                     rows = order[index * batch_size : (index + 1) * batch_size]
-                    lr = schedule(trainer.global_step) if schedule is not None else None
-                    loss = trainer.step(lr=lr, **_batch_arguments(data, specs, target_name, rows))
+                    lr = schedule(_batches_done(trainer)) if schedule is not None else None
+                    result = trainer.step(lr=lr, **_batch_arguments(data, specs, target_name, rows))
+                    loss, outputs = (result[0], result[1:]) if extra_outputs else (result, ())
                     loss_value = float(np.mean(loss))
-                    state.steps_in_epoch = trainer.global_step - start_step
-                    state.loss_sum += loss_value * len(rows)
-                    state.samples += len(rows)
+                    state.steps_in_epoch = _batches_done(trainer) - start
+                    state.skipped = trainer.skipped_steps - skipped_before
+                    if math.isfinite(loss_value):
+                        state.loss_sum += loss_value * len(rows)
+                        state.samples += len(rows)
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss_value:.4g}")
                     if callback is not None:
-                        callback(StepInfo(state.epoch + 1, index + 1, trainer.global_step, loss_value))
+                        named = dict(zip(extra_outputs, outputs, strict=True))
+                        callback(StepInfo(state.epoch + 1, index + 1, trainer.global_step, loss_value, named))
             finally:
                 if bar is not None:
                     bar.close()
             stepping = False
-            last = trainer.global_step - 1
+            last = _batches_done(trainer) - 1
             record = EpochRecord(
                 state.epoch + 1,
-                state.loss_sum / max(state.samples, 1),
-                schedule(last) if schedule is not None else trainer.learning_rate(last + 1),
+                state.loss_sum / state.samples if state.samples else math.nan,
+                schedule(last) if schedule is not None else trainer.learning_rate(max(trainer.global_step, 1)),
+                skipped=state.skipped,
             )
             if val is not None:
                 record.val_loss, record.val_accuracy, record.val_cer = evaluate_data(trainer, val, specs, batch_size)
@@ -723,7 +940,8 @@ def fit(
                 save_checkpoint(trainer, checkpoint, config, state)
     except KeyboardInterrupt:
         if stepping:  # an interrupt inside step() may come after its update was kept
-            state.steps_in_epoch = trainer.global_step - start_step
+            state.steps_in_epoch = _batches_done(trainer) - start
+            state.skipped = trainer.skipped_steps - skipped_before
         if checkpoint is not None:
             save_checkpoint(trainer, checkpoint, config, state)
             log(
@@ -742,18 +960,26 @@ def fit(
     return result
 
 
-def _check_values(trainer: Trainer, model: onnx.ModelProto, data: Mapping[str, np.ndarray], where: str) -> None:
-    """The loss's own check of target values (class indices in range, ...) over the whole file."""
+def _batches_done(trainer: Trainer) -> int:
+    """Batches the trainer has taken: its updates and the non-finite ones it skipped."""
+    return trainer.global_step + trainer.skipped_steps
+
+
+def _check_values(trainer: Trainer, model: onnx.ModelProto, data: Mapping[str, Any], where: str) -> None:
+    """The loss's own check of target values (class indices in range, ...) over the whole file, shard by shard."""
     target = trainer.signature.target
     if target is None or target not in data:
         return
     outputs = {value.name: value_type_of(value) for value in model.graph.output}
-    try:
-        losses.check_target_values(
-            trainer.spec.loss, outputs.get(trainer.spec.prediction), np.asarray(data[target]), target_name=target
-        )
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
+    values = data[target].values if isinstance(data[target], ConcatenatedRows) else data[target]
+    parts = zip(values.files, values.parts, strict=True) if isinstance(values, ShardedArray) else [(where, values)]
+    for part_name, part in parts:
+        try:
+            losses.check_target_values(
+                trainer.spec.loss, outputs.get(trainer.spec.prediction), np.asarray(part), target_name=target
+            )
+        except ValueError as error:
+            raise ValueError(f"{part_name}: {error}") from None
 
 
 def plot_history(
@@ -805,7 +1031,18 @@ def build_trainer(
     threads: int | None = None,
     **options: Any,
 ) -> tuple[Trainer, onnx.ModelProto]:
-    """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``)."""
+    """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``).
+
+    Args:
+        model: The model file.
+        loss: The Trainer's.
+        optimizer: The Trainer's.
+        threads: The Trainer's.
+        **options: Any other keyword of ``Trainer`` (``TRAINER_OPTIONS``).
+    """
+    unknown = sorted(set(options) - set(TRAINER_OPTIONS))
+    if unknown:
+        raise TypeError(f"build_trainer: {unknown} are not Trainer options; they are {sorted(TRAINER_OPTIONS)}")
     path = Path(model)
     if not path.is_file():
         raise FileNotFoundError(f"no model file {str(path)!r}")

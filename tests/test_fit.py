@@ -9,9 +9,11 @@ exit status, files and output for the CLI.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,9 +44,12 @@ def rule_data(count: int, seed: int) -> dict[str, np.ndarray]:
     return {"pixels": pixels.astype(np.float32), "target": target.astype(np.int64)}
 
 
-def classifier_trainer(model: onnx.ModelProto | None = None, lr: float = 0.02) -> tuple[Trainer, onnx.ModelProto]:
+def classifier_trainer(
+    model: onnx.ModelProto | None = None, lr: float = 0.02, **options: object
+) -> tuple[Trainer, onnx.ModelProto]:
+    """The classifier's trainer (cross_entropy, AdamW, 1 thread; ``options``: other Trainer keywords) and model."""
     model = model if model is not None else build_classifier(HIDDEN, seed=0)
-    trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(lr=lr), threads=1)
+    trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(lr=lr), threads=1, **options)  # type: ignore[arg-type]
     return trainer, model
 
 
@@ -594,3 +599,577 @@ def test_sigint_saves_a_checkpoint_and_the_resumed_run_exports_the_uninterrupted
     straight_model, resumed_model = (onnx.load(str(tmp_path / name)) for name in ("straight.onnx", "resumed.onnx"))
     for a, b in zip(straight_model.graph.initializer, resumed_model.graph.initializer, strict=True):
         assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b)), a.name
+
+
+# ---- shards: a folder of files read as one memory-mapped dataset ----------------------------------
+
+SHARD_SIZES = (7, 13, 10)  # uneven, so that batches straddle the boundaries
+
+
+def write_shards(directory: Path, data: dict[str, np.ndarray], kind: str, sizes: tuple[int, ...] = SHARD_SIZES) -> Path:
+    """``data`` cut into shards of ``sizes`` rows: stored .npz, .safetensors, or subfolders of NAME.npy."""
+    from safetensors.numpy import save_file
+
+    directory.mkdir()
+    bounds = np.cumsum((0, *sizes))
+    for index, (first, end) in enumerate(itertools.pairwise(bounds)):
+        shard = {name: np.ascontiguousarray(value[first:end]) for name, value in data.items()}
+        if kind == "npz":
+            np.savez(directory / f"train-{index:05d}.npz", **shard)
+        elif kind == "safetensors":
+            save_file(shard, str(directory / f"train-{index:05d}.safetensors"))
+        else:
+            (directory / f"{index:05d}").mkdir()
+            for name, value in shard.items():
+                np.save(directory / f"{index:05d}" / f"{name}.npy", value)
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["npz", "safetensors", "npy"])
+def test_a_folder_of_shards_is_one_memory_mapped_dataset_that_trains_as_the_whole(tmp_path: Path, kind: str) -> None:
+    from ortlstm.datafiles import ShardedArray
+
+    data = rule_data(sum(SHARD_SIZES), 0)
+    arrays = fitting.read_arrays(write_shards(tmp_path / "shards", data, kind))
+    assert sorted(arrays) == ["pixels", "target"]
+    for name, value in data.items():
+        array = arrays[name]
+        assert isinstance(array, ShardedArray)
+        assert all(isinstance(part, np.memmap) for part in array.parts)  # mapped, not read
+        assert [len(part) for part in array.parts] == list(SHARD_SIZES)
+        assert (array.shape, array.dtype) == (value.shape, value.dtype)
+        rows = np.array([29, 0, 6, 7, 19, 20, 3, 7])  # across every boundary, repeated, out of order
+        assert np.array_equal(array.take(rows), value[rows])
+        assert np.array_equal(np.asarray(array), value)
+    # Training on the shards equals training on the same rows in memory: the seeded order runs over all rows.
+    trained = []
+    for source in (data, arrays):
+        trainer, model = classifier_trainer()
+        fitting.fit(trainer, source, model=model, epochs=2, batch_size=8, seed=11, log=lambda line: None)
+        trained.append(params(trainer))
+    for name, value in trained[0].items():
+        assert np.array_equal(trained[1][name], value), name
+
+
+def test_safetensors_shards_map_the_bytes_safetensors_reads(tmp_path: Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    from ortlstm.datafiles import map_shard
+
+    tensors = {
+        "f64": np.linspace(-1, 1, 12).reshape(3, 4),
+        "i32": np.arange(-5, 5, dtype=np.int32),
+        "u8": np.arange(7, dtype=np.uint8),
+        "flags": np.array([True, False, True]),
+        "f16": np.array([0.5, -2.0], dtype=np.float16),
+    }
+    save_file(tensors, str(tmp_path / "one.safetensors"), metadata={"note": "x"})
+    mapped, loaded = map_shard(tmp_path / "one.safetensors"), load_file(str(tmp_path / "one.safetensors"))
+    assert sorted(mapped) == sorted(loaded)
+    for name, value in loaded.items():
+        assert mapped[name].dtype == value.dtype, name
+        assert np.array_equal(mapped[name], value), name
+
+
+def shard_fit(directory: Path, **options: object) -> None:
+    trainer, model = classifier_trainer()
+    fitting.fit(
+        trainer, fitting.read_arrays(directory), model=model, epochs=1, batch_size=8, log=lambda line: None, **options
+    )  # type: ignore[arg-type]
+
+
+def test_mismatched_shards_are_refused_before_training_naming_the_shard_the_array_and_both(tmp_path: Path) -> None:
+    data = rule_data(30, 0)
+    directory = write_shards(tmp_path / "names", data, "npz")
+    np.savez(directory / "train-00001.npz", pixels=data["pixels"][7:20])
+    with pytest.raises(
+        ValueError,
+        match=r"names: shard train-00001.npz holds the arrays \['pixels'\], the first shard \(train-00000.npz\) "
+        r"\['pixels', 'target'\]; every shard needs the same arrays",
+    ):
+        fitting.read_arrays(directory)
+    directory = write_shards(tmp_path / "dtype", data, "safetensors")
+    from safetensors.numpy import save_file
+
+    save_file(
+        {"pixels": data["pixels"][20:].astype(np.float64), "target": data["target"][20:]},
+        str(directory / "train-00002.safetensors"),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"shard train-00002.safetensors: array 'pixels' is float64 \[10, 8, 8\], the first shard "
+        r"\(train-00000.safetensors\) holds float32 \[7, 8, 8\]; every shard needs the same dtype",
+    ):
+        fitting.read_arrays(directory)
+    directory = write_shards(tmp_path / "shape", data, "npy")
+    np.save(directory / "00001" / "pixels.npy", data["pixels"][7:20, :, :5])
+    arrays = fitting.read_arrays(directory)
+    trainer, model = classifier_trainer()
+    with pytest.raises(
+        ValueError,
+        match=r"shape/00001: array 'pixels' is float32 \[13, 8, 5\], the first shard \(.*shape/00000\) holds "
+        r"float32 \[7, 8, 8\]; the shards may differ only along the batch axis \(0\)",
+    ):
+        fitting.fit(trainer, arrays, model=model, epochs=1, batch_size=8, log=lambda line: None, data_name="shape")
+    assert trainer.global_step == 0
+    # Equal totals but misaligned shards: pixels 7 + 13, target 8 + 12 rows.
+    directory = tmp_path / "rows"
+    directory.mkdir()
+    np.savez(directory / "a.npz", pixels=data["pixels"][:7], target=data["target"][:8])
+    np.savez(directory / "b.npz", pixels=data["pixels"][7:20], target=data["target"][8:20])
+    with pytest.raises(
+        ValueError,
+        match=r"shard .*a.npz: array 'target' holds 8 samples \(axis 0\), 'pixels' 7 \(axis 0\); the arrays ",
+    ):
+        shard_fit(directory)
+    compressed = tmp_path / "compressed"
+    compressed.mkdir()
+    for name in ("a", "b"):
+        np.savez_compressed(compressed / f"{name}.npz", **data)
+    with pytest.raises(
+        ValueError,
+        match=r"a.npz: array 'pixels' is compressed \(np.savez_compressed\); a shard is memory-mapped, which needs "
+        r"its arrays stored: write the shards with np.savez",
+    ):
+        fitting.read_arrays(compressed)
+    mixed = tmp_path / "mixed"
+    write_shards(mixed, data, "npz")
+    np.save(mixed / "pixels.npy", data["pixels"])
+    with pytest.raises(ValueError, match=r"holds both NAME.npy files and shards"):
+        fitting.read_arrays(mixed)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: a folder without data; expected NAME.npy files .*, or shards"):
+        fitting.read_arrays(tmp_path / "empty")
+
+
+def test_an_interrupted_run_over_shards_resumes_bitwise(tmp_path: Path) -> None:
+    data = rule_data(90, 0)
+    directory = write_shards(tmp_path / "shards", data, "npz", sizes=(40, 25, 25))
+    schedule = fitting.Schedule("cosine", 0.02)
+    straight = run(tmp_path, epochs=3, schedule=schedule)  # the same rows in memory
+    checkpoint = tmp_path / "run.safetensors"
+
+    def stop(info: fitting.StepInfo) -> None:
+        if info.global_step == 8:
+            raise KeyboardInterrupt
+
+    def sharded(**options: object) -> fitting.FitResult:
+        trainer, model = classifier_trainer()
+        arrays = fitting.read_arrays(directory)
+        return fitting.fit(
+            trainer,
+            arrays,
+            model=model,
+            epochs=3,
+            batch_size=16,
+            seed=3,
+            schedule=schedule,
+            checkpoint=checkpoint,
+            log=lambda line: None,
+            **options,  # type: ignore[arg-type]
+        )
+
+    with pytest.raises(KeyboardInterrupt):
+        sharded(callback=stop)
+    saved, state = fitting.read_fit_state(checkpoint)
+    assert saved["shards"] == [["train-00000.npz", 40], ["train-00001.npz", 25], ["train-00002.npz", 25]]
+    assert (state.epoch, state.steps_in_epoch) == (1, 2)
+    resumed = sharded(resume=True)
+    for name, value in params(straight.trainer).items():
+        assert np.array_equal(params(resumed.trainer)[name], value), name
+    # Other shards (the same rows cut differently) are another run.
+    (directory / "train-00002.npz").unlink()
+    np.savez(directory / "train-00001.npz", **{name: value[40:] for name, value in data.items()})
+    with pytest.raises(ValueError, match=r"other settings \(shards: saved \[\['train-00000.npz', 40\], "):
+        sharded(resume=True)
+
+
+def rss_anon() -> int:
+    """This process's anonymous resident memory in bytes (file-backed mapped pages not counted)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from Linux's /proc")
+def test_shards_are_read_by_the_batch_not_whole(tmp_path: Path) -> None:
+    from ortlstm.datafiles import take_rows
+
+    rng = np.random.default_rng(0)
+    rows, features = 16384, 1024  # 64 MiB of float32 in 4 shards
+    directory = tmp_path / "big"
+    directory.mkdir()
+    for index in range(4):
+        block = rng.standard_normal((rows // 4, features), dtype=np.float32)
+        np.savez(directory / f"part-{index}.npz", x=block, y=np.arange(rows // 4) + index * rows // 4)
+        del block
+    before = rss_anon()
+    arrays = fitting.read_arrays(directory)
+    order = np.random.default_rng(1).permutation(rows)
+    peak = 0
+    for first in range(0, rows, 256):  # one epoch of batches of 256 rows (1 MiB)
+        batch = take_rows(arrays["x"], 0, order[first : first + 256])
+        labels = take_rows(arrays["y"], 0, order[first : first + 256])
+        assert np.array_equal(labels, order[first : first + 256])
+        peak = max(peak, rss_anon() - before)
+        del batch
+    assert peak < 16 * 2**20, f"anonymous memory grew by {peak / 2**20:.1f} MiB reading 64 MiB of shards"
+
+
+# ---- every Trainer option reachable: the command line, --config JSON or TOML ----------------------
+
+
+def test_fit_names_an_option_for_every_keyword_of_the_trainer() -> None:
+    import argparse
+    import inspect
+
+    from ortlstm.__main__ import _add_fit_arguments, _fit_options, _fit_trainer_arguments, _parser
+
+    keywords = set(inspect.signature(Trainer.__init__).parameters) - {"self", "model"}
+    assert set(fitting.TRAINER_OPTIONS) == keywords  # a new Trainer option fails here until fit has one
+    standalone = argparse.ArgumentParser()
+    _add_fit_arguments(standalone)
+    dests = vars(standalone.parse_args([]))
+    assert [option for option in fitting.TRAINER_OPTIONS.values() if option not in dests] == []
+    args = _parser().parse_args(
+        [
+            "fit",
+            "m.onnx",
+            "--data",
+            "d.npz",
+            "--loss",
+            "mse_loss",
+            "--optimizer",
+            "sgd",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "2",
+        ]
+    )
+    assert set(_fit_trainer_arguments(_fit_options(args))) == keywords
+
+
+NEW_OPTIONS_CLI = [
+    "--extra-outputs", "logits",
+    "--param-groups", '[{"params": ["lstm.B", "head.bias"], "weight_decay": 0.0}]',
+    "--stateful",
+    "--ir-version", "9",
+    "--nonfinite", "skip",
+    "--optimizer-option", "betas=[0.8,0.9]",
+    "--optimizer-option", "amsgrad=true",
+    "--loss-option", "label_smoothing=0.05",
+    "--frozen", "head.weight",
+    "--clip-grad-norm", "1.0",
+    "--fixed-shape", "pixels=?,8,8",
+    "--threads", "1",
+    "--schedule", '{"kind": "linear-warmup", "warmup": 2}',
+]  # fmt: skip
+NEW_OPTIONS_CONFIG: dict[str, object] = {
+    "extra_outputs": ["logits"],
+    "param_groups": [{"params": ["lstm.B", "head.bias"], "weight_decay": 0.0}],
+    "stateful": True,
+    "ir_version": 9,
+    "nonfinite": "skip",
+    "optimizer_option": {"betas": [0.8, 0.9], "amsgrad": True},
+    "loss_option": {"label_smoothing": 0.05},
+    "frozen": ["head.weight"],
+    "clip-grad-norm": 1.0,
+    "fixed_shape": {"pixels": [None, 8, 8]},
+    "threads": 1,
+    "schedule": {"kind": "linear-warmup", "warmup": 2},
+}
+TOML_CONFIG = """
+extra_outputs = ["logits"]
+param_groups = [{params = ["lstm.B", "head.bias"], weight_decay = 0.0}]
+stateful = true
+ir_version = 9
+nonfinite = "skip"
+optimizer_option = {betas = [0.8, 0.9], amsgrad = true}
+loss_option = {label_smoothing = 0.05}
+frozen = ["head.weight"]
+clip-grad-norm = 1.0
+fixed_shape = {pixels = ["?", 8, 8]}
+threads = 1
+schedule = {kind = "linear-warmup", warmup = 2}
+"""
+
+
+def capture_fit(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Trainer, dict[str, object]]]:
+    """Records the trainer and options ``ortlstm fit`` runs ``fit`` with (and runs it)."""
+    calls: list[tuple[Trainer, dict[str, object]]] = []
+    real = fitting.fit
+
+    def recording(trainer: Trainer, data: object, **options: object) -> fitting.FitResult:
+        calls.append((trainer, options))
+        return real(trainer, data, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fitting, "fit", recording)
+    return calls
+
+
+@pytest.mark.parametrize("source", ["command_line", "json", "toml"])
+def test_each_trainer_option_reaches_the_built_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    from ortlstm.__main__ import main
+
+    write_example(tmp_path)
+    np.savez(tmp_path / "small.npz", **rule_data(30, 0))
+    calls = capture_fit(monkeypatch)
+    base = {"model": str(tmp_path / "model.onnx"), "data": str(tmp_path / "small.npz"), "loss": "cross_entropy"}
+    base.update({"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": 10})
+    if source == "command_line":
+        argv = [base["model"], "--data", base["data"], "--loss", "cross_entropy", "--optimizer", "adam", "--lr", "0.01"]
+        argv += ["--epochs", "1", "--batch-size", "10", *NEW_OPTIONS_CLI]
+    elif source == "json":
+        (tmp_path / "run.json").write_text(json.dumps({**base, **NEW_OPTIONS_CONFIG}))
+        argv = ["--config", str(tmp_path / "run.json")]
+    else:
+        pytest.importorskip("tomllib")  # Python >= 3.11
+        lines = [f"{key} = {json.dumps(value)}" for key, value in base.items()]
+        (tmp_path / "run.toml").write_text("\n".join(lines) + TOML_CONFIG)
+        argv = ["--config", str(tmp_path / "run.toml")]
+    assert main(["fit", *argv]) == 0, capsys.readouterr().err
+    ((trainer, options),) = calls
+    spec = trainer.spec
+    assert spec.extra_outputs == ("logits",)
+    assert spec.param_groups == (optimizers.ParamGroup(("lstm.B", "head.bias"), weight_decay=0.0),)
+    assert (spec.stateful, spec.ir_version, trainer.nonfinite) == (True, 9, "skip")
+    assert spec.optimizer == optimizers.Adam(lr=0.01, betas=(0.8, 0.9), amsgrad=True)
+    assert (spec.loss.kind, spec.loss.label_smoothing) == ("cross_entropy", 0.05)  # Loss compares by identity
+    assert spec.frozen == ("head.weight",)
+    assert "head.weight" not in spec.requires_grad
+    assert spec.clip_grad_norm == 1.0
+    assert spec.fixed_shapes == {"pixels": (None, 8, 8)}
+    assert options["shuffle"] is None  # the stateful default: in order
+    assert options["schedule"] == fitting.Schedule("linear-warmup", 0.01, warmup=2)
+    assert trainer.global_step == 3
+
+
+def test_the_command_line_overrides_the_config_and_bad_configs_are_refused_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortlstm.__main__ import main
+
+    write_example(tmp_path)
+    calls = capture_fit(monkeypatch)
+    config = {
+        "model": str(tmp_path / "model.onnx"),
+        "data": str(tmp_path / "val.npz"),
+        "loss": "cross_entropy",
+        "optimizer": "sgd",
+        "epochs": 3,
+        "batch-size": 80,
+        "nonfinite": "skip",
+    }
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    assert main(["fit", "--config", str(tmp_path / "run.json"), "--epochs", "1", "--nonfinite", "raise"]) == 0
+    ((trainer, options),) = calls
+    assert (options["epochs"], options["batch_size"], trainer.nonfinite) == (1, 80, "raise")
+    cases = [
+        ({**config, "epoch": 2}, r"bad.json: unknown option 'epoch'; the options are .*batch_size, .*epochs"),
+        ({**config, "epochs": "many"}, r"bad.json: argument --epochs: invalid int value: 'many'"),
+        ({**config, "stateful": "yes"}, r"bad.json: stateful must be true or false, got 'yes'"),
+        (
+            {**config, "param_groups": [{"params": ["lstm.B"], "lr": 0.1}]},
+            r"--param-groups: group 0 .*unknown: lr \(lr: give lr_scale",
+        ),
+        ({"model": "m.onnx", "loss": "mse_loss"}, r"--data, --optimizer, --epochs, --batch-size required"),
+        ({**config, "schedule": {"warmup": 3}}, r"--schedule \{\"warmup\": 3\}: expected an object with kind"),
+    ]  # fmt: skip
+    for bad, message in cases:
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        capsys.readouterr()
+        assert main(["fit", "--config", str(tmp_path / "bad.json")]) == 1
+        assert re.search(message, capsys.readouterr().err), message
+    (tmp_path / "bad.yaml").write_text("epochs: 1")
+    assert main(["fit", "--config", str(tmp_path / "bad.yaml")]) == 1
+    assert "expected a .json or .toml file, got '.yaml'" in capsys.readouterr().err
+
+
+# ---- nonfinite="skip": skipped batches counted per epoch ------------------------------------------
+
+
+def skip_trainer(nonfinite: str = "skip") -> Trainer:
+    return classifier_trainer(nonfinite=nonfinite)[0]
+
+
+def test_skipped_nonfinite_batches_are_counted_per_epoch_and_a_resume_stays_bitwise(tmp_path: Path) -> None:
+    data = rule_data(40, 0)
+    data["pixels"][13] = np.nan  # the one batch holding sample 13 has a NaN loss, each epoch
+    schedule = fitting.Schedule("cosine", 0.02)
+    lines: list[str] = []
+    trainer = skip_trainer()
+    model = build_classifier(HIDDEN, seed=0)
+    result = fitting.fit(
+        trainer, data, model=model, epochs=3, batch_size=8, seed=2, schedule=schedule, log=lines.append
+    )
+    assert [record.skipped for record in result.history] == [1, 1, 1]
+    assert all(math.isfinite(record.train_loss) for record in result.history)
+    assert lines[0].endswith("skipped 1 non-finite update")
+    assert (trainer.global_step, trainer.skipped_steps) == (12, 3)
+    # Oracle: the same seeded order by hand, the batch with sample 13 left out; it still counts for the schedule.
+    reference = skip_trainer("raise")
+    bound = schedule.bound(5, 3)
+    generator = np.random.Generator(np.random.PCG64(2))
+    done = 0
+    for _ in range(3):
+        order = generator.permutation(40)
+        for first in range(0, 40, 8):
+            rows = order[first : first + 8]
+            if 13 not in rows:
+                reference.step(pixels=data["pixels"][rows], target=data["target"][rows], lr=bound(done))
+            done += 1
+    for name, value in params(reference).items():
+        assert np.array_equal(params(trainer)[name], value), name
+    # Interrupted right after epoch 2's skipped batch, then resumed: the same parameters and counts.
+    checkpoint = tmp_path / "run.safetensors"
+
+    def stop(info: fitting.StepInfo) -> None:
+        if info.epoch == 2 and not math.isfinite(info.loss):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fitting.fit(
+            skip_trainer(), data, model=model, epochs=3, batch_size=8, seed=2, schedule=schedule,
+            checkpoint=checkpoint, callback=stop, log=lambda line: None,
+        )  # fmt: skip
+    assert fitting.read_fit_state(checkpoint)[1].skipped == 1
+    resumed = fitting.fit(
+        skip_trainer(), data, model=model, epochs=3, batch_size=8, seed=2, schedule=schedule,
+        checkpoint=checkpoint, resume=True, log=lambda line: None,
+    )  # fmt: skip
+    assert [record.skipped for record in resumed.history] == [1, 1, 1]
+    assert (resumed.trainer.global_step, resumed.trainer.skipped_steps) == (12, 3)
+    for name, value in params(trainer).items():
+        assert np.array_equal(params(resumed.trainer)[name], value), name
+    from ortlstm.training import NonFiniteStepError
+
+    with pytest.raises(NonFiniteStepError, match=r"update \d+ refused, not finite"):
+        fitting.fit(skip_trainer("raise"), data, model=model, epochs=1, batch_size=8, seed=2, log=lambda line: None)
+
+
+# ---- stateful: batches in order, the carried state reset each epoch -------------------------------
+
+
+def stateful_trainer() -> Trainer:
+    return classifier_trainer(stateful=True)[0]
+
+
+def test_a_stateful_fit_reads_batches_in_order_and_resets_the_state_each_epoch(tmp_path: Path) -> None:
+    data = rule_data(32, 0)
+    model = build_classifier(HIDDEN, seed=0)
+    trainer = stateful_trainer()
+    assert list(fitting.data_specs(trainer, model)) == ["pixels", "target"]  # the carried state is no data
+    fitting.fit(trainer, data, model=model, epochs=2, batch_size=8, seed=5, log=lambda line: None)
+    reference = stateful_trainer()
+    for _ in range(2):
+        reference.reset_state()
+        for first in range(0, 32, 8):
+            reference.step(pixels=data["pixels"][first : first + 8], target=data["target"][first : first + 8])
+    for name, value in params(reference).items():
+        assert np.array_equal(params(trainer)[name], value), name
+    for name, value in reference.carried_state.items():
+        assert np.array_equal(trainer.carried_state[name], value), name
+    # Interrupted within epoch 2 and resumed: the carried state comes back with the checkpoint.
+    checkpoint = tmp_path / "run.safetensors"
+
+    def stop(info: fitting.StepInfo) -> None:
+        if info.global_step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fitting.fit(
+            stateful_trainer(), data, model=model, epochs=2, batch_size=8, checkpoint=checkpoint, callback=stop,
+            log=lambda line: None,
+        )  # fmt: skip
+    resumed = fitting.fit(
+        stateful_trainer(), data, model=model, epochs=2, batch_size=8, checkpoint=checkpoint, resume=True,
+        log=lambda line: None,
+    )  # fmt: skip
+    for name, value in params(reference).items():
+        assert np.array_equal(params(resumed.trainer)[name], value), name
+    with pytest.raises(ValueError, match=r"--stateful carries row i of each batch's LSTM state .* drop --shuffle"):
+        fitting.fit(stateful_trainer(), data, model=model, epochs=1, batch_size=8, shuffle=True)
+    with pytest.raises(ValueError, match=r"--stateful: data holds 30 samples, not a multiple of --batch-size 8"):
+        fitting.fit(stateful_trainer(), rule_data(30, 0), model=model, epochs=1, batch_size=8)
+
+
+# ---- ctc_loss: labels padded or concatenated ------------------------------------------------------
+
+
+def test_ctc_labels_may_come_concatenated_as_one_row_per_label_in_memory_and_in_shards(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 4, 12)
+    padded = np.zeros((12, 3), np.int64)
+    for row, length in enumerate(lengths):
+        padded[row, :length] = rng.integers(1, 6, length)
+    concatenated = np.concatenate([row[:n] for row, n in zip(padded, lengths, strict=True)])
+    x = rng.normal(size=(12, 10, 8)).astype(np.float32)
+    model = ctc_model()
+
+    def train(data: dict[str, object]) -> fitting.FitResult:
+        trainer = Trainer(
+            model, loss=losses.Loss.ctc_loss(input="logits", batch_first=True), optimizer=optimizers.Adam(lr=0.05)
+        )
+        return fitting.fit(trainer, data, model=model, val=data, epochs=2, batch_size=5, seed=1, log=lambda line: None)
+
+    padded_run = train({"x": x, "target": padded, "target_lengths": lengths})
+    concatenated_run = train({"x": x, "target": concatenated, "target_lengths": lengths})
+    assert concatenated_run.history[-1].val_cer == padded_run.history[-1].val_cer
+    for name, value in params(padded_run.trainer).items():
+        np.testing.assert_allclose(params(concatenated_run.trainer)[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    for index, (first, end) in enumerate([(0, 5), (5, 12)]):
+        labels = np.concatenate([row[:n] for row, n in zip(padded[first:end], lengths[first:end], strict=True)])
+        np.savez(directory / f"{index}.npz", x=x[first:end], target=labels, target_lengths=lengths[first:end])
+    sharded_run = train(fitting.read_arrays(directory))
+    for name, value in params(concatenated_run.trainer).items():
+        assert np.array_equal(params(sharded_run.trainer)[name], value), name
+    with pytest.raises(
+        ValueError,
+        match=rf"'target' holds {len(concatenated) - 1} concatenated labels, but 'target_lengths' sums to "
+        rf"{len(concatenated)}",
+    ):
+        train({"x": x, "target": concatenated[:-1], "target_lengths": lengths})
+    with pytest.raises(
+        ValueError,
+        match=r"'target' must be int64 or int32 labels, padded \[N, S\] .* or concatenated "
+        r"\[sum\(target_lengths\)\], got int64 \[12, 3, 1\]",
+    ):
+        train({"x": x, "target": padded[:, :, None], "target_lengths": lengths})
+
+
+def test_the_command_line_trains_on_a_folder_of_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ortlstm.__main__ import main
+
+    write_example(tmp_path)
+    write_shards(tmp_path / "shards", rule_data(30, 0), "safetensors")
+    command = "model.onnx --data shards --loss cross_entropy --optimizer adamw --epochs 2 --batch-size 8 --threads 1"
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", *command.split(), "--out", "trained.onnx"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.count("epoch ") == 2
+    assert (tmp_path / "trained.onnx").exists()
+
+
+def test_time_major_shards_are_concatenated_along_the_declared_batch_axis(tmp_path: Path) -> None:
+    data = rule_data(24, 0)
+    time_major = {"rows_in": np.ascontiguousarray(data["pixels"].transpose(1, 0, 2)), "target": data["target"]}
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    for index, (first, end) in enumerate([(0, 9), (9, 24)]):
+        np.savez(
+            directory / f"{index}.npz", rows_in=time_major["rows_in"][:, first:end], target=data["target"][first:end]
+        )
+    trained = []
+    for source in (time_major, fitting.read_arrays(directory)):
+        trainer, model = classifier_trainer(time_major_classifier())
+        fitting.fit(trainer, source, model=model, epochs=1, batch_size=8, seed=5, log=lambda line: None)
+        trained.append(params(trainer))
+    for name, value in trained[0].items():
+        assert np.array_equal(trained[1][name], value), name
