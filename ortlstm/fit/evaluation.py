@@ -1,0 +1,73 @@
+"""Validation during a fit: the loss over data in order, and argmax accuracy or greedy-decoding CER."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ortlstm import metrics
+from ortlstm.datafiles import ConcatenatedRows
+from ortlstm.fit.arrays import ArraySpec, batch_arguments
+from ortlstm.training import Trainer
+
+
+def evaluate_data(
+    trainer: Trainer, arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], batch_size: int
+) -> tuple[float, float | None, float | None]:
+    """(loss, accuracy or None, CER or None) over data in order, in batches of ``batch_size``.
+
+    The loss of a ``mean`` reduction is the batch means weighted by batch size (the mean over the
+    samples); ``sum`` adds the batches; ``none`` averages every element. Accuracy: losses with
+    class-index targets (argmax over axis 1, ``ignore_index`` left out). CER: ctc_loss (greedy
+    decoding of the prediction, ``ortlstm.metrics``).
+    """
+    spec = trainer.spec
+    loss_kind = spec.loss
+    count = next(
+        int(array.shape[specs[name].batch_axis])
+        for name, array in arrays.items()
+        if not isinstance(array, ConcatenatedRows)
+    )
+    target_name = trainer.signature.target
+    wants_output = target_name is not None and (loss_kind.class_target or loss_kind.kind == "ctc_loss")
+    total = 0.0
+    elements = 0
+    correct = counted = 0
+    decoded: list[list[int]] = []
+    references: list[list[int]] = []
+    for first in range(0, count, batch_size):
+        rows = np.arange(first, min(first + batch_size, count))
+        named = batch_arguments(arrays, specs, target_name, rows)
+        if wants_output:
+            loss, prediction = trainer.evaluate(outputs=[spec.prediction], **named)
+        else:
+            loss, prediction = trainer.evaluate(outputs=[], **named), None
+        loss_array = np.asarray(loss, dtype=np.float64)
+        if loss_kind.reduction == "none":
+            total += float(loss_array.sum())
+            elements += loss_array.size
+        else:
+            total += float(loss_array) * (len(rows) if loss_kind.reduction != "sum" else 1)
+            elements += len(rows)
+        if prediction is None:
+            continue
+        target = named["target"]
+        if loss_kind.kind == "ctc_loss":
+            lengths = named.get(trainer.signature.extra_targets.get("input_lengths", ""))
+            decoded += metrics.ctc_greedy_decode(
+                prediction, blank=loss_kind.blank, time_major=not loss_kind.batch_first, input_lengths=lengths
+            )
+            target_lengths = named[trainer.signature.extra_targets["target_lengths"]]
+            if target.ndim == 1:  # concatenated labels
+                references += [list(row) for row in np.split(target, np.cumsum(target_lengths)[:-1])]
+            else:
+                references += [list(row[: int(n)]) for row, n in zip(target, target_lengths, strict=True)]
+        elif target.dtype.kind in "iu":
+            keep = target != loss_kind.ignore_index
+            correct += int(np.sum((np.argmax(prediction, axis=1) == target) & keep))
+            counted += int(np.sum(keep))
+    loss_value = total / elements if loss_kind.reduction != "sum" else total
+    accuracy = correct / counted if counted else None
+    cer = metrics.character_error_rate(decoded, references) if references and any(references) else None
+    return loss_value, accuracy, cer

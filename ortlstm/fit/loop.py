@@ -1,0 +1,380 @@
+"""The loop of ``ortlstm fit``: epochs of seeded shuffled batches, validation, a checkpoint per epoch, resume.
+
+``fit`` checks its options and data, then hands them to one ``_Run``: it starts (or resumes from
+the checkpoint), runs the epochs update by update, and on Ctrl-C saves where it stopped. The
+trained model's export and the plot come last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ortlstm.datafiles import shard_files
+from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_values, data_specs, prepare_data
+from ortlstm.fit.checkpoint import check_resumable, fit_config, read_fit_state, save_checkpoint
+from ortlstm.fit.evaluation import evaluate_data
+from ortlstm.fit.report import plot_history
+from ortlstm.fit.schedule import Schedule
+from ortlstm.fit.state import EpochRecord, FitResult, FitState, StepInfo
+from ortlstm.training import Trainer
+
+
+def fit(
+    trainer: Trainer,
+    data: Mapping[str, Any],
+    *,
+    model: onnx.ModelProto,
+    epochs: int,
+    batch_size: int,
+    val: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    shuffle: bool | None = None,
+    schedule: Schedule | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    batch_axes: Mapping[str, int] | None = None,
+    out: str | Path | None = None,
+    plot: str | Path | None = None,
+    callback: Callable[[StepInfo], None] | None = None,
+    log: Callable[[str], None] = print,
+    data_name: str = "data",
+    val_name: str = "val",
+) -> FitResult:
+    """Trains ``trainer`` on ``data`` for ``epochs`` epochs: the loop of ``ortlstm fit``.
+
+    Each epoch visits every sample once, in an order drawn from one ``numpy.random.PCG64(seed)``
+    generator that continues from epoch to epoch (torch's ``RandomSampler(generator=...)``); the
+    last batch of an epoch keeps what is left (``drop_last=False``). Sharded data (``read_arrays``
+    of a folder of shards) is shuffled over all rows of all shards; a batch gathers its rows from
+    whichever shards hold them. After each epoch: validation on ``val`` in order, one line through
+    ``log``, and the checkpoint. With ``schedule``, each batch gets
+    ``step(lr=schedule(batches_done))``; without, the trainer's own ``lr``.
+
+    A trainer with ``nonfinite="skip"`` skips a batch whose loss or gradients are not finite:
+    the batch still counts (for the schedule and the epoch's position), its loss does not enter
+    the epoch's mean, and the epoch's line says how many were skipped.
+
+    A stateful trainer (truncated BPTT) reads batch ``k`` as the rows ``k*batch_size`` to
+    ``(k+1)*batch_size - 1`` in the file's order: row ``i`` of each batch continues the sequence of
+    row ``i`` of the batch before, so the batches are not shuffled, every batch has
+    ``batch_size`` rows, and the carried LSTM state is reset to zeros at the start of every epoch.
+    Validation batches start from zeros (``Trainer.evaluate``).
+
+    Args:
+        trainer: A fresh trainer (or one ``resume`` loads into).
+        data: The training arrays by name (``read_arrays``), checked by ``check_data`` first.
+        model: The model as given to the trainer (its declared types decide dtypes and batch axes).
+        epochs: Total epochs of the run (a resumed run continues to this many).
+        batch_size: Samples per update.
+        val: Validation arrays, same names.
+        seed: Seeds the shuffling.
+        shuffle: Shuffle the samples each epoch (default: True, False for a stateful trainer,
+            which refuses True).
+        schedule: The learning-rate schedule (default: the optimizer's constant lr).
+        checkpoint: Written at the end of each epoch, and on KeyboardInterrupt (atomically).
+        resume: Continue from ``checkpoint``: the trainer's state, the epoch and the step within
+            it, the shuffle order and the history; bitwise the parameters of an uninterrupted run.
+        batch_axes: Per array, its batch axis when the declared layout does not say it.
+        out: Where to export the trained model at the end.
+        plot: Where to draw the curves (PNG) when matplotlib is installed.
+        callback: Called after every batch with a ``StepInfo`` (e.g. to stop a run).
+        log: Receives one line per epoch and the notes.
+        data_name: The data's name in messages (its file).
+        val_name: The validation data's name in messages.
+
+    Raises:
+        ValueError: Bad data, options, or a checkpoint of another run.
+        KeyboardInterrupt: After the checkpoint of the last completed update was written.
+    """
+    shuffle = _checked_shuffle(trainer, epochs, batch_size, shuffle)
+    specs = data_specs(trainer, model, batch_axes)
+    data, samples = _training_data(trainer, model, data, specs, batch_size, data_name)
+    if val is not None:
+        val, _ = prepare_data(val, specs, val_name)
+    run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
+    resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)
+    run.train(callback, log)
+    return _finish(trainer, run.state.history, resumed_from, out, plot, log)
+
+
+def _checked_shuffle(trainer: Trainer, epochs: int, batch_size: int, shuffle: bool | None) -> bool:
+    """Whether to shuffle (default: unless the trainer is stateful), after checking the run's sizes.
+
+    Raises:
+        ValueError: ``epochs`` or ``batch_size`` below 1, or ``shuffle`` asked of a stateful trainer.
+    """
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"--epochs and --batch-size must be >= 1, got {epochs} and {batch_size}")
+    stateful = trainer.spec.stateful
+    if shuffle is None:
+        shuffle = not stateful
+    if stateful and shuffle:
+        raise ValueError(
+            "--stateful carries row i of each batch's LSTM state into row i of the next batch, so the batches "
+            "must come in the file's order: drop --shuffle (each stream's consecutive chunks are rows "
+            "i, i + batch_size, i + 2 * batch_size, ... of the data)"
+        )
+    return shuffle
+
+
+def _training_data(
+    trainer: Trainer,
+    model: onnx.ModelProto,
+    data: Mapping[str, Any],
+    specs: Mapping[str, ArraySpec],
+    batch_size: int,
+    data_name: str,
+) -> tuple[dict[str, Any], int]:
+    """The training arrays as the loop reads them, and their samples, checked (``prepare_data``, target values).
+
+    Raises:
+        ValueError: Bad data, or a stateful trainer's samples not a multiple of ``batch_size``.
+    """
+    data, samples = prepare_data(data, specs, data_name)
+    if trainer.spec.stateful and samples % batch_size:
+        raise ValueError(
+            f"--stateful: {data_name} holds {samples} samples, not a multiple of --batch-size {batch_size}; every "
+            "batch continues the streams of the one before, so each needs batch_size rows (drop the last "
+            f"{samples % batch_size} samples, or choose a batch size that divides {samples})"
+        )
+    check_values(trainer, model, data, data_name)
+    return data, samples
+
+
+@dataclasses.dataclass
+class _Run:
+    """One run of the loop: what it reads, where it stands, and (during an epoch) where the epoch started.
+
+    Attributes:
+        trainer: The trainer it steps.
+        data: The training arrays (``prepare_data``).
+        specs: What each array is (its batch axis).
+        val: The validation arrays, or None.
+        samples: The training samples.
+        steps_per_epoch: Updates per epoch (the last batch keeps what is left).
+        total_epochs: The epochs of the whole run.
+        batch_size: Samples per update.
+        shuffle: Whether each epoch's order is shuffled.
+        schedule: The schedule bound to the run, or None (the trainer's lr).
+        config: What a resumed run must share with this one (``fit_config``).
+        generator: The shuffle generator (``numpy.random.PCG64(seed)``).
+        state: Where the run stands (``FitState``).
+        checkpoint: Where it saves, or None.
+        stepping: Within an epoch's updates: the trainer's counts say where the epoch stands.
+        epoch_start: The trainer's batches done when the current epoch started.
+        skipped_before: The trainer's skipped batches when the current epoch started.
+    """
+
+    trainer: Trainer
+    data: Mapping[str, Any]
+    specs: Mapping[str, ArraySpec]
+    val: Mapping[str, Any] | None
+    samples: int
+    steps_per_epoch: int
+    total_epochs: int
+    batch_size: int
+    shuffle: bool
+    schedule: Schedule | None
+    config: dict[str, Any]
+    generator: np.random.Generator
+    state: FitState
+    checkpoint: Path | None = None
+    stepping: bool = False
+    epoch_start: int = 0
+    skipped_before: int = 0
+
+    @classmethod
+    def plan(
+        cls,
+        trainer: Trainer,
+        data: Mapping[str, Any],
+        specs: Mapping[str, ArraySpec],
+        val: Mapping[str, Any] | None,
+        samples: int,
+        epochs: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        schedule: Schedule | None,
+    ) -> _Run:
+        """A run from its first update: the schedule bound to its length, its config, a seeded generator."""
+        steps_per_epoch = -(-samples // batch_size)
+        if schedule is not None:
+            schedule = schedule.bound(steps_per_epoch, epochs)
+        config = fit_config(batch_size, seed, samples, schedule, list(data), shuffle, shard_files(data))
+        generator = np.random.Generator(np.random.PCG64(seed))
+        state = FitState(epoch=0, steps_in_epoch=0, rng_state=generator.bit_generator.state)
+        return cls(
+            trainer=trainer,
+            data=data,
+            specs=specs,
+            val=val,
+            samples=samples,
+            steps_per_epoch=steps_per_epoch,
+            total_epochs=epochs,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            schedule=schedule,
+            config=config,
+            generator=generator,
+            state=state,
+        )
+
+    def begin(self, checkpoint: Path | None, resume: bool, log: Callable[[str], None]) -> tuple[int, int] | None:
+        """Sets where the run saves; with ``resume``, loads the checkpoint and returns (epoch, step) it resumes from.
+
+        Raises:
+            ValueError: ``resume`` without a checkpoint, a checkpoint of another run, or an existing
+                checkpoint without ``resume``.
+        """
+        self.checkpoint = checkpoint
+        if not resume:
+            if checkpoint is not None and checkpoint.exists():
+                raise ValueError(
+                    f"{checkpoint} exists: pass --resume to continue that run, or choose another --checkpoint"
+                )
+            return None
+        if checkpoint is None:
+            raise ValueError("--resume needs --checkpoint PATH (the file to continue from)")
+        saved, self.state = read_fit_state(checkpoint)
+        check_resumable(checkpoint, saved, self.config)
+        self.trainer.load(checkpoint)
+        log(
+            f"resuming {checkpoint}: epoch {self.state.epoch + 1}, after update {self.state.steps_in_epoch} of "
+            f"{self.steps_per_epoch}"
+        )
+        return self.state.epoch, self.state.steps_in_epoch
+
+    def train(self, callback: Callable[[StepInfo], None] | None, log: Callable[[str], None]) -> None:
+        """Runs the epochs left, each ended by ``_end_epoch``.
+
+        Raises:
+            KeyboardInterrupt: After the checkpoint of the last completed update was written.
+        """
+        try:
+            while self.state.epoch < self.total_epochs:
+                self._updates(callback)
+                self._end_epoch(log)
+        except KeyboardInterrupt:
+            self._interrupted(log)
+            raise
+
+    def _updates(self, callback: Callable[[StepInfo], None] | None) -> None:
+        """The current epoch's updates, from where it stands, in its order (drawn again from its generator state)."""
+        trainer, state = self.trainer, self.state
+        self.generator.bit_generator.state = state.rng_state
+        order = self.generator.permutation(self.samples) if self.shuffle else np.arange(self.samples)
+        self.epoch_start = _batches_done(trainer) - state.steps_in_epoch
+        self.skipped_before = trainer.skipped_steps - state.skipped
+        if trainer.spec.stateful and state.steps_in_epoch == 0:
+            trainer.reset_state()
+        bar = _progress(self.steps_per_epoch, f"epoch {state.epoch + 1}/{self.total_epochs}")
+        if bar is not None:
+            bar.update(state.steps_in_epoch)
+        self.stepping = True
+        try:
+            for index in range(state.steps_in_epoch, self.steps_per_epoch):
+                loss_value, outputs = self._step(order[index * self.batch_size : (index + 1) * self.batch_size])
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss_value:.4g}")
+                if callback is not None:
+                    named = dict(zip(trainer.spec.extra_outputs, outputs, strict=True))
+                    callback(StepInfo(state.epoch + 1, index + 1, trainer.global_step, loss_value, named))
+        finally:
+            if bar is not None:
+                bar.close()
+        self.stepping = False
+
+    def _step(self, rows: np.ndarray) -> tuple[float, tuple[Any, ...]]:
+        """One update on ``rows``, counted in the epoch's state; its mean loss and extra outputs."""
+        trainer, state = self.trainer, self.state
+        lr = self.schedule(_batches_done(trainer)) if self.schedule is not None else None
+        result = trainer.step(lr=lr, **batch_arguments(self.data, self.specs, trainer.signature.target, rows))
+        loss, outputs = (result[0], result[1:]) if trainer.spec.extra_outputs else (result, ())
+        loss_value = float(np.mean(loss))
+        self._count_updates()
+        if math.isfinite(loss_value):
+            state.loss_sum += loss_value * len(rows)
+            state.samples += len(rows)
+        return loss_value, tuple(outputs)
+
+    def _count_updates(self) -> None:
+        """The epoch's batches done and skipped, from the trainer's counts (an update may be kept or skipped)."""
+        self.state.steps_in_epoch = _batches_done(self.trainer) - self.epoch_start
+        self.state.skipped = self.trainer.skipped_steps - self.skipped_before
+
+    def _end_epoch(self, log: Callable[[str], None]) -> None:
+        """The epoch's record (validated on ``val``) and line; then the next epoch's state, saved."""
+        trainer, state, schedule = self.trainer, self.state, self.schedule
+        last = _batches_done(trainer) - 1
+        record = EpochRecord(
+            state.epoch + 1,
+            state.loss_sum / state.samples if state.samples else math.nan,
+            schedule(last) if schedule is not None else trainer.learning_rate(max(trainer.global_step, 1)),
+            skipped=state.skipped,
+        )
+        if self.val is not None:
+            record.val_loss, record.val_accuracy, record.val_cer = evaluate_data(
+                trainer, self.val, self.specs, self.batch_size
+            )
+        log(record.line(self.total_epochs))
+        self.state = FitState(state.epoch + 1, 0, self.generator.bit_generator.state, history=[*state.history, record])
+        if self.checkpoint is not None:
+            save_checkpoint(trainer, self.checkpoint, self.config, self.state)
+
+    def _interrupted(self, log: Callable[[str], None]) -> None:
+        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept)."""
+        if self.stepping:
+            self._count_updates()
+        if self.checkpoint is not None:
+            save_checkpoint(self.trainer, self.checkpoint, self.config, self.state)
+            log(
+                f"interrupted: saved {self.checkpoint} after update {self.state.steps_in_epoch} of epoch "
+                f"{self.state.epoch + 1} (global step {self.trainer.global_step}); continue with the same command "
+                "and --resume"
+            )
+        else:
+            log("interrupted: nothing saved (no --checkpoint)")
+
+
+def _finish(
+    trainer: Trainer,
+    history: list[EpochRecord],
+    resumed_from: tuple[int, int] | None,
+    out: str | Path | None,
+    plot: str | Path | None,
+    log: Callable[[str], None],
+) -> FitResult:
+    """What the fit did, after the trained model's export to ``out`` and the curves' plot to ``plot``."""
+    result = FitResult(trainer, history, resumed_from)
+    if out is not None:
+        result.out = Path(out)
+        trainer.export(result.out)
+    if plot is not None:
+        result.plot = plot_history(history, Path(plot), trainer.spec.loss.kind, log)
+    return result
+
+
+def _batches_done(trainer: Trainer) -> int:
+    """Batches the trainer has taken: its updates and the non-finite ones it skipped."""
+    return trainer.global_step + trainer.skipped_steps
+
+
+def _progress(total: int, description: str) -> Any:
+    """A tqdm bar on stderr when stdout is a terminal; None otherwise (one line per epoch is printed)."""
+    if not sys.stdout.isatty():
+        return None
+    try:
+        import tqdm
+    except ModuleNotFoundError:
+        return None
+    return tqdm.tqdm(total=total, desc=description, leave=False, file=sys.stderr)

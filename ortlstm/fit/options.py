@@ -1,0 +1,125 @@
+"""Fit's options: the Trainer's keywords (``TRAINER_OPTIONS``), ``--config`` files, parameter groups."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from ortlstm.graphs import losses, optimizers
+from ortlstm.training import Trainer
+
+CONFIG_SUFFIXES = (".json", ".toml")
+
+TRAINER_OPTIONS: dict[str, str] = {
+    "loss": "loss",  # with loss_option
+    "optimizer": "optimizer",  # with lr, weight_decay, optimizer_option
+    "lr": "lr",  # the optimizer's lr; with schedule, each update's lr is given to step(lr=...)
+    "requires_grad": "requires_grad",
+    "frozen": "frozen",
+    "output": "output",
+    "target": "target",
+    "extra_outputs": "extra_outputs",
+    "param_groups": "param_groups",
+    "clip_grad_norm": "clip_grad_norm",
+    "clip_norm_type": "clip_norm_type",
+    "fixed_inputs": "fixed_input",
+    "fixed_shapes": "fixed_shape",
+    "stateful": "stateful",
+    "threads": "threads",
+    "ir_version": "ir_version",
+    "nonfinite": "nonfinite",
+}
+"""Every keyword of ``Trainer(...)`` but the model -> the option of ``ortlstm fit`` that sets it.
+
+An option is ``--NAME`` on the command line (``_`` written ``-``) and ``NAME`` in ``--config``;
+tests/test_fit.py checks this table against the Trainer's signature, so a new Trainer option
+fails there until fit reaches it.
+"""
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The options of a ``--config`` file: a JSON object, or a TOML table (Python >= 3.11's tomllib).
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Another suffix, or a file that is not one object of options.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--config: no file {str(path)!r}")
+    suffix = path.suffix.lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ValueError(f"--config {path}: expected a .json or .toml file, got {suffix or 'no suffix'!r}")
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            config = tomllib.loads(path.read_text())
+        else:
+            config = json.loads(path.read_text())
+    except ModuleNotFoundError:
+        raise ValueError(f"--config {path}: reading TOML needs Python >= 3.11 (tomllib); write it as JSON") from None
+    except ValueError as error:
+        raise ValueError(f"--config {path}: not valid {suffix[1:].upper()} ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f'--config {path}: expected an object of options, e.g. {{"epochs": 10}}, got {config!r}')
+    return config
+
+
+def param_groups_from_json(groups: Any) -> tuple[optimizers.ParamGroup, ...]:
+    """``ParamGroup``s from JSON: ``[{"params": ["lstm.bias"], "weight_decay": 0.0}, ...]``.
+
+    Raises:
+        ValueError: Not a list of objects, a group without params, or a key ParamGroup does not have.
+    """
+    if groups is None:
+        return ()
+    fields = [field.name for field in dataclasses.fields(optimizers.ParamGroup)]
+    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise ValueError(f"--param-groups: expected a JSON list of objects, e.g. {example}, got {groups!r}")
+    built = []
+    for index, group in enumerate(groups):
+        unknown = sorted(set(group) - set(fields))
+        if unknown or "params" not in group:
+            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
+            raise ValueError(
+                f"--param-groups: group {index} {json.dumps(group)}: needs params (a list of parameter names) and "
+                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
+            )
+        try:
+            built.append(optimizers.ParamGroup(**group))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"--param-groups: group {index} {json.dumps(group)}: {error}") from None
+    return tuple(built)
+
+
+def build_trainer(
+    model: str | Path,
+    *,
+    loss: losses.Loss,
+    optimizer: optimizers.Optimizer,
+    threads: int | None = None,
+    **options: Any,
+) -> tuple[Trainer, onnx.ModelProto]:
+    """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``).
+
+    Args:
+        model: The model file.
+        loss: The Trainer's.
+        optimizer: The Trainer's.
+        threads: The Trainer's.
+        **options: Any other keyword of ``Trainer`` (``TRAINER_OPTIONS``).
+    """
+    unknown = sorted(set(options) - set(TRAINER_OPTIONS))
+    if unknown:
+        raise TypeError(f"build_trainer: {unknown} are not Trainer options; they are {sorted(TRAINER_OPTIONS)}")
+    path = Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file {str(path)!r}")
+    loaded = onnx.load(str(path))
+    return Trainer(loaded, loss=loss, optimizer=optimizer, threads=threads, **options), loaded
