@@ -1,0 +1,215 @@
+"""What the sub-commands share: torch's vocabulary, old spellings with a deprecation message, the Trainer's options.
+
+One vocabulary, torch's: --loss takes torch.nn.functional's names (the loss table,
+ortlstm.graphs.losses.KINDS), --optimizer torch.optim's in lower case (the optimizer table,
+ortlstm.graphs.optimizers.OPTIMIZERS), --lr the learning rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# Old spellings, still accepted with a deprecation message on stderr: old -> new.
+_OLD_TRAIN_LOSSES = {"bce": "binary_cross_entropy", "bce_with_logits": "binary_cross_entropy_with_logits"}
+
+
+def _train_optimizers() -> dict[str, str]:
+    """``--optimizer`` of train-step and fit: command-line name -> torch.optim class name, from the table."""
+    from ortlstm.graphs import optimizers
+
+    return {name.lower(): name for name in optimizers.OPTIMIZERS}
+
+
+def _deprecation(prog: str, old: str, new: str) -> None:
+    print(f"{prog}: warning: {old} is deprecated; use {new}", file=sys.stderr)
+
+
+def renamed_values(prog: str, option: str, renamed: Mapping[str, str]) -> Callable[[str], str]:
+    """An argparse ``type=``: an old spelling of a value becomes the new one, with a deprecation message."""
+
+    def convert(text: str) -> str:
+        if text in renamed:
+            _deprecation(prog, f"{option} {text}", f"{option} {renamed[text]}")
+            return renamed[text]
+        return text
+
+    return convert
+
+
+class _RenamedOption(argparse.Action):
+    """An old option name: stores into the new option's value, with a deprecation message.
+
+    Hidden from --help; ``new`` names the option that replaces it.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        _deprecation(parser.prog, str(option_string), self.new)
+        setattr(namespace, self.dest, values)
+
+
+def add_lr(parser: argparse.ArgumentParser, default: float) -> None:
+    """``--lr`` (torch's name), and the old ``--learning-rate``."""
+    parser.add_argument("--lr", type=float, default=default, help=f"learning rate (default {default})")
+    parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
+
+
+def _named_value(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` of ``--fixed-input``: an int, a float, or a comma-separated list of them."""
+    import numpy as np
+
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. sr=16000), got {text!r}")
+    items = value.split(",")
+    try:
+        numbers = [int(item) for item in items]
+        array = np.asarray(numbers if len(items) > 1 else numbers[0], dtype=np.int64)
+    except ValueError:
+        try:
+            array = np.asarray([float(item) for item in items] if len(items) > 1 else float(value), dtype=np.float32)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be numbers, e.g. sr=16000 or scale=0.5") from None
+    return name, array
+
+
+def _loss_option(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``--loss-option``: a torch argument of the loss, converted by ``_loss_options``."""
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. blank=0 or reduction=sum), got {text!r}")
+    return name, value
+
+
+def _loss_options(kind: str, options: Sequence[tuple[str, str]]) -> dict[str, object]:
+    """Each ``--loss-option`` value as the type of the ``Loss`` field it sets (a list of floats for weights)."""
+    import dataclasses
+
+    from ortlstm.graphs import losses
+
+    defaults = {field.name: field.default for field in dataclasses.fields(losses.Loss)}
+    accepted = losses.LOSSES[kind].options
+    converted: dict[str, object] = {}
+    for name, text in options:
+        if name not in accepted:
+            raise ValueError(f"--loss-option {name}: {kind} takes {', '.join(accepted) or 'no option'}")
+        default = defaults[name]
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                converted[name] = text.lower() in ("true", "1")
+            elif isinstance(default, (int, float)):
+                converted[name] = type(default)(text)
+            elif default is None:
+                converted[name] = [float(item) for item in text.split(",")]
+            else:
+                converted[name] = text
+        except ValueError:
+            expected = "true or false" if isinstance(default, bool) else type(default).__name__
+            expected = "a comma-separated list of floats" if default is None else expected
+            raise ValueError(f"--loss-option {name}={text}: expected {expected}") from None
+    return converted
+
+
+def _named_dims(text: str) -> tuple[str, list[int | None]]:
+    """``NAME=D0,D1,...`` of ``--fixed-shape``: an int fixes an axis, ``?`` keeps it."""
+    name, _, dims = text.partition("=")
+    try:
+        return name, [None if dim.strip() in ("?", "") else int(dim) for dim in dims.split(",")] if name else []
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=D0,D1,... with ints or '?', e.g. input=?,576; got {text!r}"
+        ) from None
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """The Trainer's options, shared by ``train-step`` and ``fit``: loss, optimizer, what is trained, fixed inputs."""
+    from ortlstm.graphs import losses
+
+    parser.add_argument(
+        "--loss",
+        choices=losses.KINDS,
+        type=renamed_values(parser.prog, "--loss", _OLD_TRAIN_LOSSES),
+        required=True,
+        help="a torch.nn.functional loss, or output: the model output is the loss",
+    )
+    parser.add_argument(
+        "--loss-option",
+        action="append",
+        default=[],
+        type=_loss_option,
+        metavar="NAME=VALUE",
+        help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
+        "batch_first=true for a batch-major output of logits); repeat for several",
+    )
+    parser.add_argument("--optimizer", choices=tuple(_train_optimizers()), required=True)
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
+    parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
+    parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
+    parser.add_argument(
+        "--requires-grad",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="default: what torch trains (a torch export's parameters; without metadata, float tensors of rank >= 1)",
+    )
+    parser.add_argument(
+        "--frozen",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
+    )
+    parser.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
+    parser.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
+    parser.add_argument(
+        "--fixed-input",
+        action="append",
+        default=[],
+        type=_named_value,
+        metavar="NAME=VALUE",
+        help="fix an input for training (e.g. sr=16000; a list as 1,2,3): the If nodes it decides keep one branch",
+    )
+    parser.add_argument(
+        "--fixed-shape",
+        action="append",
+        default=[],
+        type=_named_dims,
+        metavar="NAME=DIMS",
+        help="fix an input's shape for training, one entry per axis, '?' keeps an axis (e.g. input=?,576)",
+    )
+
+
+def trainer_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``Trainer`` keywords from the options ``add_training_options`` added."""
+    from ortlstm.graphs import losses, optimizers
+
+    hyperparameters = {
+        name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
+    }
+    return {
+        "loss": losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
+        "optimizer": optimizers.optimizer_from_torch(_train_optimizers()[args.optimizer], **hyperparameters),
+        "requires_grad": args.requires_grad,
+        "frozen": args.frozen,
+        "output": args.output,
+        "target": args.target,
+        "clip_grad_norm": args.clip_grad_norm,
+        "clip_norm_type": args.clip_norm_type,
+        "fixed_inputs": dict(args.fixed_input) or None,
+        "fixed_shapes": dict(args.fixed_shape) or None,
+    }

@@ -1,0 +1,352 @@
+"""``ortlstm fit``: its options (every one also from --config FILE.json or .toml), merged and checked, and the run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ortlstm.cli.common import add_training_options, trainer_arguments
+
+
+def _named_axis(text: str) -> tuple[str, int]:
+    """``NAME=AXIS`` of ``--batch-axis``."""
+    name, _, axis = text.partition("=")
+    try:
+        return name, int(axis)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=AXIS, e.g. target=1; got {text!r}") from None
+
+
+_FIT_REQUIRED = {"model": "MODEL", "data": "--data", "loss": "--loss", "optimizer": "--optimizer", "epochs": "--epochs"}
+_FIT_REQUIRED["batch_size"] = "--batch-size"
+
+
+def _json_value(text: str) -> Any:
+    """A JSON value of ``--param-groups`` or ``--schedule``."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected JSON, e.g. \'[{{"params": ["lstm.B"]}}]\', got {text!r}') from None
+
+
+def _schedule_value(text: str) -> Any:
+    """``--schedule``: a name, or a JSON object of the schedule's fields."""
+    from ortlstm.fit import SCHEDULES
+
+    if text.lstrip().startswith("{"):
+        return _json_value(text)
+    if text not in SCHEDULES:
+        raise argparse.ArgumentTypeError(
+            f'expected one of {", ".join(SCHEDULES)} or a JSON object such as \'{{"kind": "cosine", '
+            f'"eta_min": 1e-5}}\', got {text!r}'
+        )
+    return text
+
+
+def _json_option(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--optimizer-option``: VALUE as JSON (``betas=[0.9,0.99]``), else as text."""
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. momentum=0.9 or betas=[0.9,0.99]), got {text!r}")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
+class _ConfigParser(argparse.ArgumentParser):
+    """Reads ``--config``'s options as if given on the command line; a bad one raises ValueError naming the file."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(f"{self.prog}: {message}")
+
+
+def add_fit(commands: Any) -> None:
+    """The parser of ``fit``: its options default to absent, so that ``fit_options`` can merge --config."""
+    fit = commands.add_parser(
+        "fit",
+        help="train a model from data files: shuffled epochs, validation, checkpoints, resume, export, plot",
+        description="Trains MODEL with the ortlstm Trainer on named arrays (a .npz or .safetensors file, a folder "
+        "of NAME.npy, or a folder of shards: the model's inputs by name, the loss's target as 'target', ctc_loss's "
+        "target_lengths and optionally input_lengths), checked before training starts. Each epoch visits every "
+        "sample once in a seeded shuffled order (the last batch keeps what is left), validates on --val, prints "
+        "one line and writes --checkpoint atomically; --resume continues bitwise where a run stopped (Ctrl-C "
+        "saves the last update). The batch axis of an array is 0 unless the model declares its input with a dim "
+        "named batch/N elsewhere (the same dim name places it in the target); --batch-axis NAME=AXIS sets it. "
+        "Every option may come from --config FILE.json (or .toml): an object of option names without the dashes "
+        '(e.g. {"epochs": 10, "param_groups": [...]}); the command line overrides it.',
+    )
+    add_fit_arguments(fit)
+    # Options not given on the command line are left out, so that --config's values can fill them in.
+    for action in fit._actions:  # argparse lists a parser's actions nowhere public
+        if action.option_strings and action.dest != "help":
+            action.default = argparse.SUPPRESS
+
+
+def add_fit_arguments(fit: argparse.ArgumentParser) -> None:
+    """Every option of ``fit``, none required here: ``fit_options`` checks them after --config is merged."""
+    fit.add_argument("model", type=Path, nargs="?", help="the model (.onnx); required, here or in --config")
+    fit.add_argument("--config", type=Path, default=None, help="a .json or .toml file of options (see above)")
+    fit.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="the training arrays (.npz, .safetensors, a folder of NAME.npy, or a folder of shards: "
+        "train-00000.npz, ... (np.savez), .safetensors files, or subfolders of NAME.npy, memory-mapped); required",
+    )
+    fit.add_argument("--val", type=Path, default=None, help="validation arrays, same names")
+    add_training_options(fit)
+    _add_trainer_extras(fit)
+    _add_run_options(fit)
+    _add_schedule_options(fit)
+    for action in fit._actions:
+        action.required = False
+
+
+def _add_trainer_extras(fit: argparse.ArgumentParser) -> None:
+    """The Trainer's options that ``fit`` has beyond ``train-step``'s: every one of ``TRAINER_OPTIONS``."""
+    from ortlstm.training import MAX_IR_VERSION, NONFINITE_MODES
+
+    fit.add_argument(
+        "--optimizer-option",
+        action="append",
+        default=[],
+        type=_json_option,
+        metavar="NAME=VALUE",
+        help="a torch.optim hyperparameter (e.g. momentum=0.9, betas=[0.9,0.99], amsgrad=true); repeat for several",
+    )
+    fit.add_argument(
+        "--param-groups",
+        type=_json_value,
+        default=None,
+        metavar="JSON",
+        help='parameter groups, e.g. \'[{"params": ["lstm.B"], "weight_decay": 0}]\' (ParamGroup\'s fields; '
+        "a group's lr as lr_scale)",
+    )
+    fit.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME", help="model outputs each step returns")
+    fit.add_argument(
+        "--stateful",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="truncated BPTT: batch k is rows k*B..(k+1)*B-1 in order, row i continues row i of the batch "
+        "before; the LSTM state carries over and is reset each epoch (no shuffle)",
+    )
+    fit.add_argument(
+        "--nonfinite",
+        choices=NONFINITE_MODES,
+        default="raise",
+        help="a NaN or inf loss or gradient: raise (stop, default) or skip the update (counted per epoch)",
+    )
+    fit.add_argument(
+        "--ir-version", type=int, default=MAX_IR_VERSION, help=f"the training models' (default {MAX_IR_VERSION})"
+    )
+
+
+def _add_run_options(fit: argparse.ArgumentParser) -> None:
+    """How ``fit`` runs: epochs, batches, shuffling, the files it writes, resume, the batch axes."""
+    fit.add_argument("--epochs", type=int, default=None, help="required")
+    fit.add_argument("--batch-size", type=int, default=None, help="required")
+    fit.add_argument("--seed", type=int, default=0, help="seeds the shuffling (default 0)")
+    fit.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shuffle the samples each epoch (default: yes; --stateful: no)",
+    )
+    fit.add_argument("--out", type=Path, default=None, help="the trained model (standard ONNX ops)")
+    fit.add_argument("--checkpoint", type=Path, default=None, help="saved after each epoch and on Ctrl-C")
+    fit.add_argument(
+        "--resume", action=argparse.BooleanOptionalAction, default=False, help="continue the run in --checkpoint"
+    )
+    fit.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    fit.add_argument("--plot", type=Path, default=None, help="PNG of the curves (needs matplotlib)")
+    fit.add_argument(
+        "--batch-axis",
+        action="append",
+        default=[],
+        type=_named_axis,
+        metavar="NAME=AXIS",
+        help="the axis of array NAME that stacks the samples (default: see above)",
+    )
+
+
+def _add_schedule_options(fit: argparse.ArgumentParser) -> None:
+    """The learning-rate schedule of ``fit`` (``ortlstm.fit.Schedule``'s fields)."""
+    from ortlstm.fit import SCHEDULE_UNITS, SCHEDULES
+
+    fit.add_argument(
+        "--schedule",
+        type=_schedule_value,
+        default="constant",
+        metavar="|".join(SCHEDULES) + "|JSON",
+        help="learning-rate schedule (torch's), or a JSON object of its fields, e.g. "
+        '\'{"kind": "linear-warmup", "warmup": 100, "eta_min": 1e-5}\'',
+    )
+    fit.add_argument(
+        "--schedule-unit",
+        choices=SCHEDULE_UNITS,
+        default="update",
+        help="step the schedule after every update (default) or every epoch",
+    )
+    fit.add_argument("--step-size", type=int, default=None, help="step: StepLR's step_size (schedule units)")
+    fit.add_argument("--gamma", type=float, default=0.1, help="step: StepLR's gamma (default 0.1)")
+    fit.add_argument("--t-max", type=int, default=None, help="cosine: T_max (default: the run's length)")
+    fit.add_argument("--eta-min", type=float, default=0.0, help="cosine: eta_min (default 0)")
+    fit.add_argument("--warmup", type=int, default=0, help="linear-warmup: LinearLR's total_iters")
+    fit.add_argument("--start-factor", type=float, default=1.0 / 3.0, help="linear-warmup: LinearLR's (1/3)")
+
+
+def fit_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Every option of ``fit``: the command line's, else --config's, else the default; the required ones checked."""
+    from ortlstm.fit import read_config
+
+    def parser(prog: str) -> argparse.ArgumentParser:
+        built = _ConfigParser(prog=prog)
+        add_fit_arguments(built)
+        return built
+
+    defaults = vars(parser("ortlstm fit").parse_args([]))
+    given = {name: value for name, value in vars(args).items() if name in defaults}
+    if given.get("model") is None:  # a positional keeps its default (None): an absent model is not given
+        given.pop("model", None)
+    from_config: dict[str, Any] = {}
+    if given.get("config") is not None:
+        where = f"--config {given['config']}"
+        config_parser = parser(where)
+        for action in config_parser._actions:  # only the options the file sets
+            if action.option_strings:
+                action.default = argparse.SUPPRESS
+        argv = _config_argv(read_config(given["config"]), config_parser, where)
+        from_config = vars(config_parser.parse_args(argv))
+        if from_config.get("model") is None:
+            from_config.pop("model", None)
+    options = argparse.Namespace(**{**defaults, **from_config, **given})
+    missing = [flag for name, flag in _FIT_REQUIRED.items() if getattr(options, name) is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (on the command line, or in --config FILE.json)")
+    return options
+
+
+def _config_argv(config: Mapping[str, Any], parser: argparse.ArgumentParser, where: str) -> list[str]:
+    """--config's options written as the command line would give them (so that they are parsed alike)."""
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        actions.setdefault(action.dest, action)
+    argv: list[str] = []
+    for key, value in config.items():
+        name = key.replace("-", "_")
+        action = actions.get(name)
+        if action is None or name in ("help", "config"):
+            known = sorted(dest for dest in actions if dest not in ("help", "config"))
+            raise ValueError(f"{where}: unknown option {key!r}; the options are {', '.join(known)}")
+        if not action.option_strings:  # the model
+            argv.insert(0, str(value))
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif action.nargs in ("+", "*"):
+            argv += [flag, *(map(_config_text, value if isinstance(value, list) else [value]))]
+        elif isinstance(action, argparse._AppendAction):  # NAME=VALUE options: an object, or a list of texts
+            items = value.items() if isinstance(value, dict) else [(None, item) for item in value]
+            for item_name, item in items:
+                text = json.dumps(item) if action.type is _json_option else _config_text(item)
+                argv += [flag, text if item_name is None else f"{item_name}={text}"]
+        elif action.type in (_json_value, _schedule_value) and not isinstance(value, str):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, _config_text(value)]
+    return argv
+
+
+def _config_text(value: Any) -> str:
+    """A config value as the command line writes it: true/false, ``?`` for null, lists comma-separated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "?"
+    if isinstance(value, list):
+        return ",".join(_config_text(item) for item in value)
+    return str(value)
+
+
+def fit_trainer_arguments(options: argparse.Namespace) -> dict[str, Any]:
+    """``Trainer`` keywords from fit's options: every one of ``ortlstm.fit.TRAINER_OPTIONS``."""
+    import dataclasses
+
+    from ortlstm.fit import TRAINER_OPTIONS, param_groups_from_json
+    from ortlstm.graphs import optimizers
+
+    keywords = trainer_arguments(options)
+    if options.optimizer_option:
+        optimizer = keywords["optimizer"]
+        current = {field.name: getattr(optimizer, field.name) for field in dataclasses.fields(optimizer)}
+        keywords["optimizer"] = optimizers.optimizer_from_torch(
+            optimizer.torch_name, **{**current, **dict(options.optimizer_option)}
+        )
+    keywords.update(
+        lr=None,  # the optimizer's; fit gives each update its lr from --schedule
+        extra_outputs=tuple(options.extra_outputs),
+        param_groups=param_groups_from_json(options.param_groups),
+        stateful=options.stateful,
+        threads=options.threads,
+        ir_version=options.ir_version,
+        nonfinite=options.nonfinite,
+    )
+    unwired = sorted(set(TRAINER_OPTIONS) - set(keywords))
+    if unwired:
+        raise RuntimeError(f"ortlstm fit does not pass the Trainer option(s) {unwired}: wire them here")
+    return keywords
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """``ortlstm fit``: reads the data, builds the trainer, runs ``ortlstm.fit.fit``; 130 after Ctrl-C."""
+    from ortlstm.fit import Schedule, build_trainer, fit, read_arrays
+
+    options = fit_options(args)
+    data = read_arrays(options.data)
+    val = read_arrays(options.val) if options.val is not None else None
+    trainer, model = build_trainer(options.model, **fit_trainer_arguments(options))
+    schedule = Schedule.from_options(
+        trainer.spec.optimizer.lr,
+        options.schedule,
+        unit=options.schedule_unit,
+        step_size=options.step_size,
+        gamma=options.gamma,
+        t_max=options.t_max,
+        eta_min=options.eta_min,
+        warmup=options.warmup,
+        start_factor=options.start_factor,
+    )
+    try:
+        result = fit(
+            trainer,
+            data,
+            model=model,
+            epochs=options.epochs,
+            batch_size=options.batch_size,
+            val=val,
+            seed=options.seed,
+            shuffle=options.shuffle,
+            schedule=schedule,
+            checkpoint=options.checkpoint,
+            resume=options.resume,
+            batch_axes=dict(options.batch_axis),
+            out=options.out,
+            plot=options.plot,
+            log=lambda line: print(line, flush=True),
+            data_name=str(options.data),
+            val_name=str(options.val),
+        )
+    except KeyboardInterrupt:
+        return 130
+    if result.out is not None:
+        print(f"trained model: {result.out}")
+    if result.plot is not None:
+        print(f"curves: {result.plot}")
+    return 0
