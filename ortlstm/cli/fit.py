@@ -10,6 +10,16 @@ from typing import Any, NoReturn
 
 from ortlstm.cli.common import add_training_options, trainer_arguments
 
+_FIT_REQUIRED = {
+    "model": "MODEL",
+    "data": "--data",
+    "loss": "--loss",
+    "optimizer": "--optimizer",
+    "epochs": "--epochs",
+    "batch_size": "--batch-size",
+}
+"""The options ``fit`` needs (on the command line or in --config): dest -> how a message names it."""
+
 
 def _named_axis(text: str) -> tuple[str, int]:
     """``NAME=AXIS`` of ``--batch-axis``."""
@@ -18,10 +28,6 @@ def _named_axis(text: str) -> tuple[str, int]:
         return name, int(axis)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected NAME=AXIS, e.g. target=1; got {text!r}") from None
-
-
-_FIT_REQUIRED = {"model": "MODEL", "data": "--data", "loss": "--loss", "optimizer": "--optimizer", "epochs": "--epochs"}
-_FIT_REQUIRED["batch_size"] = "--batch-size"
 
 
 def _json_value(text: str) -> Any:

@@ -159,20 +159,7 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
             different numbers of samples; the message names the array, expected vs actual, and
             what to pass.
     """
-    names = list(specs)
-    missing = [name for name in names if specs[name].required and name not in arrays]
-    unknown = [name for name in arrays if name not in specs]
-    if missing:
-        details = "; ".join(f"{name!r} ({specs[name].role}, {specs[name].expected()})" for name in missing)
-        raise ValueError(
-            f"{where}: missing array(s) {details}; the file holds {sorted(arrays)}. Save them by these names, "
-            f"e.g. np.savez(path, {', '.join(f'{name}=...' for name in names if specs[name].required)})"
-        )
-    if unknown:
-        raise ValueError(
-            f"{where}: array(s) {unknown} feed nothing; the fit reads {names} (model inputs, then the loss's "
-            "targets). Rename or drop them"
-        )
+    _check_names(arrays, specs, where)
     counts: dict[str, int] = {}
     for name, array in arrays.items():
         spec = specs[name]
@@ -221,6 +208,24 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
                     f"sums to {labels}; pass every sample's labels end to end (or padded [N, S])"
                 )
     return count
+
+
+def _check_names(arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec], where: str) -> None:
+    """Checks that ``arrays`` holds every required array of ``specs`` and nothing else."""
+    names = list(specs)
+    missing = [name for name in names if specs[name].required and name not in arrays]
+    unknown = [name for name in arrays if name not in specs]
+    if missing:
+        details = "; ".join(f"{name!r} ({specs[name].role}, {specs[name].expected()})" for name in missing)
+        raise ValueError(
+            f"{where}: missing array(s) {details}; the file holds {sorted(arrays)}. Save them by these names, "
+            f"e.g. np.savez(path, {', '.join(f'{name}=...' for name in names if specs[name].required)})"
+        )
+    if unknown:
+        raise ValueError(
+            f"{where}: array(s) {unknown} feed nothing; the fit reads {names} (model inputs, then the loss's "
+            "targets). Rename or drop them"
+        )
 
 
 def _is_concatenated(array: Any, spec: ArraySpec) -> bool:
