@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import tempfile
@@ -29,9 +28,11 @@ import onnx.numpy_helper
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
+from ortlstm.graphs.carried_state import CarriedState, with_carried_state  # noqa: F401 - CarriedState: public here
 from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.export_metadata import read_torch_origins
 from ortlstm.graphs.parameters import TrainedParameter
+from ortlstm.graphs.structure import all_graphs, graph_hash, set_constant, without_unused_initializers
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
 
 CHECKPOINT_FORMAT = "ortlstm.trainer/1"
@@ -180,53 +181,7 @@ def _signature_from_json(data: Mapping[str, Any]) -> TrainStepSignature:
     return TrainStepSignature(**values)
 
 
-# ---- graph hash and export ------------------------------------------------------------------------
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from _graphs(subgraph)
-
-
-def graph_hash(model: onnx.ModelProto) -> str:
-    """SHA-256 of the model's structure: nodes, names, types and shapes, not tensor values.
-
-    A checkpoint records it, so that its parameters are never loaded into another model; the
-    values are left out because training (and export) changes them.
-    """
-    stripped = onnx.ModelProto()
-    stripped.CopyFrom(model)
-    stripped.ClearField("metadata_props")
-    stripped.ClearField("doc_string")
-    for graph in _graphs(stripped.graph):
-        tensors = list(graph.initializer)
-        for node in graph.node:
-            tensors.extend(attribute.t for attribute in node.attribute if attribute.type == onnx.AttributeProto.TENSOR)
-        for tensor in tensors:
-            for field in ("raw_data", "float_data", "double_data", "int32_data", "int64_data", "uint64_data"):
-                tensor.ClearField(field)
-    return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
-
-
-def _set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
-    """Writes ``value`` into a ``Constant`` node in the form it had (its tensor's name kept)."""
-    for attribute in node.attribute:
-        if attribute.name == "value":
-            attribute.t.CopyFrom(onnx.numpy_helper.from_array(value, attribute.t.name))
-            return
-        if attribute.name == "value_float":
-            attribute.f = float(value)
-            return
-        if attribute.name == "value_floats":
-            del attribute.floats[:]
-            attribute.floats.extend(float(item) for item in value.reshape(-1))
-            return
-    node.attribute.append(onnx.helper.make_attribute("value", onnx.numpy_helper.from_array(value, node.output[0])))
+# ---- export ------------------------------------------------------------------------
 
 
 def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -243,7 +198,7 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
     result = onnx.ModelProto()
     result.CopyFrom(original)
     places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
-    for graph in _graphs(result.graph):
+    for graph in all_graphs(result.graph):
         for init in graph.initializer:
             places.setdefault(init.name, init)
         for node in graph.node:
@@ -268,7 +223,7 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
         if isinstance(place, onnx.TensorProto):
             place.CopyFrom(onnx.numpy_helper.from_array(contiguous, name))
         else:
-            _set_constant(place, contiguous)
+            set_constant(place, contiguous)
     return result
 
 
@@ -279,145 +234,6 @@ def _load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
     if not path.is_file():
         raise FileNotFoundError(f"no model file {str(path)!r}")
     return onnx.load(str(path))
-
-
-def _without_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Drops main-graph initializers no node reads (onnxruntime warns about each one)."""
-    used = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
-    used.update(output.name for output in model.graph.output)
-    kept = [init for init in model.graph.initializer if init.name in used]
-    if len(kept) != len(model.graph.initializer):
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
-    return model
-
-
-# ---- carried LSTM state (stateful truncated backpropagation through time) ---------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class CarriedState:
-    """One LSTM node whose final state becomes its next initial state.
-
-    Attributes:
-        node: The LSTM node's name (or ``lstm_<index>``).
-        initial_h: The graph input that feeds its initial_h (``initial_c`` likewise).
-        initial_c: See ``initial_h``.
-        final_h: The output carrying its Y_h (``final_c``: Y_c) to the next step.
-        final_c: See ``final_h``.
-        sequence: Its input X (the batch size is read from X's shape).
-        layout: The node's layout (0: state ``[num_directions, batch, hidden]``; 1: ``[batch, ...]``).
-        num_directions: 1, or 2 when bidirectional.
-        hidden_size: The node's hidden size.
-        elem_type: The state's ONNX element type.
-    """
-
-    node: str
-    initial_h: str
-    initial_c: str
-    final_h: str
-    final_c: str
-    sequence: str
-    layout: int
-    num_directions: int
-    hidden_size: int
-    elem_type: int
-
-    def shape(self, batch_size: int) -> tuple[int, ...]:
-        """The state's shape for a batch of ``batch_size``."""
-        if self.layout == 0:
-            return (self.num_directions, batch_size, self.hidden_size)
-        return (batch_size, self.num_directions, self.hidden_size)
-
-    @property
-    def batch_axis(self) -> int:
-        """The batch axis of the state (and of X)."""
-        return 1 if self.layout == 0 else 0
-
-
-def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[CarriedState, ...]]:
-    """The model with each main-graph LSTM's initial state fed by new inputs and its final state output.
-
-    Feeding the final state back as the next step's input (a graph input, not a parameter) carries
-    the state without a gradient through the boundary, as torch's ``h.detach()`` does. Whatever fed
-    initial_h/initial_c before (nothing, zeros, an input) is replaced; inputs and nodes left unused
-    are removed.
-
-    Raises:
-        ValueError: The main graph has no ONNX LSTM node.
-    """
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
-    graph = result.graph
-    taken = {value.name for value in [*graph.input, *graph.output]} | {init.name for init in graph.initializer}
-    taken.update(name for node in graph.node for name in [*node.input, *node.output])
-    initializers = {init.name: init for init in graph.initializer}
-    declared = {value.name: value.type.tensor_type.elem_type for value in graph.input}
-
-    def fresh(base: str) -> str:
-        name, index = base, 1
-        while name in taken:
-            name, index = f"{base}_{index}", index + 1
-        taken.add(name)
-        return name
-
-    outputs = {value.name for value in graph.output}
-    carried: list[CarriedState] = []
-    for index, node in enumerate(graph.node):
-        if node.op_type != "LSTM" or node.domain not in ("", "ai.onnx"):
-            continue
-        label = node.name or f"lstm_{index}"
-        attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
-        direction = attributes.get("direction", b"forward")
-        direction = direction.decode() if isinstance(direction, bytes) else direction
-        weight = node.input[1]
-        elem_type = initializers[weight].data_type if weight in initializers else declared.get(weight, 0)
-        while len(node.input) < 7:
-            node.input.append("")
-        while len(node.output) < 3:
-            node.output.append("")
-        state = CarriedState(
-            node=label,
-            initial_h=fresh(f"{label}.initial_h"),
-            initial_c=fresh(f"{label}.initial_c"),
-            final_h=node.output[1] or fresh(f"{label}.Y_h"),
-            final_c=node.output[2] or fresh(f"{label}.Y_c"),
-            sequence=node.input[0],
-            layout=int(attributes.get("layout", 0)),
-            num_directions=2 if direction == "bidirectional" else 1,
-            hidden_size=int(attributes["hidden_size"]),
-            elem_type=elem_type or onnx.TensorProto.FLOAT,
-        )
-        node.input[5], node.input[6] = state.initial_h, state.initial_c
-        node.output[1], node.output[2] = state.final_h, state.final_c
-        for name in (state.initial_h, state.initial_c):
-            graph.input.append(onnx.helper.make_tensor_value_info(name, state.elem_type, list(state.shape(None))))  # type: ignore[arg-type]
-        for name in (state.final_h, state.final_c):
-            if name not in outputs:
-                graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-        carried.append(state)
-    if not carried:
-        raise ValueError("stateful=True: the model's main graph has no ONNX LSTM node whose state could be carried")
-    _remove_dead_nodes_and_inputs(graph)
-    return result, tuple(carried)
-
-
-def _remove_dead_nodes_and_inputs(graph: onnx.GraphProto) -> None:
-    needed = {output.name for output in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output):
-            kept.append(node)
-            needed.update(node.input)
-            for attribute in node.attribute:
-                for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                    needed.update(name for inner in _graphs(subgraph) for n in inner.node for name in n.input)
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
-    inputs = [value for value in graph.input if value.name in needed]
-    del graph.input[:]
-    graph.input.extend(inputs)
 
 
 # ---- the trainer ------------------------------------------------------------------------------------
@@ -648,7 +464,7 @@ class Trainer:
         self.global_step = 0
         self._original = original
         self._graph_hash = graph_hash(original)
-        self._models = {kind: _without_unused_initializers(models[kind]) for kind in MODEL_KINDS}
+        self._models = {kind: without_unused_initializers(models[kind]) for kind in MODEL_KINDS}
         self._fixed_inputs: dict[str, np.ndarray] = {}
         self._lr: LearningRate = spec.optimizer.lr if lr is None else lr
         self._threads = threads
