@@ -91,16 +91,25 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
 
 def write_checkpoint(
     path: str | Path,
-    tensors: Mapping[str, np.ndarray],
     *,
+    parameters: Mapping[str, np.ndarray],
+    optimizer_state: Mapping[str, Mapping[str, np.ndarray]],
+    fixed_inputs: Mapping[str, np.ndarray],
+    carried: Mapping[str, np.ndarray],
     global_step: int,
     skipped_steps: int,
     lr: Any,
     spec: TrainingSpec,
     graph_sha256: str,
 ) -> Path:
-    """Writes a checkpoint: the tensors by their keys (``param/NAME``, ...) and the metadata."""
+    """Writes a checkpoint (the module docstring lists its tensors and metadata); returns its path."""
     from safetensors.numpy import save_file
+
+    tensors = {f"param/{name}": value for name, value in parameters.items()}
+    for name, slots in optimizer_state.items():
+        tensors.update({f"state/{name}/{slot}": value for slot, value in slots.items()})
+    tensors.update({f"fixed/{name}": value for name, value in fixed_inputs.items()})
+    tensors.update({f"carried/{name}": value for name, value in carried.items()})
 
     metadata = {
         "format": CHECKPOINT_FORMAT,

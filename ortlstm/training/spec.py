@@ -32,6 +32,10 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _list(values: Sequence[str]) -> list[str]:
+    return list(values)
+
+
 def _listed(values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
@@ -43,12 +47,19 @@ def _fixed_shapes(
     return None if shapes is None else {name: tuple(dims) for name, dims in shapes.items()}
 
 
+# ---- the JSON of each field that is saved ----------------------------------------------------------
+
+
 def _loss_to_json(loss: losses.Loss) -> dict[str, Any]:
     data = {field.name: getattr(loss, field.name) for field in dataclasses.fields(loss)}
     for key in ("weight", "pos_weight"):
         if data[key] is not None:
             data[key] = np.asarray(data[key]).tolist()
     return data
+
+
+def _loss_from_json(data: Mapping[str, Any]) -> losses.Loss:
+    return losses.Loss(**data)
 
 
 def _optimizer_to_json(optimizer: optimizers.Optimizer) -> dict[str, Any]:
@@ -65,12 +76,19 @@ def _groups_to_json(groups: Sequence[optimizers.ParamGroup]) -> list[dict[str, A
     return [_listed(dataclasses.asdict(group)) for group in groups]
 
 
-def _list(values: Sequence[str]) -> list[str]:
-    return list(values)
+def _groups_from_json(data: Sequence[Mapping[str, Any]]) -> tuple[optimizers.ParamGroup, ...]:
+    return tuple(optimizers.ParamGroup(**group) for group in data)
 
 
 def _shapes_to_json(shapes: Mapping[str, Sequence[int | str | None]] | None) -> dict[str, Any] | None:
     return _listed(shapes) if shapes is not None else None
+
+
+# ---- each field's argument of build_training_models ------------------------------------------------
+
+
+def _target_name(target: str | None) -> str:
+    return DEFAULT_TARGET if target is None else target
 
 
 def _shapes_to_build(shapes: Mapping[str, Sequence[int | str | None]] | None) -> dict[str, list[Any]] | None:
@@ -78,20 +96,11 @@ def _shapes_to_build(shapes: Mapping[str, Sequence[int | str | None]] | None) ->
     return None if shapes is None else {name: list(dims) for name, dims in shapes.items()}
 
 
-def _target_name(target: str | None) -> str:
-    return DEFAULT_TARGET if target is None else target
-
-
-def _loss_from_json(data: Mapping[str, Any]) -> losses.Loss:
-    return losses.Loss(**data)
-
-
-def _groups_from_json(data: Sequence[Mapping[str, Any]]) -> tuple[optimizers.ParamGroup, ...]:
-    return tuple(optimizers.ParamGroup(**group) for group in data)
-
-
 def _fixed_inputs_to_build(values: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray] | None:
     return values or None
+
+
+# ---- the roles ----------------------------------------------------------------------------------------
 
 
 Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]

@@ -569,14 +569,12 @@ class Trainer:
         """
         if self._accumulator.batches:
             raise RuntimeError("save(): accumulated gradients are not applied; call apply() or zero_grad() first")
-        tensors = {f"param/{name}": value for name, value in self.parameters.items()}
-        for name, slots in self.optimizer_state.items():
-            tensors.update({f"state/{name}/{slot}": value for slot, value in slots.items()})
-        tensors.update({f"fixed/{name}": value for name, value in self.spec.fixed_inputs.items()})
-        tensors.update({f"carried/{name}": value for name, value in (self._feeds.carried_values or {}).items()})
         return files.write_checkpoint(
             path,
-            tensors,
+            parameters=self.parameters,
+            optimizer_state=self.optimizer_state,
+            fixed_inputs=self.spec.fixed_inputs,
+            carried=self._feeds.carried_values or {},
             global_step=self.global_step,
             skipped_steps=self.skipped_steps,
             lr=self._lr,
@@ -690,14 +688,15 @@ class Trainer:
 
     def _import_ort_training(self, content: OrtTrainingCheckpoint, where: str) -> OrtTrainingImport:
         """Loads an ``OrtTrainingCheckpoint``'s content (see ``load_onnxruntime_training_checkpoint``)."""
-        values, self.last_import = import_checkpoint(
+        values, imported = import_checkpoint(
             content, where, self.signature, self._engine.initial, self.spec.optimizer.torch_name
         )
         self._engine.assign(values)
-        self.global_step = self.last_import.global_step
+        self.global_step = imported.global_step
         self._feeds.carried_values = None
         self.zero_grad()
-        return self.last_import
+        self.last_import = imported
+        return imported
 
     def export(self, path: str | Path | None = None) -> onnx.ModelProto:
         """The original model with the trained parameters (standard ops; runs without ortlstm).
