@@ -286,7 +286,8 @@ def _add_fit(commands: Any) -> None:
 def _add_fit_arguments(fit: argparse.ArgumentParser) -> None:
     """Every option of ``fit``, none required here: ``_fit_options`` checks them after --config is merged."""
     from ortlstm.fit import SCHEDULE_UNITS, SCHEDULES
-    from ortlstm.training import MAX_IR_VERSION, NONFINITE_MODES
+    from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.training import NONFINITE_MODES
 
     fit.add_argument("model", type=Path, nargs="?", help="the model (.onnx); required, here or in --config")
     fit.add_argument("--config", type=Path, default=None, help="a .json or .toml file of options (see above)")
