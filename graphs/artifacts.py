@@ -25,6 +25,7 @@ import onnx.numpy_helper
 try:
     from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
     from ortlstm.graphs.gradient import import_training_runtime, register_gradient
+    from ortlstm.graphs.graph_utils import prune_to_outputs
     from ortlstm.ops import library_path, schema, session_options
 except ModuleNotFoundError:
     from graphs.convert import (  # type: ignore[no-redef]
@@ -35,6 +36,7 @@ except ModuleNotFoundError:
         lstm_locations,
     )
     from graphs.gradient import import_training_runtime, register_gradient  # type: ignore[no-redef]
+    from graphs.graph_utils import prune_to_outputs  # type: ignore[no-redef]
     from ops import library_path, schema, session_options  # type: ignore[no-redef]
 
 # onnxruntime-training names the gradient node of forward node F "F_Grad/<op>_<k>".
@@ -299,18 +301,6 @@ def open_training(artifacts: TrainingArtifacts, **options: object) -> tuple[Any,
     return module, optimizer, state
 
 
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs read from the enclosing scope (any name their nodes use)."""
-    names: set[str] = set()
-    for attribute in node.attribute:
-        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for subgraph in subgraphs:
-            for inner in subgraph.node:
-                names.update(inner.input)
-                names |= _subgraph_inputs(inner)
-    return names
-
-
 def export_inference_model(
     artifacts: TrainingArtifacts,
     state: Any,
@@ -351,16 +341,7 @@ def export_inference_model(
         )
 
     # Keep only the nodes the outputs depend on (this drops the loss).
-    needed = set(output_names)
-    kept = []
-    for node in reversed(graph.node):
-        if needed.intersection(node.output):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            needed |= _subgraph_inputs(node)
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
+    needed = prune_to_outputs(graph, output_names)
     del graph.output[:]
     # The generator drops the type of the model outputs it feeds to the loss; ORT infers it.
     graph.output.extend(value_infos.get(name, onnx.ValueInfoProto(name=name)) for name in output_names)
@@ -376,9 +357,6 @@ def export_inference_model(
             graph.initializer.append(onnx.numpy_helper.from_array(parameters[value.name].data, value.name))
         else:
             graph.input.append(value)
-    initializers = [init for init in graph.initializer if init.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
     value_info = [value for value in graph.value_info if value.name in needed]
     del graph.value_info[:]
     graph.value_info.extend(value_info)

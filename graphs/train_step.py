@@ -31,8 +31,9 @@ try:
     from ortlstm.graphs import losses as losses_module
     from ortlstm.graphs import optimizers as optimizers_module
     from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names
+    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType
     from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
     from ortlstm.graphs.parameters import resolve_frozen
     from ortlstm.graphs.prepare import PreparedModel, prepare_model
     from ortlstm.ops import schema as ortlstm_schema
@@ -45,8 +46,9 @@ except ModuleNotFoundError:
         infer_value_types,
         onnx_opset,
     )
-    from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names  # type: ignore[no-redef]
+    from graphs.autodiff.emitter import FLOAT_TYPES, ValueType  # type: ignore[no-redef]
     from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
+    from graphs.graph_utils import prune_to_outputs, used_names  # type: ignore[no-redef]
     from graphs.parameters import resolve_frozen  # type: ignore[no-redef]
     from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
     from ops import schema as ortlstm_schema  # type: ignore[no-redef]
@@ -648,36 +650,5 @@ def _graph_with(
 
 def _without_unused(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drops nodes and initializers that no output needs (e.g. forward work an apply model lacks)."""
-    graph = model.graph
-    needed = {output.name for output in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output) or _is_needed_for_subgraph(node):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            for attribute in node.attribute:
-                subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-                for subgraph in subgraphs:
-                    needed.update(_outer_reads(subgraph))
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
-    initializers = [init for init in graph.initializer if init.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
+    prune_to_outputs(model.graph)
     return model
-
-
-def _is_needed_for_subgraph(node: onnx.NodeProto) -> bool:
-    return False
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-            for subgraph in subgraphs:
-                names.update(_outer_reads(subgraph))
-    return names

@@ -23,6 +23,7 @@ try:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from ortlstm.graphs.graph_utils import subgraph_reads
     from ortlstm.graphs.parameters import freeze_hint
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
@@ -32,6 +33,7 @@ except ModuleNotFoundError:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from graphs.graph_utils import subgraph_reads  # type: ignore[no-redef]
     from graphs.parameters import freeze_hint  # type: ignore[no-redef]
 
 
@@ -112,7 +114,7 @@ def build_backward(
         for index, name in enumerate(node.input):
             if name in depends and input_is_differentiable(node, index, emitter):
                 sources |= depends[name]
-        for name in _outer_scope_reads(node):
+        for name in subgraph_reads(node):
             sources |= depends.get(name, frozenset())
         if sources:
             for name in node.output:
@@ -130,7 +132,7 @@ def build_backward(
             for index, name in enumerate(node.input)
             if name in depends and input_is_differentiable(node, index, emitter)
         ]
-        implicit = [name for name in _outer_scope_reads(node) if name in depends]
+        implicit = [name for name in subgraph_reads(node) if name in depends]
         if on_path or implicit:
             active.append(node)
             reaches.update(node.input[index] for index in on_path)
@@ -145,7 +147,7 @@ def build_backward(
 
     for node in active:
         if gradient_rule(node.domain, node.op_type) is None:
-            reads = [*node.input, *_outer_scope_reads(node)]
+            reads = [*node.input, *subgraph_reads(node)]
             needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
             advice = (
                 (hints or {}).get(node.output[0] if node.output else "")
@@ -188,21 +190,6 @@ def build_backward(
 
     gradients = {name: emitter.sum(grads[name]) for name in wrt if name in reaches}
     return Backward(gradients, unreachable)
-
-
-def _outer_scope_reads(node: onnx.NodeProto) -> list[str]:
-    """Names a node's subgraphs read without defining them (values of the enclosing graph)."""
-    reads: list[str] = []
-    for attribute in node.attribute:
-        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for graph in subgraphs:
-            defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
-            for inner in graph.node:
-                reads.extend(
-                    name for name in [*inner.input, *_outer_scope_reads(inner)] if name and name not in defined
-                )
-                defined.update(inner.output)
-    return list(dict.fromkeys(reads))
 
 
 def _ones_like(value: str, emitter: GraphEmitter) -> str:
