@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 from onnx import TensorProto, helper
+
 from ortlstm.graphs.graph_utils import (
     defined_names,
     outer_reads,
@@ -72,7 +73,8 @@ def test_prune_keeps_what_subgraphs_read_and_drops_the_rest() -> None:
     graph = _if_graph()
     needed = prune_to_outputs(graph)
     assert [node.output[0] for node in graph.node] == ["a", "b", "d", "y"]  # shadow and dead dropped
-    assert {"a", "b", "c", "d", "y"} <= needed and "shadow" not in needed
+    assert {"a", "b", "c", "d", "y"} <= needed
+    assert "shadow" not in needed
     assert list(graph.initializer) == []
     assert [value.name for value in graph.input] == ["x", "c"]
 

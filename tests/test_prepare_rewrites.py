@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from ortlstm.graphs.prepare import REWRITES
 from ortlstm.graphs.prepare.folding import fold_constants
 from ortlstm.graphs.prepare.pipeline import DECIDING_REWRITES, run_rewrites
@@ -97,7 +98,8 @@ def test_convert_old_opset_converts_below_15_and_copies_the_rest() -> None:
     current = _model([helper.make_node("Relu", ["x"], ["y"])], [_x([2])], ["y"], opset=15)
     state = _state(current)
     convert_old_opset(state)
-    assert state.model is not current and state.model == current
+    assert state.model is not current
+    assert state.model == current
 
 
 def test_make_dynamic_dims_symbolic_names_each_dim_apart() -> None:
@@ -186,14 +188,17 @@ def test_fold_constants_lifts_constants_and_folds_static_shapes() -> None:
     fold_constants(state)
     assert _outputs(state) == ["shape", "scaled"]  # Shape of a dynamic x stays; its reads fold
     assert state.candidates == {"weight"}  # zeros: many elements of one value, a literal
-    assert state.constants["width"] == 3 and state.constants["rank"] == 2 and state.constants["four"] == 4
+    assert state.constants["width"] == 3
+    assert state.constants["rank"] == 2
+    assert state.constants["four"] == 4
 
 
 def test_fold_constants_replaces_an_if_by_its_branch_renaming_collisions() -> None:
     def branch(name: str, value: float) -> onnx.GraphProto:
         nodes = [helper.make_node("Add", ["x", f"c_{name}"], ["tmp"])]
         inits = [numpy_helper.from_array(np.asarray([value, -value], np.float32), f"c_{name}")]
-        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info("tmp", TensorProto.FLOAT, None)], inits)
+        outputs = [helper.make_tensor_value_info("tmp", TensorProto.FLOAT, None)]
+        return helper.make_graph(nodes, name, [], outputs, inits)
 
     nodes = [
         helper.make_node("Relu", ["x"], ["tmp"]),
@@ -205,7 +210,8 @@ def test_fold_constants_replaces_an_if_by_its_branch_renaming_collisions() -> No
     fold_constants(state)
     assert [node.op_type for node in state.graph.node] == ["Relu", "Add", "Identity", "Add"]
     assert list(state.graph.node[1].output) == ["tmp_inlined"]
-    assert state.specialized == [""] and "c_else" in state.candidates
+    assert state.specialized == [""]
+    assert "c_else" in state.candidates
 
 
 def test_resolve_sequences_makes_static_sequence_reads_tensor_ops() -> None:
@@ -225,7 +231,8 @@ def test_drop_dead_values_removes_unread_nodes_and_initializers() -> None:
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Mul", ["x", "w"], ["dead"])]
     state = _state(_model(nodes, [_x([2])], ["y"], {"w": np.ones(2, np.float32)}))
     drop_dead_values(state)
-    assert _outputs(state) == ["y"] and list(state.graph.initializer) == []
+    assert _outputs(state) == ["y"]
+    assert list(state.graph.initializer) == []
 
 
 def test_convert_lstms_names_the_lstm_training_nodes() -> None:

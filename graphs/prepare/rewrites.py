@@ -235,7 +235,8 @@ def _only_pow_exponents(graph: onnx.GraphProto, names: Iterable[str]) -> set[str
     uses: dict[str, set[tuple[str, int]]] = {}
     for node in graph.node:
         for index, name in enumerate(node.input):
-            uses.setdefault(name, set()).add((node.op_type if is_onnx(node) else f"{node.domain}::{node.op_type}", index))
+            op = node.op_type if is_onnx(node) else f"{node.domain}::{node.op_type}"
+            uses.setdefault(name, set()).add((op, index))
     read_in_subgraphs = reads_in_subgraphs(graph)
     return {name for name in names if name in uses and uses[name] == {("Pow", 1)} and name not in read_in_subgraphs}
 

@@ -108,7 +108,7 @@ class Preparation:
     def result(self) -> PreparedModel:
         """The prepared model, once every rewrite has run."""
         origins = self.origins
-        sources = {name: origins.sources[name] for name in self.candidates if name in origins.sources} if origins else {}
+        sources = {name: origins.sources[name] for name in self.candidates if origins and name in origins.sources}
         return PreparedModel(
             self.model,
             frozenset(self.candidates),
