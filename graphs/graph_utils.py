@@ -29,15 +29,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import onnx
 
 
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs a node holds in its attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
-    graphs: list[onnx.GraphProto] = []
+def named_subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """The graphs a node holds in its attributes, each with its attribute's name (``body[k]`` in a list)."""
+    graphs: list[tuple[str, onnx.GraphProto]] = []
     for attribute in node.attribute:
         if attribute.type == onnx.AttributeProto.GRAPH:
-            graphs.append(attribute.g)
+            graphs.append((attribute.name, attribute.g))
         elif attribute.type == onnx.AttributeProto.GRAPHS:
-            graphs.extend(attribute.graphs)
+            graphs.extend((f"{attribute.name}[{k}]", graph) for k, graph in enumerate(attribute.graphs))
     return graphs
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (``If`` branches, ``Loop``/``Scan`` bodies)."""
+    return [graph for _, graph in named_subgraphs(node)]
 
 
 def walk_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

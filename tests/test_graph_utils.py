@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
 from ortlstm.graphs.graph_utils import (
     defined_names,
+    named_subgraphs,
     outer_reads,
     prune_to_outputs,
     rename_values,
@@ -110,3 +114,39 @@ def test_rename_values_reaches_nested_subgraphs() -> None:
     assert list(nested.node[0].input) == ["d2"]
     assert graph.node[2].output[0] == "d2"
     assert graph.initializer[0].name == "u"
+
+
+def test_named_subgraphs_label_each_graph_of_a_list() -> None:
+    bodies = [_branch(f"b{k}", [], "x") for k in range(2)]
+    node = helper.make_node("Custom", [], ["y"], domain="test")
+    node.attribute.append(helper.make_attribute("bodies", bodies))
+    node.attribute.append(helper.make_attribute("body", _branch("b", [], "x")))
+    assert [(label, graph.name) for label, graph in named_subgraphs(node)] == [
+        ("bodies[0]", "b0"),
+        ("bodies[1]", "b1"),
+        ("body", "b"),
+    ]
+
+
+def test_backward_sees_a_parameter_a_branch_returns_as_is() -> None:
+    """An If branch that outputs the parameter itself reads it: no rule for If, so a clear refusal.
+
+    Before the shared outer reads counted a subgraph's outputs, the parameter looked unreachable.
+    """
+    nodes = [
+        helper.make_node(
+            "If", ["c"], ["y"], then_branch=_branch("then", [], "w"), else_branch=_branch("else", [], "w")
+        ),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "main",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    emitter = GraphEmitter(17, used_names(graph), infer_value_types(model))
+    with pytest.raises(ValueError, match=r"no gradient rule for .*If.*1 parameter\(s\) \['w'\]"):
+        build_backward(graph, "loss", ["w"], emitter)
