@@ -225,23 +225,7 @@ def generate_artifacts(
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
     frozen = list(frozen_params or [])
     if requires_grad is None:
-        # Exported initial states are constants (PyTorch does not train them), and P cannot be
-        # trained through this generator: neither is picked by default.
-        peepholes = _lstm_inputs_named(converted, ("P",))
-        if peepholes:
-            raise ValueError(
-                f"the model's LSTMs have peephole weights {sorted(peepholes)}: pass requires_grad explicitly. "
-                + _UNTRAINABLE_REASON
-            )
-        states = _lstm_inputs_named(converted, ("initial_h", "initial_c"))
-        requires_grad = [
-            init.name
-            for init in converted.graph.initializer
-            if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
-            and len(init.dims) > 0
-            and init.name not in frozen
-            and init.name not in states
-        ]
+        requires_grad = _default_requires_grad(converted, frozen)
     _check_parameter_names(converted, requires_grad, "requires_grad")
     _check_trainable(converted, requires_grad)
     _check_parameter_names(converted, frozen, "frozen_params")
@@ -265,14 +249,45 @@ def generate_artifacts(
         optimizer_model=(directory / "optimizer_model.onnx") if optimizer is not None else None,
         checkpoint=directory / "checkpoint",
     )
-    training_model = onnx.load(str(result.training_model))
+    _finish(result)
+    return result
+
+
+def _default_requires_grad(converted: onnx.ModelProto, frozen: Sequence[str]) -> list[str]:
+    """Every float initializer of rank >= 1 but the frozen ones and the LSTMs' initial states.
+
+    Exported initial states are constants (PyTorch does not train them), and P cannot be
+    trained through this generator: neither is picked by default.
+
+    Raises:
+        ValueError: The LSTMs have peephole weights (name what to train instead).
+    """
+    peepholes = _lstm_inputs_named(converted, ("P",))
+    if peepholes:
+        raise ValueError(
+            f"the model's LSTMs have peephole weights {sorted(peepholes)}: pass requires_grad explicitly. "
+            + _UNTRAINABLE_REASON
+        )
+    states = _lstm_inputs_named(converted, ("initial_h", "initial_c"))
+    return [
+        init.name
+        for init in converted.graph.initializer
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+        and len(init.dims) > 0
+        and init.name not in frozen
+        and init.name not in states
+    ]
+
+
+def _finish(artifacts: TrainingArtifacts) -> None:
+    """Fixes the generator's gradient nodes and caps every model's IR version for onnxruntime 1.19."""
+    training_model = onnx.load(str(artifacts.training_model))
     _fix_gradient_nodes(training_model)
     training_model.ir_version = min(training_model.ir_version, MAX_IR_VERSION)
-    onnx.save(training_model, str(result.training_model))
-    _cap_ir_version(result.eval_model)
-    if result.optimizer_model is not None:
-        _cap_ir_version(result.optimizer_model)
-    return result
+    onnx.save(training_model, str(artifacts.training_model))
+    _cap_ir_version(artifacts.eval_model)
+    if artifacts.optimizer_model is not None:
+        _cap_ir_version(artifacts.optimizer_model)
 
 
 def open_training(artifacts: TrainingArtifacts, **options: object) -> tuple[Any, Any, Any]:
