@@ -135,6 +135,16 @@ def rename_values(graph: onnx.GraphProto, renamed: Mapping[str, str]) -> None:
             init.name = renamed.get(init.name, init.name)
 
 
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Removes the initializers that no node (nor a subgraph of one) and no output reads; nodes stay."""
+    read = {name for node in graph.node for name in node.input} | reads_in_subgraphs(graph)
+    read.update(value.name for value in graph.output)
+    kept = [init for init in graph.initializer if init.name in read]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+
+
 def prune_to_outputs(
     graph: onnx.GraphProto,
     outputs: Sequence[str] | None = None,

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
 from ortlstm.graphs.graph_utils import (
     defined_names,
+    drop_unread_initializers,
     named_subgraphs,
     outer_reads,
     prune_to_outputs,
@@ -150,3 +151,11 @@ def test_backward_sees_a_parameter_a_branch_returns_as_is() -> None:
     emitter = GraphEmitter(17, used_names(graph), infer_value_types(model))
     with pytest.raises(ValueError, match=r"no gradient rule for .*If.*1 parameter\(s\) \['w'\]"):
         build_backward(graph, "loss", ["w"], emitter)
+
+
+def test_drop_unread_initializers_keeps_nodes_and_what_subgraphs_read() -> None:
+    graph = _if_graph()
+    graph.initializer.append(helper.make_tensor("a", TensorProto.FLOAT, [2], [1.0, 2.0]))  # read by a branch
+    drop_unread_initializers(graph)
+    assert [init.name for init in graph.initializer] == ["a"]
+    assert len(graph.node) == 6  # dead nodes stay
