@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -52,7 +52,7 @@ def _check_requires_grad(prepared: PreparedModel, requires_grad: Sequence[str]) 
 def choose_params(
     prepared: PreparedModel,
     forward_and_loss: onnx.GraphProto,
-    seed: str,
+    seed: str | Mapping[str, str | None],
     emitter: GraphEmitter,
     requires_grad: Sequence[str] | None,
     frozen: Sequence[str],

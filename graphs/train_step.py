@@ -354,7 +354,7 @@ class _ForwardAndLoss:
     prediction: str
     types: dict[str, ValueType]
     loss_value: str
-    seed: str
+    seed: str | Mapping[str, str | None]
     target: str | None
     target_infos: list[onnx.ValueInfoProto]
     extra_targets: dict[str, str]
