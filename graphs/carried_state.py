@@ -13,9 +13,9 @@ import onnx
 import onnx.helper
 
 try:
-    from ortlstm.graphs.structure import all_graphs
+    from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
 except ModuleNotFoundError:
-    from graphs.structure import all_graphs  # type: ignore[no-redef]
+    from graphs.graph_utils import prune_to_outputs, unique_name  # type: ignore[no-redef]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +78,7 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
     declared = {value.name: value.type.tensor_type.elem_type for value in graph.input}
 
     def fresh(base: str) -> str:
-        name, index = base, 1
-        while name in taken:
-            name, index = f"{base}_{index}", index + 1
-        taken.add(name)
-        return name
+        return unique_name(base, taken)
 
     outputs = {value.name for value in graph.output}
     carried: list[CarriedState] = []
@@ -121,24 +117,6 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
         carried.append(state)
     if not carried:
         raise ValueError("stateful=True: the model's main graph has no ONNX LSTM node whose state could be carried")
-    remove_dead_nodes_and_inputs(graph)
+    prune_to_outputs(graph, initializers=False, inputs=True)
     return result, tuple(carried)
 
-
-def remove_dead_nodes_and_inputs(graph: onnx.GraphProto) -> None:
-    """Removes the nodes no graph output needs, then the inputs no kept node (or its subgraphs) reads."""
-    needed = {output.name for output in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output):
-            kept.append(node)
-            needed.update(node.input)
-            for attribute in node.attribute:
-                for subgraph in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                    needed.update(name for inner in all_graphs(subgraph) for n in inner.node for name in n.input)
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
-    inputs = [value for value in graph.input if value.name in needed]
-    del graph.input[:]
-    graph.input.extend(inputs)

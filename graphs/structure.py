@@ -4,7 +4,6 @@
   a checkpoint records it so that its parameters are never loaded into another model.
 - ``without_unused_initializers``: drops main-graph initializers no node reads.
 - ``set_constant``: writes a value into a ``Constant`` node in the form it had.
-- ``all_graphs``: the main graph and every subgraph, depth first.
 
 Nothing here imports onnxruntime.
 """
@@ -12,23 +11,16 @@ Nothing here imports onnxruntime.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 
 import numpy as np
 import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-
-def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and each graph nested in its nodes' attributes (``If`` branches, ``Loop`` bodies)."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from all_graphs(attribute.g)
-            for subgraph in attribute.graphs:
-                yield from all_graphs(subgraph)
+try:
+    from ortlstm.graphs.graph_utils import drop_unread_initializers, walk_graphs
+except ModuleNotFoundError:
+    from graphs.graph_utils import drop_unread_initializers, walk_graphs  # type: ignore[no-redef]
 
 
 def graph_hash(model: onnx.ModelProto) -> str:
@@ -41,7 +33,7 @@ def graph_hash(model: onnx.ModelProto) -> str:
     stripped.CopyFrom(model)
     stripped.ClearField("metadata_props")
     stripped.ClearField("doc_string")
-    for graph in all_graphs(stripped.graph):
+    for graph in walk_graphs(stripped.graph):
         tensors = list(graph.initializer)
         for node in graph.node:
             tensors.extend(attribute.t for attribute in node.attribute if attribute.type == onnx.AttributeProto.TENSOR)
@@ -69,10 +61,5 @@ def set_constant(node: onnx.NodeProto, value: np.ndarray) -> None:
 
 def without_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drops main-graph initializers no node reads (onnxruntime warns about each one); in place."""
-    used = {name for graph in all_graphs(model.graph) for node in graph.node for name in node.input}
-    used.update(output.name for output in model.graph.output)
-    kept = [init for init in model.graph.initializer if init.name in used]
-    if len(kept) != len(model.graph.initializer):
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(kept)
+    drop_unread_initializers(model.graph)
     return model

@@ -21,7 +21,8 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.structure import all_graphs, graph_hash, set_constant
+from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.engine import MODEL_KINDS
 from ortlstm.training.spec import TrainingSpec, signature_from_json, signature_to_json
@@ -57,7 +58,7 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
     result = onnx.ModelProto()
     result.CopyFrom(original)
     places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
-    for graph in all_graphs(result.graph):
+    for graph in walk_graphs(result.graph):
         for init in graph.initializer:
             places.setdefault(init.name, init)
         for node in graph.node:
