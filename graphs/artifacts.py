@@ -25,6 +25,7 @@ import onnx.numpy_helper
 try:
     from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
     from ortlstm.graphs.gradient import import_training_runtime, register_gradient
+    from ortlstm.graphs.graph_utils import prune_to_outputs
     from ortlstm.ops import library_path, schema, session_options
 except ModuleNotFoundError:
     from graphs.convert import (  # type: ignore[no-redef]
@@ -35,6 +36,7 @@ except ModuleNotFoundError:
         lstm_locations,
     )
     from graphs.gradient import import_training_runtime, register_gradient  # type: ignore[no-redef]
+    from graphs.graph_utils import prune_to_outputs  # type: ignore[no-redef]
     from ops import library_path, schema, session_options  # type: ignore[no-redef]
 
 # onnxruntime-training names the gradient node of forward node F "F_Grad/<op>_<k>".
@@ -223,23 +225,7 @@ def generate_artifacts(
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
     frozen = list(frozen_params or [])
     if requires_grad is None:
-        # Exported initial states are constants (PyTorch does not train them), and P cannot be
-        # trained through this generator: neither is picked by default.
-        peepholes = _lstm_inputs_named(converted, ("P",))
-        if peepholes:
-            raise ValueError(
-                f"the model's LSTMs have peephole weights {sorted(peepholes)}: pass requires_grad explicitly. "
-                + _UNTRAINABLE_REASON
-            )
-        states = _lstm_inputs_named(converted, ("initial_h", "initial_c"))
-        requires_grad = [
-            init.name
-            for init in converted.graph.initializer
-            if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
-            and len(init.dims) > 0
-            and init.name not in frozen
-            and init.name not in states
-        ]
+        requires_grad = _default_requires_grad(converted, frozen)
     _check_parameter_names(converted, requires_grad, "requires_grad")
     _check_trainable(converted, requires_grad)
     _check_parameter_names(converted, frozen, "frozen_params")
@@ -263,14 +249,45 @@ def generate_artifacts(
         optimizer_model=(directory / "optimizer_model.onnx") if optimizer is not None else None,
         checkpoint=directory / "checkpoint",
     )
-    training_model = onnx.load(str(result.training_model))
+    _finish(result)
+    return result
+
+
+def _default_requires_grad(converted: onnx.ModelProto, frozen: Sequence[str]) -> list[str]:
+    """Every float initializer of rank >= 1 but the frozen ones and the LSTMs' initial states.
+
+    Exported initial states are constants (PyTorch does not train them), and P cannot be
+    trained through this generator: neither is picked by default.
+
+    Raises:
+        ValueError: The LSTMs have peephole weights (name what to train instead).
+    """
+    peepholes = _lstm_inputs_named(converted, ("P",))
+    if peepholes:
+        raise ValueError(
+            f"the model's LSTMs have peephole weights {sorted(peepholes)}: pass requires_grad explicitly. "
+            + _UNTRAINABLE_REASON
+        )
+    states = _lstm_inputs_named(converted, ("initial_h", "initial_c"))
+    return [
+        init.name
+        for init in converted.graph.initializer
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+        and len(init.dims) > 0
+        and init.name not in frozen
+        and init.name not in states
+    ]
+
+
+def _finish(artifacts: TrainingArtifacts) -> None:
+    """Fixes the generator's gradient nodes and caps every model's IR version for onnxruntime 1.19."""
+    training_model = onnx.load(str(artifacts.training_model))
     _fix_gradient_nodes(training_model)
     training_model.ir_version = min(training_model.ir_version, MAX_IR_VERSION)
-    onnx.save(training_model, str(result.training_model))
-    _cap_ir_version(result.eval_model)
-    if result.optimizer_model is not None:
-        _cap_ir_version(result.optimizer_model)
-    return result
+    onnx.save(training_model, str(artifacts.training_model))
+    _cap_ir_version(artifacts.eval_model)
+    if artifacts.optimizer_model is not None:
+        _cap_ir_version(artifacts.optimizer_model)
 
 
 def open_training(artifacts: TrainingArtifacts, **options: object) -> tuple[Any, Any, Any]:
@@ -297,18 +314,6 @@ def open_training(artifacts: TrainingArtifacts, **options: object) -> tuple[Any,
     if artifacts.optimizer_model is not None:
         optimizer = api.Optimizer(str(artifacts.optimizer_model), module)
     return module, optimizer, state
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs read from the enclosing scope (any name their nodes use)."""
-    names: set[str] = set()
-    for attribute in node.attribute:
-        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for subgraph in subgraphs:
-            for inner in subgraph.node:
-                names.update(inner.input)
-                names |= _subgraph_inputs(inner)
-    return names
 
 
 def export_inference_model(
@@ -351,16 +356,7 @@ def export_inference_model(
         )
 
     # Keep only the nodes the outputs depend on (this drops the loss).
-    needed = set(output_names)
-    kept = []
-    for node in reversed(graph.node):
-        if needed.intersection(node.output):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            needed |= _subgraph_inputs(node)
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
+    needed = prune_to_outputs(graph, output_names)
     del graph.output[:]
     # The generator drops the type of the model outputs it feeds to the loss; ORT infers it.
     graph.output.extend(value_infos.get(name, onnx.ValueInfoProto(name=name)) for name in output_names)
@@ -376,9 +372,6 @@ def export_inference_model(
             graph.initializer.append(onnx.numpy_helper.from_array(parameters[value.name].data, value.name))
         else:
             graph.input.append(value)
-    initializers = [init for init in graph.initializer if init.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
     value_info = [value for value in graph.value_info if value.name in needed]
     del graph.value_info[:]
     graph.value_info.extend(value_info)

@@ -20,8 +20,10 @@ import onnx.helper
 import onnx.numpy_helper
 
 try:
+    from ortlstm.graphs.graph_utils import named_subgraphs, unique_name
     from ortlstm.ops import lstm_attributes, schema
 except ModuleNotFoundError:
+    from graphs.graph_utils import named_subgraphs, unique_name  # type: ignore[no-redef]
     from ops import lstm_attributes, schema  # type: ignore[no-redef]
 
 # onnxruntime-training 1.19 loads models up to this IR version.
@@ -59,13 +61,8 @@ def _graphs(graph: onnx.GraphProto, where: str = MAIN_GRAPH) -> Iterator[tuple[s
 
 
 def _subgraphs(node: onnx.NodeProto, where: str) -> Iterator[tuple[str, onnx.GraphProto]]:
-    for attribute in node.attribute:
-        inner = f"{where} > {node.op_type} node {node.name!r} {attribute.name}"
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            yield from _graphs(attribute.g, inner)
-        elif attribute.type == onnx.AttributeProto.GRAPHS:
-            for k, subgraph in enumerate(attribute.graphs):
-                yield from _graphs(subgraph, f"{inner}[{k}]")
+    for label, subgraph in named_subgraphs(node):
+        yield from _graphs(subgraph, f"{where} > {node.op_type} node {node.name!r} {label}")
 
 
 def _all_node_lists(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.GraphProto | onnx.FunctionProto]]:
@@ -122,12 +119,7 @@ class _NameSource:
         self._used = set(used)
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self._used or not name:
-            name = f"{base}_{k}"
-            k += 1
-        self._used.add(name)
-        return name
+        return unique_name(base, self._used)
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:

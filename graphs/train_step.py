@@ -18,7 +18,6 @@ guesses names. Protos only; nothing here imports onnxruntime.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -31,9 +30,11 @@ try:
     from ortlstm.graphs import losses as losses_module
     from ortlstm.graphs import optimizers as optimizers_module
     from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names
+    from ortlstm.graphs.autodiff.emitter import ValueType
     from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.graphs.parameters import resolve_frozen
+    from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
+    from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
+    from ortlstm.graphs.param_selection import choose_params, default_requires_grad
     from ortlstm.graphs.prepare import PreparedModel, prepare_model
     from ortlstm.ops import schema as ortlstm_schema
 except ModuleNotFoundError:
@@ -45,9 +46,11 @@ except ModuleNotFoundError:
         infer_value_types,
         onnx_opset,
     )
-    from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, used_names  # type: ignore[no-redef]
+    from graphs.autodiff.emitter import ValueType  # type: ignore[no-redef]
     from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
-    from graphs.parameters import resolve_frozen  # type: ignore[no-redef]
+    from graphs.finite_check import FiniteCheck, add_finite_check  # type: ignore[no-redef]
+    from graphs.graph_utils import prune_to_outputs, used_names  # type: ignore[no-redef]
+    from graphs.param_selection import choose_params, default_requires_grad  # type: ignore[no-redef]
     from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
     from ops import schema as ortlstm_schema  # type: ignore[no-redef]
 
@@ -179,34 +182,6 @@ def _select_prediction(model: onnx.ModelProto, output: str | None) -> str:
     return outputs[0]
 
 
-def _default_requires_grad(prepared: PreparedModel) -> list[str]:
-    order = [init.name for init in prepared.model.graph.initializer]
-    return [name for name in order if name in prepared.candidates]
-
-
-def _nothing_reaches_the_loss(prepared: PreparedModel, candidates: Sequence[str]) -> str:
-    """The refusal when no parameter reaches the loss: names the control flow in the way, if any."""
-    message = f"no float initializer of the model reaches the loss (candidates: {list(candidates)}); nothing to train"
-    if not prepared.remaining_ifs:
-        return message
-    inside = "" if candidates else " (its weights are Constant nodes or initializers inside the branches)"
-    advice = " ".join(prepared.control_flow.values())
-    return f"{message}. The model computes its outputs through control flow{inside}: {advice}"
-
-
-def _check_requires_grad(prepared: PreparedModel, requires_grad: Sequence[str]) -> None:
-    initializers = {init.name: init for init in prepared.model.graph.initializer}
-    not_found = [name for name in requires_grad if name not in initializers]
-    if not_found:
-        raise ValueError(
-            f"requires_grad: {not_found} are not initializers (or Constant tensors) of the model, so they cannot "
-            f"be trained. Its float initializers are: {sorted(prepared.candidates)}"
-        )
-    not_float = [name for name in requires_grad if initializers[name].data_type not in FLOAT_TYPES]
-    if not_float:
-        raise ValueError(f"requires_grad: {not_float} are not float tensors and cannot be trained")
-
-
 def _set_dropout_training(graph: onnx.GraphProto, training: bool, emitter: GraphEmitter) -> None:
     """Sets every Dropout's training_mode input to a constant (eval: off)."""
     dropouts = [node for node in graph.node if node.op_type == "Dropout" and node.domain in ("", "ai.onnx")]
@@ -283,7 +258,7 @@ def build_training_models(
             then take inputs of these shapes only.
         ir_version: The IR version of the written models (10: onnxruntime >= 1.19 loads them).
         nonfinite_check: Give the train-step and apply models the bool output
-            ``signature.all_finite`` (see ``_add_finite_check``), which a trainer reads to refuse an
+            ``signature.all_finite`` (see ``finite_check``), which a trainer reads to refuse an
             update computed from a non-finite loss or gradient. False leaves it out (to measure
             what it costs).
 
@@ -296,31 +271,115 @@ def build_training_models(
             target the loss cannot take.
     """
     prepared = prepare_model(model, fixed_inputs, fixed_shapes, keep=requires_grad or ())
-    forward = prepared.model
     if requires_grad is None and prepared.dropped:
-        warnings.warn(
-            f"torch parameters {list(prepared.dropped)} are not in the export, so they cannot be trained: the "
-            "exporter's optimizer removes a zero-valued bias (an addition of zeros) and merges equal tensors, or the "
-            "forward does not use them. Export with torch.onnx.export(..., optimize=False) to keep every parameter.",
-            stacklevel=2,
-        )
+        _warn_dropped(prepared.dropped)
+    forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
+    params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
+    emitter = forward.emitter
+    # Backward (rules may name outputs of forward nodes in forward_and_loss).
+    first_grad_node = len(emitter.nodes)
+    backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)
+    grad_nodes = emitter.nodes[first_grad_node:]
+    update = _add_update(forward, params, optimizer, param_groups, clip_grad_norm, clip_norm_type, nonfinite_check)
+    models = _Assembly(forward, params, update, ir_version, (grad_nodes, backward.gradients))
+    signature = _signature(forward, params, update, models.batch_inputs, default_requires_grad(prepared))
+    initial_params = {name: onnx.numpy_helper.to_array(models.initializers[name]) for name in params}
+    initial_state = update.initial_state(initial_params)
+    train_step, gradients, apply_model = models.train_step(), models.gradients(), models.apply()
+    eval_model = models.eval()  # last: it adds the Dropout flag to the emitter
+    return TrainingModels(
+        train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
+    )
+
+
+def _warn_dropped(dropped: Sequence[str]) -> None:
+    warnings.warn(
+        f"torch parameters {list(dropped)} are not in the export, so they cannot be trained: the "
+        "exporter's optimizer removes a zero-valued bias (an addition of zeros) and merges equal tensors, or the "
+        "forward does not use them. Export with torch.onnx.export(..., optimize=False) to keep every parameter.",
+        stacklevel=3,
+    )
+
+
+def _signature(
+    forward: _ForwardAndLoss,
+    params: Sequence[str],
+    update: _Update,
+    batch_inputs: Sequence[onnx.ValueInfoProto],
+    candidates: Sequence[str],
+) -> TrainStepSignature:
+    """Names every input and output of the training models (``candidates``: what is trained by default)."""
+    return TrainStepSignature(
+        batch_inputs=tuple(value.name for value in batch_inputs),
+        target=forward.target,
+        loss=forward.loss_value,
+        extra_outputs=tuple(forward.extra_outputs),
+        params=tuple(params),
+        new_params=tuple(update.new_param_outputs[name] for name in params),
+        frozen=tuple(name for name in candidates if name not in params),
+        state=update.state,
+        new_state=update.new_state_outputs,
+        grads=update.grad_inputs,
+        lr=update.lr,
+        step=update.step,
+        grad_norm=update.grad_norm,
+        all_finite=update.finite.name if update.finite else None,
+        extra_targets=forward.extra_targets,
+    )
+
+
+@dataclasses.dataclass
+class _ForwardAndLoss:
+    """The prepared forward with the loss appended: what every training model starts from.
+
+    Attributes:
+        model: The prepared model.
+        graph: Its graph with the loss nodes and constants.
+        emitter: The emitter of the loss, which the backward and the optimizer continue.
+        prediction: The output the loss reads.
+        types: Static types of the prepared model's values.
+        loss_value: The loss output.
+        seed: Where the backward starts (``losses.gradient_seed``).
+        target: The target input, None for a loss without one.
+        target_infos: The target inputs' declarations (the target, then the extra targets).
+        extra_targets: Torch's name of each extra target -> its input's name.
+        extra_outputs: Model outputs the train step returns too.
+        loss_elem: The loss's element type (the prediction's).
+        loss_scalar: Whether the loss is a scalar (a reduction other than ``"none"``).
+    """
+
+    model: onnx.ModelProto
+    graph: onnx.GraphProto
+    emitter: GraphEmitter
+    prediction: str
+    types: dict[str, ValueType]
+    loss_value: str
+    seed: str | Mapping[str, str | None]
+    target: str | None
+    target_infos: list[onnx.ValueInfoProto]
+    extra_targets: dict[str, str]
+    extra_outputs: list[str]
+    loss_elem: int
+    loss_scalar: bool
+
+
+def _add_loss(
+    forward: onnx.ModelProto, loss: losses_module.Loss, output: str | None, target: str, extra_outputs: Sequence[str]
+) -> _ForwardAndLoss:
+    """Appends the loss (and its target inputs) to the prepared forward."""
     prediction = _select_prediction(forward, output)
     for name in extra_outputs:
         _select_prediction(forward, name)
-    opset = onnx_opset(forward)
     types = infer_value_types(forward)
-
-    # ---- forward + loss (shared by every model) ---------------------------------------------
-    emitter = GraphEmitter(opset, used_names(forward.graph), types)
     graph = forward.graph
+    emitter = GraphEmitter(onnx_opset(forward), used_names(graph), types)
     emitter.record_constants(graph.initializer)
     losses_module.check_target(loss, types.get(prediction), None, prediction_name=prediction)
     extra_names: dict[str, str] = {}
-    extra_target_infos: list[onnx.ValueInfoProto] = []
+    target_infos: list[onnx.ValueInfoProto] = []
+    target_name = None
     if not loss.needs_target:
         loss_value = losses_module.add_loss(emitter, loss, prediction)
-        target_info = None
-        target_name = None
     else:
         if target in used_names(graph):
             raise ValueError(f"target {target!r}: the model already has a value of that name; choose another")
@@ -330,7 +389,7 @@ def build_training_models(
         # Only the rank is declared, from the prediction's inferred one: an exporter's declared
         # output shape is never trusted for it; the loss's ops and the trainer check the feed.
         target_shape = _target_shape(loss, types.get(prediction), target_name)
-        target_info = _value_info_of(target_name, target_elem, target_shape)
+        target_infos.append(_value_info_of(target_name, target_elem, target_shape))
         emitter.set_type(target_name, target_elem, target_shape)
         for extra in loss.extra_targets:
             # A model value of torch's name keeps it; the target input gets a fresh one.
@@ -338,58 +397,83 @@ def build_training_models(
             emitter.reserve([name])
             extra_names[extra.name] = name
             extra_shape = [f"{name}_dim0"]
-            extra_target_infos.append(_value_info_of(name, onnx.TensorProto.INT64, extra_shape))
+            target_infos.append(_value_info_of(name, onnx.TensorProto.INT64, extra_shape))
             emitter.set_type(name, onnx.TensorProto.INT64, extra_shape)
         loss_value = losses_module.add_loss(emitter, loss, prediction, target_name, extra_names)
     # Where the backward starts: the loss value, or torch's gradient of the prediction for a loss
     # whose torch backward is not its forward's derivative (binary_cross_entropy).
     seed = losses_module.gradient_seed(emitter, loss, prediction, target_name, loss_value)
     loss_nodes = list(emitter.nodes)
-    loss_initializers = list(emitter.initializers)
-
-    # ---- parameters -------------------------------------------------------------------------
-    forward_and_loss = _graph_with(graph, loss_nodes, loss_initializers)
+    forward_and_loss = _graph_with(graph, loss_nodes, list(emitter.initializers))
     # The loss nodes' static types, so that their gradients' broadcasting resolves when the graph
     # is built (a scalar loss's chain rule took 14 run-time shape nodes per broadcast op without).
-    target_infos = [*([target_info] if target_info is not None else []), *extra_target_infos]
     _add_inferred_types(emitter, forward_and_loss, target_infos, _opsets_for(forward.opset_import, loss_nodes))
-    frozen_names = resolve_frozen(
-        frozen,
-        [*dict.fromkeys([*_default_requires_grad(prepared), *(requires_grad or ())])],
-        prepared.sources,
-        known=[*(init.name for init in graph.initializer), *prepared.dropped],
+    return _ForwardAndLoss(
+        forward,
+        forward_and_loss,
+        emitter,
+        prediction,
+        types,
+        loss_value,
+        seed,
+        target_name,
+        target_infos,
+        extra_names,
+        list(extra_outputs),
+        loss_elem=types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT,
+        loss_scalar=getattr(loss, "reduction", "mean") != "none",
     )
-    if requires_grad is None:
-        candidates = [name for name in _default_requires_grad(prepared) if name not in frozen_names]
-        probe = GraphEmitter(opset, used_names(forward_and_loss), dict(emitter.types))
-        probe.record_constants(graph.initializer)
-        reachable = build_backward(
-            _graph_with(forward_and_loss, [], []),
-            seed,
-            candidates,
-            probe,
-            allow_unreachable=True,
-            hints=prepared.control_flow,
-        )
-        params = [name for name in candidates if name in reachable.gradients]
-        if not params:
-            raise ValueError(_nothing_reaches_the_loss(prepared, candidates))
-    else:
-        _check_requires_grad(prepared, requires_grad)
-        params = [name for name in dict.fromkeys(requires_grad) if name not in frozen_names]
-        if not params:
-            raise ValueError("requires_grad is empty (or all frozen): name at least one parameter to train")
-    initializers = {init.name: init for init in graph.initializer}
-    frozen = [name for name in _default_requires_grad(prepared) if name not in params]
 
-    # ---- backward (rules may name outputs of forward nodes in forward_and_loss) ---------------
-    first_grad_node = len(emitter.nodes)
-    backward = build_backward(forward_and_loss, seed, params, emitter, hints=prepared.control_flow)
-    grad_nodes = emitter.nodes[first_grad_node:]
 
-    # ---- optimizer ----------------------------------------------------------------------------
-    loss_scalar = getattr(loss, "reduction", "mean") != "none"
-    loss_elem = types[prediction].elem_type if prediction in types else onnx.TensorProto.FLOAT
+@dataclasses.dataclass
+class _Update:
+    """The optimizer's part: its inputs, its nodes and the outputs it names.
+
+    Attributes:
+        lr: The learning-rate input.
+        step: The step-count input.
+        optimizers: Each parameter's optimizer (its group's).
+        state: Per parameter, optimizer state slot -> input name.
+        grad_inputs: Per parameter, the gradient input of the apply model.
+        new_param_outputs: Per parameter, the output of its updated value.
+        new_state_outputs: Per parameter, state slot -> output name.
+        grad_norm: The total gradient norm output, when gradients are clipped.
+        nodes: The optimizer's nodes.
+        finite: The nodes of ``all_finite``, when asked for.
+    """
+
+    lr: str
+    step: str
+    optimizers: dict[str, optimizers_module.Optimizer]
+    state: dict[str, dict[str, str]]
+    grad_inputs: dict[str, str]
+    new_param_outputs: dict[str, str]
+    new_state_outputs: dict[str, dict[str, str]]
+    grad_norm: str | None
+    nodes: list[onnx.NodeProto]
+    finite: FiniteCheck | None
+
+    def initial_state(self, initial_params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each state input's starting value (zeros, as torch starts), from the parameters'."""
+        return {
+            self.state[name][slot]: value
+            for name, optimizer in self.optimizers.items()
+            for slot, value in optimizer.initial_state(initial_params[name]).items()
+        }
+
+
+def _add_update(
+    forward: _ForwardAndLoss,
+    params: Sequence[str],
+    optimizer: optimizers_module.Optimizer,
+    param_groups: Sequence[optimizers_module.ParamGroup],
+    clip_grad_norm: float | None,
+    clip_norm_type: float,
+    nonfinite_check: bool,
+) -> _Update:
+    """Emits the optimizer step (with clipping and the finite check) after the backward."""
+    emitter = forward.emitter
+    initializers = {init.name: init for init in forward.model.graph.initializer}
     first_opt_node = len(emitter.nodes)
     lr = emitter.fresh(LR_INPUT)
     step = emitter.fresh(STEP_INPUT)
@@ -407,193 +491,153 @@ def build_training_models(
     update = optimizers_module.add_optimizer_step(
         emitter, optimizer, grad_inputs, state, lr, step, param_groups=param_groups, clip=clip
     )
-    new_params, new_state, grad_norm = update.params, update.state, update.total_norm
     new_param_outputs = {name: emitter.fresh(f"{name}.new") for name in params}
     new_state_outputs = {name: {slot: emitter.fresh(f"{name}.{slot}.new") for slot in slots[name]} for name in params}
-    outputs_of = {new_param_outputs[name]: new_params[name] for name in params}
-    outputs_of.update({new_state_outputs[name][slot]: new_state[name][slot] for name in params for slot in slots[name]})
+    outputs_of = {new_param_outputs[name]: update.params[name] for name in params}
+    outputs_of.update(
+        {new_state_outputs[name][slot]: update.state[name][slot] for name in params for slot in slots[name]}
+    )
     _name_outputs(emitter, first_opt_node, outputs_of)
-    opt_nodes = emitter.nodes[first_opt_node:]
-    finite = (
-        _add_finite_check(emitter, (loss_value, loss_elem, loss_scalar), grad_inputs, update.total_norm, clip)
-        if nonfinite_check
-        else None
+    nodes = emitter.nodes[first_opt_node:]
+    loss = (forward.loss_value, forward.loss_elem, forward.loss_scalar)
+    finite = add_finite_check(emitter, loss, grad_inputs, update.total_norm, clip) if nonfinite_check else None
+    return _Update(
+        lr,
+        step,
+        {name: per_param[name][0] for name in params},
+        state,
+        grad_inputs,
+        new_param_outputs,
+        new_state_outputs,
+        update.total_norm,
+        nodes,
+        finite,
     )
 
-    # ---- value infos -------------------------------------------------------------------------
-    def param_info(name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
-        init = initializers[name]
+
+class _Assembly:
+    """Makes the four training models from the parts, each pruned to what its outputs need."""
+
+    def __init__(
+        self,
+        forward: _ForwardAndLoss,
+        params: Sequence[str],
+        update: _Update,
+        ir_version: int,
+        backward: tuple[list[onnx.NodeProto], Mapping[str, str]],
+    ) -> None:
+        """The parts of the models.
+
+        Args:
+            forward: The forward and loss.
+            params: The trained parameters.
+            update: The optimizer's part.
+            ir_version: The models' IR version.
+            backward: The backward's nodes, and each parameter's gradient value.
+        """
+        graph = forward.model.graph
+        grad_nodes, gradients = backward
+        # train step: gradients feed the update through Identity nodes named as the apply model's inputs.
+        links = [
+            onnx.helper.make_node(
+                "Identity", [gradients[name]], [update.grad_inputs[name]], name=f"{update.grad_inputs[name]}/link"
+            )
+            for name in params
+        ]
+        self._backward = [*grad_nodes, *links]
+        self._forward = forward
+        self._params = list(params)
+        self._update = update
+        self._ir_version = ir_version
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.batch_inputs = [value for value in graph.input if value.name not in self.initializers]
+        self._data_inputs = [*self.batch_inputs, *forward.target_infos]
+        self._param_inputs = [self._param_info(name) for name in params]
+        self._grad_inputs = [self._param_info(name, update.grad_inputs[name]) for name in params]
+        self._loss_info = _value_info_of(forward.loss_value, forward.loss_elem, [] if forward.loss_scalar else None)
+        self._lr_and_step = [
+            _value_info_of(update.lr, onnx.TensorProto.DOUBLE, []),
+            _value_info_of(update.step, onnx.TensorProto.INT64, []),
+        ]
+        slots = [(name, slot) for name in params for slot in update.state[name]]
+        self._state_inputs = [self._param_info(name, update.state[name][slot]) for name, slot in slots]
+        self._updated = [
+            *(self._param_info(name, update.new_param_outputs[name]) for name in params),
+            *(self._param_info(name, update.new_state_outputs[name][slot]) for name, slot in slots),
+        ]
+        if update.grad_norm:
+            self._updated.append(_value_info_of(update.grad_norm, self.initializers[params[0]].data_type, []))
+        if update.finite:
+            self._updated.append(_value_info_of(update.finite.name, onnx.TensorProto.BOOL, []))
+
+    def _param_info(self, name: str, renamed: str | None = None) -> onnx.ValueInfoProto:
+        init = self.initializers[name]
         return _value_info_of(renamed or name, init.data_type, list(init.dims))
 
-    lr_info = _value_info_of(lr, onnx.TensorProto.DOUBLE, [])
-    step_info = _value_info_of(step, onnx.TensorProto.INT64, [])
-    state_infos = [param_info(name, state[name][slot]) for name in params for slot in slots[name]]
-    new_state_infos = [param_info(name, new_state_outputs[name][slot]) for name in params for slot in slots[name]]
-    batch_inputs = [value for value in graph.input if value.name not in initializers]
-    loss_info = _value_info_of(loss_value, loss_elem, [] if loss_scalar else None)
-    extra_infos = [_inferred_info(name, types) for name in extra_outputs]
-    grad_norm_infos = [_value_info_of(grad_norm, initializers[params[0]].data_type, [])] if grad_norm else []
-    finite_infos = [_value_info_of(finite.name, onnx.TensorProto.BOOL, [])] if finite else []
+    def train_step(self) -> onnx.ModelProto:
+        """Forward, loss, backward and update in one model."""
+        update = self._update
+        extra_infos = [_inferred_info(name, self._forward.types) for name in self._forward.extra_outputs]
+        return self._model(
+            "train_step",
+            [*self._backward, *update.nodes, *(update.finite.train_step_nodes if update.finite else [])],
+            [*self._data_inputs, *self._param_inputs, *self._state_inputs, *self._lr_and_step],
+            [self._loss_info, *extra_infos, *self._updated],
+        )
 
-    kept_initializers = [init for init in graph.initializer if init.name not in params]
-    forward_nodes = list(forward_and_loss.node)
-    data_inputs = [*batch_inputs, *target_infos]
-    param_inputs = [param_info(name) for name in params]
+    def gradients(self) -> onnx.ModelProto:
+        """Forward, loss and the parameters' gradients."""
+        extra_infos = [_inferred_info(name, self._forward.types) for name in self._forward.extra_outputs]
+        return self._model(
+            "gradients",
+            self._backward,
+            [*self._data_inputs, *self._param_inputs],
+            [self._loss_info, *extra_infos, *self._grad_inputs],
+        )
 
-    def assemble(
+    def apply(self) -> onnx.ModelProto:
+        """Clipping and the update, from gradients as inputs."""
+        update = self._update
+        return self._model(
+            "apply",
+            [*update.nodes, *(update.finite.apply_nodes if update.finite else [])],
+            [*self._param_inputs, *self._grad_inputs, *self._state_inputs, *self._lr_and_step],
+            self._updated,
+            with_forward=False,
+        )
+
+    def eval(self) -> onnx.ModelProto:
+        """Forward and loss, Dropout off."""
+        forward = self._forward
+        outputs = [_inferred_info(out.name, forward.types) for out in forward.model.graph.output]
+        result = self._model(
+            "eval",
+            [],
+            [*self._data_inputs, *self._param_inputs],
+            [self._loss_info, *(info for info in outputs if info.name != forward.loss_value)],
+        )
+        _set_dropout_training(result.graph, False, forward.emitter)
+        return result
+
+    def _model(
+        self,
         name: str,
         nodes: Sequence[onnx.NodeProto],
         inputs: Sequence[onnx.ValueInfoProto],
         outputs: Sequence[onnx.ValueInfoProto],
         with_forward: bool = True,
     ) -> onnx.ModelProto:
-        all_nodes = [*forward_nodes, *nodes] if with_forward else list(nodes)
+        forward, emitter = self._forward, self._forward.emitter
+        all_nodes = [*forward.graph.node, *nodes] if with_forward else list(nodes)
         # Equal constants are shared by the emitter across the forward, gradient and optimizer
         # parts, so every model gets all of them; _without_unused drops those it does not read.
-        base = [*kept_initializers, *emitter.initializers] if with_forward else list(emitter.initializers)
-        new_graph = onnx.helper.make_graph(all_nodes, name, list(inputs), list(outputs), base)
-        result = onnx.helper.make_model(new_graph, opset_imports=_opsets_for(forward.opset_import, all_nodes))
-        result.ir_version = ir_version
-        result.functions.extend(forward.functions)
+        kept = [init for init in forward.model.graph.initializer if init.name not in self._params]
+        base = [*kept, *emitter.initializers] if with_forward else list(emitter.initializers)
+        graph = onnx.helper.make_graph(all_nodes, name, list(inputs), list(outputs), base)
+        result = onnx.helper.make_model(graph, opset_imports=_opsets_for(forward.model.opset_import, all_nodes))
+        result.ir_version = self._ir_version
+        result.functions.extend(forward.model.functions)
         return _without_unused(result)
-
-    # train step: gradients feed the update through Identity nodes named as the apply model's inputs.
-    grad_links = [
-        onnx.helper.make_node(
-            "Identity", [backward.gradients[name]], [grad_inputs[name]], name=f"{grad_inputs[name]}/link"
-        )
-        for name in params
-    ]
-    new_param_infos = [param_info(name, new_param_outputs[name]) for name in params]
-    train_step = assemble(
-        "train_step",
-        [*grad_nodes, *grad_links, *opt_nodes, *(finite.train_step_nodes if finite else [])],
-        [*data_inputs, *param_inputs, *state_infos, lr_info, step_info],
-        [loss_info, *extra_infos, *new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
-    )
-    gradients = assemble(
-        "gradients",
-        [*grad_nodes, *grad_links],
-        [*data_inputs, *param_inputs],
-        [loss_info, *extra_infos, *[param_info(name, grad_inputs[name]) for name in params]],
-    )
-    apply_model = assemble(
-        "apply",
-        [*opt_nodes, *(finite.apply_nodes if finite else [])],
-        [*param_inputs, *[param_info(name, grad_inputs[name]) for name in params], *state_infos, lr_info, step_info],
-        [*new_param_infos, *new_state_infos, *grad_norm_infos, *finite_infos],
-        with_forward=False,
-    )
-    eval_model = assemble(
-        "eval",
-        [],
-        [*data_inputs, *param_inputs],
-        [loss_info, *[_inferred_info(output.name, types) for output in graph.output if output.name != loss_value]],
-    )
-    _set_dropout_training(eval_model.graph, False, emitter)
-
-    signature = TrainStepSignature(
-        batch_inputs=tuple(value.name for value in batch_inputs),
-        target=target_name,
-        loss=loss_value,
-        extra_outputs=tuple(extra_outputs),
-        params=tuple(params),
-        new_params=tuple(new_param_outputs[name] for name in params),
-        frozen=tuple(frozen),
-        state=state,
-        new_state=new_state_outputs,
-        grads=grad_inputs,
-        lr=lr,
-        step=step,
-        grad_norm=grad_norm,
-        all_finite=finite.name if finite else None,
-        extra_targets=extra_names,
-    )
-    initial_params = {name: onnx.numpy_helper.to_array(initializers[name]) for name in params}
-    initial_state = {
-        state[name][slot]: value
-        for name in params
-        for slot, value in per_param[name][0].initial_state(initial_params[name]).items()
-    }
-    return TrainingModels(
-        train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class _FiniteCheck:
-    """The nodes that compute ``TrainStepSignature.all_finite`` in each model that updates.
-
-    Attributes:
-        name: The bool output.
-        train_step_nodes: The train step's: the gradients and the loss.
-        apply_nodes: The apply model's: the gradients (the micro-batch losses are the trainer's).
-    """
-
-    name: str
-    train_step_nodes: list[onnx.NodeProto]
-    apply_nodes: list[onnx.NodeProto]
-
-
-def _add_finite_check(
-    emitter: GraphEmitter,
-    loss: tuple[str, int, bool],
-    grads: Mapping[str, str],
-    total_norm: str | None,
-    clip: optimizers_module.ClipGradNorm | None,
-) -> _FiniteCheck:
-    """Emits the bool "the loss and every gradient are finite" of one update, in few small nodes.
-
-    The gradients are finite exactly when the sum of their squares is (a NaN or inf anywhere
-    makes it NaN or inf; so does a sum past the type's range, a total norm that torch's
-    ``clip_grad_norm_`` calls non-finite too): one read of each gradient, never of a parameter or
-    moment. With clipping the total norm already tells it, except the max norm: onnxruntime's
-    ReduceMax skips a NaN that is not the first element. The loss enters that sum as ``loss * 0``
-    (0, or NaN for an inf or NaN loss), so the train step's flag is ``sum < inf``, one node more.
-
-    Args:
-        emitter: Receives the nodes (taken out again into the two lists returned).
-        loss: The loss value, its element type, and whether it is a scalar (else it is summed).
-        grads: Parameter -> its gradient value (the apply model's gradient inputs).
-        total_norm: The clipped total norm, when clipping.
-        clip: The clipping settings, when clipping.
-    """
-    first = len(emitter.nodes)
-    terms: dict[int, list[str]] = {}
-    if total_norm is not None and clip is not None and not math.isinf(clip.norm_type):
-        terms[emitter.elem_type(total_norm) or emitter.elem_type(next(iter(grads.values())))] = [total_norm]
-    else:
-        for grad in grads.values():
-            square_sum = emitter.reduce("ReduceSumSquare", grad, None, keepdims=False)
-            terms.setdefault(emitter.elem_type(grad), []).append(square_sum)
-    name = emitter.fresh("all_finite")
-    apply_start = len(emitter.nodes)
-    _all_below_inf(emitter, terms, name)
-    apply_end = len(emitter.nodes)
-    loss_value, loss_elem, loss_scalar = loss
-    zeros = emitter.op("Mul", [loss_value, emitter.constant(0.0, loss_elem, name="zero")])
-    if not loss_scalar:
-        zeros = emitter.reduce_sum(zeros, None, keepdims=False)
-    with_loss = {elem_type: list(values) for elem_type, values in terms.items()}
-    with_loss.setdefault(loss_elem, []).append(zeros)
-    _all_below_inf(emitter, with_loss, name)
-    nodes = emitter.nodes
-    return _FiniteCheck(
-        name,
-        train_step_nodes=[*nodes[first:apply_start], *nodes[apply_end:]],
-        apply_nodes=nodes[first:apply_end],
-    )
-
-
-def _all_below_inf(emitter: GraphEmitter, terms: Mapping[int, Sequence[str]], output: str) -> None:
-    """``output = sum(terms of each type) < inf``, for every type (non-negative or NaN terms)."""
-    flags = []
-    for elem_type, values in terms.items():
-        below = emitter.constant(math.inf, elem_type, name="inf")
-        flags.append(emitter.op("Less", [emitter.sum(list(values)), below], outputs=[output] if len(terms) == 1 else 1))
-    while len(flags) > 1:
-        last = len(flags) == 2
-        flags = [emitter.op("And", flags[:2], outputs=[output] if last else 1), *flags[2:]]
 
 
 def _name_outputs(emitter: GraphEmitter, first: int, outputs_of: Mapping[str, str]) -> None:
@@ -648,36 +692,5 @@ def _graph_with(
 
 def _without_unused(model: onnx.ModelProto) -> onnx.ModelProto:
     """Drops nodes and initializers that no output needs (e.g. forward work an apply model lacks)."""
-    graph = model.graph
-    needed = {output.name for output in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output) or _is_needed_for_subgraph(node):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            for attribute in node.attribute:
-                subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-                for subgraph in subgraphs:
-                    needed.update(_outer_reads(subgraph))
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
-    initializers = [init for init in graph.initializer if init.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
+    prune_to_outputs(model.graph)
     return model
-
-
-def _is_needed_for_subgraph(node: onnx.NodeProto) -> bool:
-    return False
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-            for subgraph in subgraphs:
-                names.update(_outer_reads(subgraph))
-    return names

@@ -29,11 +29,13 @@ PACKAGES = {
     "ortlstm": Path(ortlstm.__file__).parent,
 }
 # The onnxruntime-training 1.19.2 path: generate_artifacts, the LSTMGrad gradient registration, the
-# import of its checkpoints into the Trainer, and the CLI's `artifacts` command (lazily, in its function).
+# import of its checkpoints into the Trainer (ortlstm.ort_training), and the CLI's `artifacts` command
+# (lazily, in its function).
 ONNXRUNTIME_TRAINING_PATH = {
     "ortlstm.graphs.artifacts",
     "ortlstm.graphs.gradient",
-    "ortlstm.training",
+    "ortlstm.ort_training.checkpoint",
+    "ortlstm.ort_training.importer",
     "ortlstm.__main__",
 }
 

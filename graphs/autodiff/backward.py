@@ -23,6 +23,7 @@ try:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from ortlstm.graphs.graph_utils import subgraph_reads
     from ortlstm.graphs.parameters import freeze_hint
 except ModuleNotFoundError:
     from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
@@ -32,6 +33,7 @@ except ModuleNotFoundError:
         input_is_differentiable,
         missing_rule_hint,
     )
+    from graphs.graph_utils import subgraph_reads  # type: ignore[no-redef]
     from graphs.parameters import freeze_hint  # type: ignore[no-redef]
 
 
@@ -91,10 +93,33 @@ def build_backward(
             (the message names the node, its op type and a parameter whose gradient needs it).
     """
     nodes = list(graph.node)
-    produced = {name for node in nodes for name in node.output if name}
-    known = produced | {value.name for value in graph.input} | {init.name for init in graph.initializer}
     seeds = {loss: None} if isinstance(loss, str) else dict(loss)
+    _check_values(graph, seeds, wrt)
     loss_label = ", ".join(map(repr, seeds))
+    depends = _dependencies(nodes, wrt, emitter)
+    active, reaches = _active_nodes(nodes, seeds, depends, emitter)
+    unreachable = tuple(name for name in wrt if name not in reaches)
+    if unreachable and not allow_unreachable:
+        raise ValueError(
+            f"parameters {list(unreachable)} do not reach the loss {loss_label} through differentiable inputs: "
+            "nothing to train. Leave them out of requires_grad (or freeze them)."
+        )
+    for node in active:
+        if gradient_rule(node.domain, node.op_type) is None:
+            raise ValueError(_no_rule_message(node, depends, loss_label, hints))
+    grads: dict[str, list[str]] = {
+        name: [seed or _ones_like(name, emitter)] for name, seed in seeds.items() if name in reaches
+    }
+    for node in active:  # already in reverse topological order
+        _apply_rule(node, grads, reaches, depends, emitter)
+    gradients = {name: emitter.sum(grads[name]) for name in wrt if name in reaches}
+    return Backward(gradients, unreachable)
+
+
+def _check_values(graph: onnx.GraphProto, seeds: Mapping[str, str | None], wrt: Sequence[str]) -> None:
+    """Refuses a loss or parameter that is not a value of the graph."""
+    produced = {name for node in graph.node for name in node.output if name}
+    known = produced | {value.name for value in graph.input} | {init.name for init in graph.initializer}
     for name in seeds:
         if name not in known:
             raise ValueError(f"the loss {name!r} is not a value of the graph")
@@ -104,22 +129,36 @@ def build_backward(
             f"parameters {missing} are not values of the graph (not initializers, inputs or outputs of nodes)"
         )
 
-    # Forward: which parameters each value depends on, through differentiable inputs only. A
-    # value a node's subgraph reads from the outer scope (If/Loop/Scan bodies) counts as an input.
+
+def _dependencies(
+    nodes: Sequence[onnx.NodeProto], wrt: Sequence[str], emitter: GraphEmitter
+) -> dict[str, frozenset[str]]:
+    """Forward: which parameters each value depends on, through differentiable inputs only.
+
+    A value a node's subgraph reads from the outer scope (If/Loop/Scan bodies) counts as an input.
+    """
     depends: dict[str, frozenset[str]] = {name: frozenset([name]) for name in wrt}
     for node in nodes:
         sources: set[str] = set()
         for index, name in enumerate(node.input):
             if name in depends and input_is_differentiable(node, index, emitter):
                 sources |= depends[name]
-        for name in _outer_scope_reads(node):
+        for name in subgraph_reads(node):
             sources |= depends.get(name, frozenset())
         if sources:
             for name in node.output:
                 if _carries_gradient(name, emitter):
                     depends[name] = depends.get(name, frozenset()) | frozenset(sources)
+    return depends
 
-    # Backward: which dependent values reach the loss; the nodes in between are active.
+
+def _active_nodes(
+    nodes: Sequence[onnx.NodeProto],
+    seeds: Mapping[str, str | None],
+    depends: Mapping[str, frozenset[str]],
+    emitter: GraphEmitter,
+) -> tuple[list[onnx.NodeProto], set[str]]:
+    """Backward: the nodes between the parameters and the loss (reverse order), and the values that reach it."""
     reaches = {name for name in seeds if name in depends}
     active: list[onnx.NodeProto] = []
     for node in reversed(nodes):
@@ -130,79 +169,66 @@ def build_backward(
             for index, name in enumerate(node.input)
             if name in depends and input_is_differentiable(node, index, emitter)
         ]
-        implicit = [name for name in _outer_scope_reads(node) if name in depends]
+        implicit = [name for name in subgraph_reads(node) if name in depends]
         if on_path or implicit:
             active.append(node)
             reaches.update(node.input[index] for index in on_path)
             reaches.update(implicit)
+    return active, reaches
 
-    unreachable = tuple(name for name in wrt if name not in reaches)
-    if unreachable and not allow_unreachable:
-        raise ValueError(
-            f"parameters {list(unreachable)} do not reach the loss {loss_label} through differentiable inputs: "
-            "nothing to train. Leave them out of requires_grad (or freeze them)."
+
+def _no_rule_message(
+    node: onnx.NodeProto,
+    depends: Mapping[str, frozenset[str]],
+    loss_label: str,
+    hints: Mapping[str, str] | None,
+) -> str:
+    """The refusal for an active node without gradient rule: the parameters that need it, and what to do."""
+    reads = [*node.input, *subgraph_reads(node)]
+    needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
+    advice = (
+        (hints or {}).get(node.output[0] if node.output else "")
+        or missing_rule_hint(node.domain, node.op_type)
+        or (
+            f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register "
+            f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
         )
+    )
+    return (
+        f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
+        f"{len(needing)} parameter(s) {needing}. {advice}"
+    )
 
-    for node in active:
-        if gradient_rule(node.domain, node.op_type) is None:
-            reads = [*node.input, *_outer_scope_reads(node)]
-            needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
-            advice = (
-                (hints or {}).get(node.output[0] if node.output else "")
-                or missing_rule_hint(node.domain, node.op_type)
-                or (
-                    f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register "
-                    f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
-                )
-            )
-            raise ValueError(
-                f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
-                f"{len(needing)} parameter(s) {needing}. {advice}"
-            )
 
-    grads: dict[str, list[str]] = {
-        name: [seed or _ones_like(name, emitter)] for name, seed in seeds.items() if name in reaches
-    }
-    for node in active:  # already in reverse topological order
-        grad_outputs = [emitter.sum(grads[name]) if name in grads else None for name in node.output]
-        if all(grad is None for grad in grad_outputs):
+def _apply_rule(
+    node: onnx.NodeProto,
+    grads: dict[str, list[str]],
+    reaches: set[str],
+    depends: Mapping[str, frozenset[str]],
+    emitter: GraphEmitter,
+) -> None:
+    """Emits one node's gradient rule and adds the gradients of its inputs to ``grads``."""
+    grad_outputs = [emitter.sum(grads[name]) if name in grads else None for name in node.output]
+    if all(grad is None for grad in grad_outputs):
+        return
+    needs = [
+        name in reaches and name in depends and input_is_differentiable(node, index, emitter)
+        for index, name in enumerate(node.input)
+    ]
+    context = GradientContext(node, emitter, needs)
+    entry = gradient_rule(node.domain, node.op_type)
+    assert entry is not None
+    grad_inputs = list(entry.rule(context, grad_outputs))
+    for index, needed in enumerate(needs):
+        if not needed:
             continue
-        needs = [
-            name in reaches and name in depends and input_is_differentiable(node, index, emitter)
-            for index, name in enumerate(node.input)
-        ]
-        context = GradientContext(node, emitter, needs)
-        entry = gradient_rule(node.domain, node.op_type)
-        assert entry is not None
-        grad_inputs = list(entry.rule(context, grad_outputs))
-        for index, needed in enumerate(needs):
-            if not needed:
-                continue
-            grad = grad_inputs[index] if index < len(grad_inputs) else None
-            if grad is None:
-                raise ValueError(
-                    f"the gradient rule of {_node_label(node)} gives no gradient for input {index} "
-                    f"({node.input[index]!r}), which a parameter's gradient needs"
-                )
-            grads.setdefault(node.input[index], []).append(grad)
-
-    gradients = {name: emitter.sum(grads[name]) for name in wrt if name in reaches}
-    return Backward(gradients, unreachable)
-
-
-def _outer_scope_reads(node: onnx.NodeProto) -> list[str]:
-    """Names a node's subgraphs read without defining them (values of the enclosing graph)."""
-    reads: list[str] = []
-    for attribute in node.attribute:
-        subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for graph in subgraphs:
-            defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
-            for inner in graph.node:
-                reads.extend(
-                    name for name in [*inner.input, *_outer_scope_reads(inner)] if name and name not in defined
-                )
-                defined.update(inner.output)
-    return list(dict.fromkeys(reads))
+        grad = grad_inputs[index] if index < len(grad_inputs) else None
+        if grad is None:
+            raise ValueError(
+                f"the gradient rule of {_node_label(node)} gives no gradient for input {index} "
+                f"({node.input[index]!r}), which a parameter's gradient needs"
+            )
+        grads.setdefault(node.input[index], []).append(grad)
 
 
 def _ones_like(value: str, emitter: GraphEmitter) -> str:

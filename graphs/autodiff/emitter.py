@@ -18,6 +18,12 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
+# used_names lives in graph_utils; rules and tests import it from here too.
+try:
+    from ortlstm.graphs.graph_utils import unique_name, used_names
+except ModuleNotFoundError:
+    from graphs.graph_utils import unique_name, used_names  # type: ignore[no-redef]  # noqa: F401
+
 MIN_OPSET = 13
 """The oldest ai.onnx opset the builders emit for (axes of ReduceSum/Squeeze/Unsqueeze are inputs)."""
 
@@ -107,25 +113,6 @@ def onnx_opset(model: onnx.ModelProto) -> int:
     raise ValueError("the model imports no ai.onnx opset (opset_import has no entry for domain '')")
 
 
-def used_names(graph: onnx.GraphProto) -> set[str]:
-    """Every value and node name of a graph and its subgraphs."""
-    names: set[str] = set()
-    names.update(value.name for value in graph.input)
-    names.update(value.name for value in graph.output)
-    names.update(value.name for value in graph.value_info)
-    names.update(init.name for init in graph.initializer)
-    for node in graph.node:
-        names.update(node.input)
-        names.update(node.output)
-        names.add(node.name)
-        for attribute in node.attribute:
-            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-            for subgraph in subgraphs:
-                names.update(used_names(subgraph))
-    names.discard("")
-    return names
-
-
 class GraphEmitter:
     """Collects new nodes and constant initializers for one graph.
 
@@ -156,13 +143,7 @@ class GraphEmitter:
 
     def fresh(self, base: str) -> str:
         """A name used nowhere in the graph, derived from ``base``."""
-        base = base or "v"
-        name, k = base, 1
-        while name in self._used:
-            name = f"{base}_{k}"
-            k += 1
-        self._used.add(name)
-        return name
+        return unique_name(base or "v", self._used)
 
     def reserve(self, names: Iterable[str]) -> None:
         """Marks names as taken (values added to the graph by other means)."""

@@ -114,7 +114,8 @@ def add_fit_arguments(fit: argparse.ArgumentParser) -> None:
 
 def _add_trainer_extras(fit: argparse.ArgumentParser) -> None:
     """The Trainer's options that ``fit`` has beyond ``train-step``'s: every one of ``TRAINER_OPTIONS``."""
-    from ortlstm.training import MAX_IR_VERSION, NONFINITE_MODES
+    from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.training import NONFINITE_MODES
 
     fit.add_argument(
         "--optimizer-option",

@@ -1,0 +1,290 @@
+"""Checkpoints, training directories and the trained model.
+
+- A checkpoint is one safetensors file: tensors ``param/NAME``, ``state/NAME/SLOT``,
+  ``fixed/NAME`` (fixed inputs) and ``carried/INPUT`` (a stateful trainer's carried LSTM state);
+  metadata: the format, the step counts, the learning rate (when constant), the spec's JSON and
+  the graph hash of the original model.
+- A training directory (``ortlstm train-step``, ``Trainer.write``) holds the original model, the
+  four training models, a manifest (format, graph hash, spec, signature) and a checkpoint.
+- ``export_trained_model`` writes trained values back into the original model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.numpy_helper
+
+from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.structure import graph_hash, set_constant
+from ortlstm.graphs.train_step import TrainStepSignature
+from ortlstm.training.engine import MODEL_KINDS
+from ortlstm.training.spec import TrainingSpec, signature_from_json, signature_to_json
+
+CHECKPOINT_FORMAT = "ortlstm.trainer/1"
+DIRECTORY_FORMAT = "ortlstm.training-directory/1"
+ORIGINAL_FILE = "model.onnx"
+MANIFEST_FILE = "training.json"
+STATE_FILE = "state.safetensors"
+
+
+def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
+    """The model itself, or the one in the file ``model``."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file {str(path)!r}")
+    return onnx.load(str(path))
+
+
+def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """The original model with the trained values: standard ops only, no ortlstm needed to run it.
+
+    The graph is the one given, as shipped: its opset and IR version stay even when training
+    converted an old opset up (``prepare_model``), and only tensor values change. Each parameter
+    goes back where preparation found it: an initializer of the main graph or of a subgraph (a
+    specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
+
+    Raises:
+        ValueError: A parameter is found nowhere in the model, or its shape or type differs.
+    """
+    result = onnx.ModelProto()
+    result.CopyFrom(original)
+    places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
+    for graph in walk_graphs(result.graph):
+        for init in graph.initializer:
+            places.setdefault(init.name, init)
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+                places.setdefault(node.output[0], node)
+    missing = sorted(set(params) - set(places))
+    if missing:
+        raise ValueError(
+            f"export: {missing} are neither initializers nor Constant outputs of the original model; "
+            "was the trainer built from a different model?"
+        )
+    for name, value in params.items():
+        place = places[name]
+        before = onnx.numpy_helper.to_array(place) if isinstance(place, onnx.TensorProto) else None
+        if before is not None and (before.shape != value.shape or before.dtype != value.dtype):
+            raise ValueError(
+                f"export: {name!r} is {before.dtype} {list(before.shape)} in the model, "
+                f"the trained value is {value.dtype} {list(value.shape)}"
+            )
+        # np.ascontiguousarray turns a 0-D array into a 1-D one: keep the parameter's own shape.
+        contiguous = np.ascontiguousarray(value).reshape(np.shape(value))
+        if isinstance(place, onnx.TensorProto):
+            place.CopyFrom(onnx.numpy_helper.from_array(contiguous, name))
+        else:
+            set_constant(place, contiguous)
+    return result
+
+
+# ---- checkpoint files ---------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    path: str | Path,
+    *,
+    parameters: Mapping[str, np.ndarray],
+    optimizer_state: Mapping[str, Mapping[str, np.ndarray]],
+    fixed_inputs: Mapping[str, np.ndarray],
+    carried: Mapping[str, np.ndarray],
+    global_step: int,
+    skipped_steps: int,
+    lr: Any,
+    spec: TrainingSpec,
+    graph_sha256: str,
+) -> Path:
+    """Writes a checkpoint (the module docstring lists its tensors and metadata); returns its path."""
+    from safetensors.numpy import save_file
+
+    tensors = {f"param/{name}": value for name, value in parameters.items()}
+    for name, slots in optimizer_state.items():
+        tensors.update({f"state/{name}/{slot}": value for slot, value in slots.items()})
+    tensors.update({f"fixed/{name}": value for name, value in fixed_inputs.items()})
+    tensors.update({f"carried/{name}": value for name, value in carried.items()})
+
+    metadata = {
+        "format": CHECKPOINT_FORMAT,
+        "global_step": str(global_step),
+        "skipped_steps": str(skipped_steps),
+        "lr": "schedule" if callable(lr) else repr(float(lr)),
+        "spec": json.dumps(spec.to_json()),
+        "graph_sha256": graph_sha256,
+    }
+    path = Path(path)
+    save_file(
+        {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()},  # 0-D stays
+        str(path),
+        metadata=metadata,
+    )
+    return path
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """The metadata and tensors of a checkpoint.
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Not a safetensors file, or not a Trainer checkpoint.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file {str(path)!r}")
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = dict(handle.metadata() or {})
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    except Exception as error:
+        raise ValueError(f"{path}: not a safetensors file ({error})") from error
+    if metadata.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not an ortlstm Trainer checkpoint (format {metadata.get('format')!r})")
+    return metadata, tensors
+
+
+def tensors_under(tensors: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The tensors whose key is ``prefix/NAME``, by NAME (``fixed``, ``carried``, ``param``)."""
+    return {key.split("/", 1)[1]: value for key, value in tensors.items() if key.startswith(f"{prefix}/")}
+
+
+def check_values(where: str, values: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> None:
+    """Raises ValueError naming the first value whose shape or type is not the expected one's."""
+    for name, value in values.items():
+        if value.shape != expected[name].shape or value.dtype != expected[name].dtype:
+            raise ValueError(
+                f"{where}: {name!r} is {value.dtype} {list(value.shape)} in the checkpoint, "
+                f"the model expects {expected[name].dtype} {list(expected[name].shape)}"
+            )
+
+
+def checkpoint_values(
+    path: str | Path,
+    metadata: Mapping[str, str],
+    tensors: Mapping[str, np.ndarray],
+    *,
+    spec: TrainingSpec,
+    signature: TrainStepSignature,
+    expected: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """A checkpoint's parameters and optimizer state by input name, checked against this trainer's.
+
+    Raises:
+        ValueError: The checkpoint was saved with another spec (``TrainingSpec.graph_json``), or a
+            tensor is missing or of another shape or type.
+    """
+    # The saved spec is read back first, so fields added since it was written take their defaults.
+    try:
+        differing = spec.differences(TrainingSpec.from_json(json.loads(metadata["spec"])))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: the checkpoint's training spec cannot be read ({error})") from error
+    if differing:
+        raise ValueError(f"{path}: the checkpoint was saved with another training spec ({'; '.join(differing)})")
+    values: dict[str, Any] = {}
+    for name in signature.params:
+        values[name] = tensors.get(f"param/{name}")
+        for slot, value in signature.state[name].items():
+            values[value] = tensors.get(f"state/{name}/{slot}")
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        raise ValueError(f"{path}: the checkpoint lacks {missing}")
+    check_values(str(path), values, expected)
+    return values
+
+
+# ---- training directories -------------------------------------------------------------------------
+
+
+def write_directory(
+    directory: Path,
+    original: onnx.ModelProto,
+    models: Mapping[str, onnx.ModelProto],
+    spec: TrainingSpec,
+    signature: TrainStepSignature,
+    graph_sha256: str,
+) -> None:
+    """Writes the original model, the training models and the manifest (the state: ``STATE_FILE``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    onnx.save(original, str(directory / ORIGINAL_FILE))
+    for kind in MODEL_KINDS:
+        onnx.save(models[kind], str(directory / f"{kind}.onnx"))
+    manifest = {
+        "format": DIRECTORY_FORMAT,
+        "graph_sha256": graph_sha256,
+        "spec": spec.to_json(),
+        "signature": signature_to_json(signature),
+    }
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def read_directory(
+    directory: Path,
+) -> tuple[onnx.ModelProto, dict[str, onnx.ModelProto], TrainStepSignature, TrainingSpec, dict[str, np.ndarray]]:
+    """The original model, training models, signature, spec and placeholder values of a directory.
+
+    The values are zeros of each parameter's shape and type (the checkpoint holds the real ones).
+
+    Raises:
+        FileNotFoundError: The directory lacks one of its files.
+        ValueError: The manifest is of another format.
+    """
+    manifest_path = directory / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise FileNotFoundError(
+            f"{str(directory)!r} holds no {MANIFEST_FILE}: write one with `ortlstm train-step MODEL.onnx "
+            f"{directory}` or Trainer.write()"
+        )
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format") != DIRECTORY_FORMAT:
+        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {DIRECTORY_FORMAT!r}")
+    models = {kind: load_model(directory / f"{kind}.onnx") for kind in MODEL_KINDS}
+    signature = signature_from_json(manifest["signature"])
+    values: dict[str, np.ndarray] = {}
+    for name in signature.params:
+        init = next(init for init in models["train_step"].graph.input if init.name == name)
+        values[name] = np.zeros(
+            [dim.dim_value for dim in init.type.tensor_type.shape.dim],
+            onnx.helper.tensor_dtype_to_np_dtype(init.type.tensor_type.elem_type),
+        )
+        for slot_input in signature.state[name].values():
+            values[slot_input] = values[name]
+    spec = TrainingSpec.from_json(manifest["spec"])
+    return load_model(directory / ORIGINAL_FILE), models, signature, spec, values
+
+
+def export_directory(
+    directory: str | Path, output: str | Path, checkpoint: str | Path | None = None
+) -> onnx.ModelProto:
+    """Writes the trained original model of a training directory (``ortlstm export``).
+
+    Args:
+        directory: Written by ``ortlstm train-step`` or ``Trainer.write``.
+        output: Where to write the model.
+        checkpoint: The state to export (default: ``directory/state.safetensors``).
+
+    Raises:
+        FileNotFoundError: The directory or checkpoint is missing.
+        ValueError: The checkpoint belongs to another model.
+    """
+    directory = Path(directory)
+    original_path = directory / ORIGINAL_FILE
+    if not original_path.is_file():
+        raise FileNotFoundError(
+            f"{str(directory)!r} holds no {ORIGINAL_FILE}: is it a directory written by `ortlstm train-step`?"
+        )
+    original = onnx.load(str(original_path))
+    metadata, tensors = read_checkpoint(checkpoint if checkpoint is not None else directory / STATE_FILE)
+    if metadata.get("graph_sha256") != graph_hash(original):
+        raise ValueError(f"the checkpoint was saved for another model than {original_path}")
+    model = export_trained_model(original, tensors_under(tensors, "param"))
+    onnx.save(model, str(output))
+    return model

@@ -1,0 +1,248 @@
+"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM state.
+
+A batch comes as the model's inputs in order or by name; each is checked against the type and
+the fixed dims the model declares, a target against what the loss takes (``losses.check_target``,
+once per shape), and a stateful trainer's LSTMs get their carried state (or zeros) as inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.helper
+
+from ortlstm.graphs import losses
+from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
+from ortlstm.graphs.carried_state import CarriedState
+from ortlstm.graphs.train_step import TrainStepSignature
+from ortlstm.training.spec import TrainingSpec
+
+
+def _constrains(dim: int | str | None) -> bool:
+    """Whether a declared dim fixes a size: only a positive int (an exporter's -1 or 0 means dynamic)."""
+    return isinstance(dim, int) and dim > 0
+
+
+def _dims_text(shape: Sequence[int | str | None] | None) -> str:
+    if shape is None:
+        return "of unknown shape"
+    return "[" + ", ".join(str(d) if _constrains(d) or isinstance(d, str) else "?" for d in shape) + "]"
+
+
+class Feeds:
+    """Builds and checks the feeds of the training models; keeps the carried LSTM state.
+
+    Attributes:
+        carried: The LSTMs whose state is carried (empty unless stateful).
+        carried_values: The state the next step starts from, by initial_h/initial_c input
+            (None: zeros).
+    """
+
+    def __init__(
+        self,
+        signature: TrainStepSignature,
+        spec: TrainingSpec,
+        carried: tuple[CarriedState, ...],
+        eval_model: onnx.ModelProto,
+    ) -> None:
+        self._signature = signature
+        self._spec = spec  # only what decides the graphs is read: loss, prediction, target
+        self._eval_model = eval_model
+        self.carried = carried
+        self.carried_values: dict[str, np.ndarray] | None = None
+        carried_inputs = {name for state in carried for name in (state.initial_h, state.initial_c)}
+        self._user_inputs = tuple(name for name in signature.batch_inputs if name not in carried_inputs)
+        inputs = {value.name: value_type_of(value) for value in eval_model.graph.input}
+        self._batch_types = {name: inputs[name] for name in self._user_inputs}
+        self._types: dict[str, ValueType] | None = None
+        self._checked_targets: set[tuple[Any, ...]] = set()
+        self._expected_dtypes = {
+            name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type))
+            for name, value in self._batch_types.items()
+            if value is not None
+        }
+
+    def batch(
+        self, batch: Sequence[Any], named: Mapping[str, Any], target: Any, where: str, carry: bool = True
+    ) -> dict[str, np.ndarray]:
+        """The feeds of a batch: its inputs, the carried state (zeros unless ``carry``) and its targets.
+
+        Raises:
+            ValueError: A missing, unknown or doubly given input, one of another type or fixed
+                dim, a target the loss does not take or lacks.
+        """
+        # The loss's other targets (ctc_loss's lengths) come as keywords named as their inputs.
+        extra_given = {port: named[name] for port, name in self._signature.extra_targets.items() if name in named}
+        named = {name: value for name, value in named.items() if name not in self._signature.extra_targets.values()}
+        feeds = self._inputs(batch, named, where)
+        sizes = self._check_inputs(feeds, where)
+        if self.carried:
+            feeds.update(self._carried_feeds(sizes, where, carry))
+        spec = self._spec
+        if not spec.loss.needs_target:
+            if target is not None:
+                raise ValueError(f"{where}: the loss is the model output {spec.prediction!r}; it takes no target")
+            return feeds
+        if target is None:
+            raise ValueError(f"{where}: the loss {spec.loss.kind} needs target=... (the labels of this batch)")
+        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where))
+        return feeds
+
+    def _inputs(self, batch: Sequence[Any], named: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+        names = self._user_inputs
+        if len(batch) > len(names):
+            raise ValueError(f"{where}: {len(batch)} positional inputs, but the model has {len(names)}: {list(names)}")
+        feeds: dict[str, np.ndarray] = {}
+        for name, value in zip(names, batch, strict=False):
+            feeds[name] = np.asarray(value)
+        for name, value in named.items():
+            if name not in names:
+                raise ValueError(f"{where}: {name!r} is not an input of the model; its inputs are {list(names)}")
+            if name in feeds:
+                raise ValueError(f"{where}: input {name!r} given both by position and by name")
+            feeds[name] = np.asarray(value)
+        missing = [name for name in names if name not in feeds]
+        if missing:
+            raise ValueError(
+                f"{where}: missing batch input(s) {missing}; the model's inputs are {list(names)} "
+                "(pass them in that order, or by name)"
+            )
+        return feeds
+
+    def _check_inputs(self, feeds: Mapping[str, np.ndarray], where: str) -> dict[str, int]:
+        """Checks each input's type and fixed dims; returns the sizes of the named dims."""
+        sizes: dict[str, int] = {}
+        for name in self._user_inputs:
+            declared = self._batch_types[name]
+            value = feeds[name]
+            if declared is None:
+                continue
+            expected_dtype = self._expected_dtypes[name]
+            rank_ok = declared.shape is None or len(declared.shape) == value.ndim
+            dims_ok = rank_ok and (
+                declared.shape is None
+                or all(not _constrains(d) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True))
+            )
+            if value.dtype != expected_dtype or not dims_ok:
+                raise ValueError(
+                    f"{where}: input {name!r} must be {expected_dtype} {_dims_text(declared.shape)}, "
+                    f"got {value.dtype} {list(value.shape)}"
+                )
+            for dim, actual in zip(declared.shape or (), value.shape, strict=False):
+                if isinstance(dim, str):
+                    sizes.setdefault(dim, actual)
+        return sizes
+
+    def _target_feeds(
+        self, target_array: np.ndarray, extra_given: Mapping[str, Any], sizes: Mapping[str, int], where: str
+    ) -> dict[str, np.ndarray]:
+        """The target and the loss's other targets, checked against the prediction."""
+        spec = self._spec
+        if target_array.dtype == np.int32:
+            target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
+        prediction = self.value_type(spec.prediction)  # type: ignore[arg-type]
+        if prediction is not None and prediction.shape is not None:
+            prediction = ValueType(
+                prediction.elem_type, tuple(sizes.get(d, d) if isinstance(d, str) else d for d in prediction.shape)
+            )
+        target_elem = (
+            onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
+        )
+        target_type = ValueType(target_elem, tuple(target_array.shape))
+        extra_feeds = self._extra_target_feeds(extra_given, where)
+        extra_types = {
+            port: ValueType(onnx.TensorProto.INT64, tuple(value.shape))
+            for port, value in extra_feeds.items()
+            if value.size or port in extra_given
+        }
+        key = (prediction, target_type, tuple(sorted(extra_types.items())))
+        if key not in self._checked_targets:  # a loop feeds the same shapes
+            losses.check_target(
+                spec.loss,
+                prediction,
+                target_type,
+                prediction_name=spec.prediction,
+                target_name=spec.target or "target",
+                extra_types=extra_types,
+            )
+            self._checked_targets.add(key)
+        losses.check_target_values(spec.loss, prediction, target_array, target_name=spec.target or "target")
+        feeds = {spec.target: target_array}
+        feeds.update({self._signature.extra_targets[port]: value for port, value in extra_feeds.items()})
+        return feeds  # type: ignore[return-value]
+
+    def _extra_target_feeds(self, given: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
+        """The loss's other targets (ctc_loss's lengths) by torch name: int64, or empty for a derived one.
+
+        Raises:
+            ValueError: A required one is missing, or one is not an integer array.
+        """
+        feeds: dict[str, np.ndarray] = {}
+        loss = self._spec.loss
+        for extra in loss.extra_targets:
+            keyword = self._signature.extra_targets[extra.name]
+            if extra.name not in given:
+                if extra.required:
+                    raise ValueError(f"{where}: the loss {loss.kind} needs {keyword}=... ({extra.doc})")
+                feeds[extra.name] = np.zeros(0, np.int64)  # the loss derives it
+                continue
+            value = np.asarray(given[extra.name])
+            if value.dtype.kind not in "iu":
+                raise ValueError(
+                    f"{where}: {keyword} must be integers ({extra.doc}), got {value.dtype} {list(value.shape)}"
+                )
+            feeds[extra.name] = value.astype(np.int64, copy=False)
+        return feeds
+
+    def value_type(self, name: str) -> ValueType | None:
+        """The type of a value of the eval model, by shape inference (run once)."""
+        if self._types is None:
+            self._types = infer_value_types(self._eval_model)
+        return self._types.get(name)
+
+    def _carried_feeds(self, sizes: Mapping[str, int], where: str, carry: bool) -> dict[str, np.ndarray]:
+        """The initial state of each carried LSTM: the last final state, or zeros."""
+        feeds: dict[str, np.ndarray] = {}
+        for state in self.carried:
+            sequence = self.value_type(state.sequence)
+            dim = None if sequence is None or sequence.shape is None else sequence.shape[state.batch_axis]
+            batch_size = sizes.get(dim) if isinstance(dim, str) else dim
+            if batch_size is None:
+                raise ValueError(
+                    f"{where}: stateful: the batch size of LSTM {state.node!r} (axis {state.batch_axis} of its input "
+                    f"{state.sequence!r}) does not follow from the model's input shapes"
+                )
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(state.elem_type)
+            zeros = np.zeros(state.shape(batch_size), dtype)
+            for name in (state.initial_h, state.initial_c):
+                value = self.carried_values.get(name) if carry and self.carried_values is not None else None
+                if value is not None and value.shape != zeros.shape:
+                    raise ValueError(
+                        f"{where}: stateful: the batch has {batch_size} rows, the carried state of LSTM "
+                        f"{state.node!r} {value.shape[state.batch_axis]}; call reset_state() when the batch changes"
+                    )
+                feeds[name] = zeros if value is None else value
+        return feeds
+
+    def keep_carried(self, named: Mapping[str, np.ndarray]) -> None:
+        """Keeps the final states among a run's outputs as the next initial states."""
+        if self.carried:
+            self.carried_values = {}
+            for state in self.carried:
+                self.carried_values[state.initial_h] = named[state.final_h]
+                self.carried_values[state.initial_c] = named[state.final_c]
+
+    def reset(self, rows: Sequence[int] | np.ndarray | None) -> None:
+        """Zeros the carried state: all of it, or the given batch rows."""
+        if rows is None or self.carried_values is None:
+            self.carried_values = None
+            return
+        for state in self.carried:
+            for name in (state.initial_h, state.initial_c):
+                value = self.carried_values[name].copy()
+                index: tuple[Any, ...] = (slice(None), rows) if state.batch_axis == 1 else (rows,)
+                value[index] = 0
+                self.carried_values[name] = value

@@ -1,0 +1,296 @@
+"""``TrainingSpec``: the one list of a Trainer's options, and what each is for.
+
+Every option of ``Trainer`` is a field here, with its role in the field's metadata, and the rest
+derives from that list: the keywords of the ``build_training_models`` call (``build_arguments``),
+the JSON a checkpoint or a training directory records (``to_json`` / ``from_json``), what a
+loaded checkpoint is compared on (``graph_json``) and the keywords that rebuild a trainer
+(``trainer_options``). Run-time options (the learning rate, threads, the non-finite mode) are
+neither saved nor compared; the optimizer's ``lr`` is one of them too (only the default of the
+train step's lr input), which its field declares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.train_step import TrainStepSignature
+
+LearningRate = float | Callable[[int], float]
+"""A constant, or ``schedule(n) -> lr`` for the update that follows ``n`` completed updates."""
+
+DEFAULT_TARGET = "target"
+"""The target input's name when none is given (``Trainer(target=...)``)."""
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _list(values: Sequence[str]) -> list[str]:
+    return list(values)
+
+
+def _listed(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+def _fixed_shapes(
+    shapes: Mapping[str, Sequence[int | str | None]] | None,
+) -> dict[str, tuple[int | str | None, ...]] | None:
+    """``fixed_shapes`` in the spec's form (tuples, so that specs compare and hash alike)."""
+    return None if shapes is None else {name: tuple(dims) for name, dims in shapes.items()}
+
+
+# ---- the JSON of each field that is saved ----------------------------------------------------------
+
+
+def _loss_to_json(loss: losses.Loss) -> dict[str, Any]:
+    data = {field.name: getattr(loss, field.name) for field in dataclasses.fields(loss)}
+    for key in ("weight", "pos_weight"):
+        if data[key] is not None:
+            data[key] = np.asarray(data[key]).tolist()
+    return data
+
+
+def _loss_from_json(data: Mapping[str, Any]) -> losses.Loss:
+    return losses.Loss(**data)
+
+
+def _optimizer_to_json(optimizer: optimizers.Optimizer) -> dict[str, Any]:
+    values = {field.name: getattr(optimizer, field.name) for field in dataclasses.fields(optimizer)}
+    return {"name": optimizer.torch_name, **_listed(values)}
+
+
+def _optimizer_from_json(data: Mapping[str, Any]) -> optimizers.Optimizer:
+    values = dict(data)
+    return optimizers.optimizer_from_torch(values.pop("name"), **values)
+
+
+def _groups_to_json(groups: Sequence[optimizers.ParamGroup]) -> list[dict[str, Any]]:
+    return [_listed(dataclasses.asdict(group)) for group in groups]
+
+
+def _groups_from_json(data: Sequence[Mapping[str, Any]]) -> tuple[optimizers.ParamGroup, ...]:
+    return tuple(optimizers.ParamGroup(**group) for group in data)
+
+
+def _shapes_to_json(shapes: Mapping[str, Sequence[int | str | None]] | None) -> dict[str, Any] | None:
+    return _listed(shapes) if shapes is not None else None
+
+
+# ---- each field's argument of build_training_models ------------------------------------------------
+
+
+def _target_name(target: str | None) -> str:
+    return DEFAULT_TARGET if target is None else target
+
+
+def _shapes_to_build(shapes: Mapping[str, Sequence[int | str | None]] | None) -> dict[str, list[Any]] | None:
+    # Lists, as a user writes them: the builder's messages show the dims as given.
+    return None if shapes is None else {name: list(dims) for name, dims in shapes.items()}
+
+
+def _fixed_inputs_to_build(values: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray] | None:
+    return values or None
+
+
+# ---- the roles ----------------------------------------------------------------------------------------
+
+
+Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+"""(encode, decode) of a field's value in the spec's JSON."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """What a spec field is for: its metadata (``field.metadata["role"]``).
+
+    Attributes:
+        saved: (encode, decode) of its value in the spec's JSON; None: not in the JSON (a
+            run-time option, or one a checkpoint saves otherwise).
+        optional_in_json: Added after the format: a JSON without it means the default.
+        build: Converts its value to the ``build_training_models`` argument of the same keyword;
+            None: not passed to the builder.
+        keyword: Its keyword in ``Trainer`` and the builder, when not the field's name.
+        runtime_keys: Keys of its JSON that are run-time values: saved, not compared on load.
+    """
+
+    saved: Codec | None = None
+    optional_in_json: bool = False
+    build: Callable[[Any], Any] | None = None
+    keyword: str | None = None
+    runtime_keys: tuple[str, ...] = ()
+
+
+def _role(**role: Any) -> dict[str, Role]:
+    return {"role": Role(**role)}
+
+
+def _roles(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Role]]:
+    for field in dataclasses.fields(cls):
+        yield field, field.metadata["role"]
+
+
+_PLAIN: Codec = (_same, _same)
+_NAMES: Codec = (_list, tuple)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSpec:
+    """A Trainer's options: what decides the training graphs (saved with every checkpoint) and the run-time ones.
+
+    Attributes:
+        loss: The loss.
+        optimizer: The optimizer and its hyperparameters (its ``lr`` is the learning rate unless
+            ``lr`` is given: a run-time value, not compared when a checkpoint is loaded).
+        requires_grad: The trained parameters (a trainer's spec: resolved, never None; None
+            before building: the default choice).
+        prediction: The model output the loss reads (``Trainer(output=...)``; None before
+            building: the model's only output).
+        target: Name of the target input (a trainer's spec: None when a model output is the loss).
+        extra_outputs: Model outputs a step returns with the loss.
+        param_groups: Per-group optimizer overrides.
+        clip_grad_norm: Maximum global gradient norm, or None.
+        clip_norm_type: The norm's type.
+        stateful: Each LSTM's final state is the next step's initial state (truncated BPTT).
+        frozen: Names, globs or module prefixes of parameters left untrained (as given).
+        fixed_shapes: Input shapes fixed for training (``prepare_model``), or None.
+        ir_version: The IR version of the training models.
+        fixed_inputs: Model inputs fixed for training (constants of the graphs; a checkpoint
+            saves them as tensors, not in the JSON).
+        lr: Run-time: a constant learning rate or a schedule; None: the optimizer's ``lr``.
+        threads: Run-time: onnxruntime intra-op threads (None: onnxruntime's choice).
+        nonfinite: Run-time: ``"raise"`` or ``"skip"`` (``Trainer(nonfinite=...)``).
+    """
+
+    loss: losses.Loss = dataclasses.field(metadata=_role(saved=(_loss_to_json, _loss_from_json), build=_same))
+    optimizer: optimizers.Optimizer = dataclasses.field(
+        metadata=_role(saved=(_optimizer_to_json, _optimizer_from_json), build=_same, runtime_keys=("lr",))
+    )
+    requires_grad: tuple[str, ...] | None = dataclasses.field(default=None, metadata=_role(saved=_NAMES, build=_same))
+    prediction: str | None = dataclasses.field(
+        default=None, metadata=_role(saved=_PLAIN, build=_same, keyword="output")
+    )
+    target: str | None = dataclasses.field(default=DEFAULT_TARGET, metadata=_role(saved=_PLAIN, build=_target_name))
+    extra_outputs: tuple[str, ...] = dataclasses.field(default=(), metadata=_role(saved=_NAMES, build=_same))
+    param_groups: tuple[optimizers.ParamGroup, ...] = dataclasses.field(
+        default=(), metadata=_role(saved=(_groups_to_json, _groups_from_json), build=_same)
+    )
+    clip_grad_norm: float | None = dataclasses.field(default=None, metadata=_role(saved=_PLAIN, build=_same))
+    clip_norm_type: float = dataclasses.field(default=2.0, metadata=_role(saved=_PLAIN, build=_same))
+    stateful: bool = dataclasses.field(default=False, metadata=_role(saved=(_same, bool), optional_in_json=True))
+    frozen: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_role(saved=_NAMES, optional_in_json=True, build=_same)
+    )
+    fixed_shapes: dict[str, tuple[int | str | None, ...]] | None = dataclasses.field(
+        default=None,
+        metadata=_role(saved=(_shapes_to_json, _fixed_shapes), optional_in_json=True, build=_shapes_to_build),
+    )
+    ir_version: int = dataclasses.field(
+        default=MAX_IR_VERSION, metadata=_role(saved=(_same, int), optional_in_json=True, build=_same)
+    )
+    fixed_inputs: dict[str, np.ndarray] = dataclasses.field(
+        default_factory=dict, compare=False, metadata=_role(build=_fixed_inputs_to_build)
+    )
+    lr: LearningRate | None = dataclasses.field(default=None, metadata=_role())
+    threads: int | None = dataclasses.field(default=None, metadata=_role())
+    nonfinite: str = dataclasses.field(default="raise", metadata=_role())
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        requires_grad: Sequence[str] | None = None,
+        output: str | None = None,
+        extra_outputs: Sequence[str] = (),
+        param_groups: Sequence[optimizers.ParamGroup] = (),
+        frozen: Sequence[str] = (),
+        fixed_inputs: Mapping[str, Any] | None = None,
+        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+        **options: Any,
+    ) -> TrainingSpec:
+        """A spec from ``Trainer``'s keywords, as given (sequences and mappings in the spec's form)."""
+        return cls(
+            requires_grad=None if requires_grad is None else tuple(requires_grad),
+            prediction=output,
+            extra_outputs=tuple(extra_outputs),
+            param_groups=tuple(param_groups),
+            frozen=tuple(frozen),
+            fixed_inputs={name: np.asarray(value) for name, value in (fixed_inputs or {}).items()},
+            fixed_shapes=_fixed_shapes(fixed_shapes),
+            **options,
+        )
+
+    def trainer_options(self) -> dict[str, Any]:
+        """``Trainer``'s keywords for this spec (``Trainer(model, **spec.trainer_options())``)."""
+        options = {role.keyword or field.name: getattr(self, field.name) for field, role in _roles(type(self))}
+        options["target"] = _target_name(self.target)
+        return options
+
+    def build_arguments(self) -> dict[str, Any]:
+        """The keywords of ``build_training_models`` for this spec."""
+        return {
+            role.keyword or field.name: role.build(getattr(self, field.name))
+            for field, role in _roles(type(self))
+            if role.build is not None
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready description of what decides the graphs (exact floats: JSON keeps Python's repr)."""
+        return {
+            field.name: role.saved[0](getattr(self, field.name))
+            for field, role in _roles(type(self))
+            if role.saved is not None
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingSpec:
+        """The inverse of ``to_json`` (the run-time options at their defaults).
+
+        Raises:
+            KeyError: A field every saved spec holds is missing.
+        """
+        return cls(
+            **{
+                field.name: role.saved[1](data[field.name])
+                for field, role in _roles(cls)
+                if role.saved is not None and (field.name in data or not role.optional_in_json)
+            }
+        )
+
+    def graph_json(self) -> dict[str, Any]:
+        """``to_json`` without its run-time values (the optimizer's lr): what a loaded checkpoint must match."""
+        data = self.to_json()
+        for field, role in _roles(type(self)):
+            if role.runtime_keys:
+                data[field.name] = {
+                    key: value for key, value in data[field.name].items() if key not in role.runtime_keys
+                }
+        return data
+
+    def differences(self, saved: TrainingSpec) -> list[str]:
+        """What differs in ``graph_json`` between a saved spec and this one, in words (empty: none)."""
+        mine, theirs = self.graph_json(), saved.graph_json()
+        return [
+            f"{key}: saved {theirs.get(key)!r}, here {mine[key]!r}"
+            for key in sorted(mine)
+            if theirs.get(key) != mine[key]
+        ]
+
+
+def signature_from_json(data: Mapping[str, Any]) -> TrainStepSignature:
+    """The signature a training directory's manifest records (lists back to tuples)."""
+    fields = {field.name for field in dataclasses.fields(TrainStepSignature)}
+    values = {key: tuple(value) if isinstance(value, list) else value for key, value in data.items() if key in fields}
+    return TrainStepSignature(**values)
+
+
+def signature_to_json(signature: TrainStepSignature) -> dict[str, Any]:
+    """The inverse of ``signature_from_json``."""
+    return _listed(dataclasses.asdict(signature))
