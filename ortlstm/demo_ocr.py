@@ -359,6 +359,27 @@ def _check_settings(sizes: Mapping[str, int], width: int, clean_fraction: float)
         raise ValueError(f"clean_fraction must be in [0, 1), got {clean_fraction}")
 
 
+def _make_trainer(model: Any, learning_rate: float, steps: int, frozen: tuple[str, ...], threads: int) -> Any:
+    """The Trainer: CTC on the model's probabilities, Adam with torch's cosine annealing to 0."""
+    training = importlib.import_module("ortlstm.training")
+    losses = importlib.import_module("ortlstm.graphs.losses")
+    optimizers = importlib.import_module("ortlstm.graphs.optimizers")
+
+    def cosine(done: int) -> float:
+        """Torch's CosineAnnealingLR(T_max=steps, eta_min=0), stepped once per update: the end settles."""
+        return learning_rate * 0.5 * (1.0 + math.cos(math.pi * done / steps))
+
+    return training.Trainer(
+        model,
+        loss=losses.Loss.ctc_loss(input="probs", batch_first=True, blank=BLANK),
+        optimizer=optimizers.Adam(lr=learning_rate),
+        lr=cosine,
+        frozen=frozen,
+        output=OUTPUT,
+        threads=threads,
+    )
+
+
 def _held_out_lines(
     model: Any, classes: list[str], seed: int, held_out: int, width: int, threads: int
 ) -> tuple[dict[str, Lines], dict[str, list[str]], dict[str, float]]:
@@ -486,9 +507,6 @@ def run_demo_ocr(
     )
     start = time.perf_counter()
     ort = _require("onnxruntime")
-    training = importlib.import_module("ortlstm.training")
-    losses = importlib.import_module("ortlstm.graphs.losses")
-    optimizers = importlib.import_module("ortlstm.graphs.optimizers")
     model, classes = load_recognizer(find_wheel(model_wheel, cache))
     rng = np.random.default_rng(seed)
     tests, readings_before, cer_before = _held_out_lines(model, classes, seed, held_out, width, threads)
@@ -497,19 +515,7 @@ def run_demo_ocr(
         + ", ".join(f"{name} {value:.3f}" for name, value in cer_before.items())
     )
 
-    def cosine(done: int) -> float:
-        """Torch's CosineAnnealingLR(T_max=steps, eta_min=0), stepped once per update: the end settles."""
-        return learning_rate * 0.5 * (1.0 + math.cos(math.pi * done / steps))
-
-    trainer = training.Trainer(
-        model,
-        loss=losses.Loss.ctc_loss(input="probs", batch_first=True, blank=BLANK),
-        optimizer=optimizers.Adam(lr=learning_rate),
-        lr=cosine,
-        frozen=frozen,
-        output=OUTPUT,
-        threads=threads,
-    )
+    trainer = _make_trainer(model, learning_rate, steps, frozen, threads)
     trained = sum(int(np.prod(trainer.parameters[name].shape)) for name in trainer.signature.params)
     log(
         f"fine-tuning {len(trainer.signature.params)} parameters ({trained:,} values) with CTC, "
