@@ -13,7 +13,7 @@ Rounds are interleaved (the first competitor alternating); medians of per-call t
 with the ratio ortlstm / torch (below 1: ortlstm is faster), and the CPU. Runs in the training
 environment, which has torch and an onnxruntime that loads the library:
 
-    PYTHONPATH=$PWD .venvs/train/bin/python benchmarks/bench_ctc.py
+    .venvs/train/bin/python benchmarks/bench_ctc.py
 
 Without torch only ortlstm is timed. It only measures; it never builds the kernels.
 """

@@ -15,40 +15,20 @@ Nothing here imports onnxruntime at import time; the functions that need it impo
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs import losses, optimizers
-    from ortlstm.graphs.artifacts import (
-        TrainingArtifacts,
-        export_inference_model,
-        generate_artifacts,
-        lstm_parameters,
-        open_training,
-    )
-    from ortlstm.graphs.autodiff import register_gradient_rule
-    from ortlstm.graphs.convert import convert
-    from ortlstm.graphs.gradient import gradient_definition, register_gradient
-    from ortlstm.graphs.prepare import PreparedModel, prepare_model
-    from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
-    from ortlstm.graphs.train_step import TrainingModels, TrainStepSignature, build_training_models
-except ModuleNotFoundError:
-    from graphs import losses, optimizers  # type: ignore[no-redef]
-    from graphs.artifacts import (  # type: ignore[no-redef]
-        TrainingArtifacts,
-        export_inference_model,
-        generate_artifacts,
-        lstm_parameters,
-        open_training,
-    )
-    from graphs.autodiff import register_gradient_rule  # type: ignore[no-redef]
-    from graphs.convert import convert  # type: ignore[no-redef]
-    from graphs.gradient import gradient_definition, register_gradient  # type: ignore[no-redef]
-    from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
-    from graphs.standalone import LstmGraphConfig, build_gradient_model  # type: ignore[no-redef]
-    from graphs.train_step import (  # type: ignore[no-redef]
-        TrainingModels,
-        TrainStepSignature,
-        build_training_models,
-    )
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.artifacts import (
+    TrainingArtifacts,
+    export_inference_model,
+    generate_artifacts,
+    lstm_parameters,
+    open_training,
+)
+from ortlstm.graphs.autodiff import register_gradient_rule
+from ortlstm.graphs.convert import convert
+from ortlstm.graphs.gradient import gradient_definition, register_gradient
+from ortlstm.graphs.prepare import PreparedModel, prepare_model
+from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
+from ortlstm.graphs.train_step import TrainingModels, TrainStepSignature, build_training_models
 
 __all__ = [
     "LstmGraphConfig",

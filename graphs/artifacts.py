@@ -22,22 +22,10 @@ from typing import Any
 import onnx
 import onnx.numpy_helper
 
-try:
-    from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
-    from ortlstm.graphs.gradient import import_training_runtime, register_gradient
-    from ortlstm.graphs.graph_utils import prune_to_outputs
-    from ortlstm.ops import library_path, schema, session_options
-except ModuleNotFoundError:
-    from graphs.convert import (  # type: ignore[no-redef]
-        MAIN_GRAPH,
-        MAX_IR_VERSION,
-        convert,
-        is_onnx_lstm,
-        lstm_locations,
-    )
-    from graphs.gradient import import_training_runtime, register_gradient  # type: ignore[no-redef]
-    from graphs.graph_utils import prune_to_outputs  # type: ignore[no-redef]
-    from ops import library_path, schema, session_options  # type: ignore[no-redef]
+from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
+from ortlstm.graphs.gradient import import_training_runtime, register_gradient
+from ortlstm.graphs.graph_utils import prune_to_outputs
+from ortlstm.ops import library_path, schema, session_options
 
 # onnxruntime-training names the gradient node of forward node F "F_Grad/<op>_<k>".
 _GRADIENT_NODE_INFIX = "_Grad/"

@@ -12,10 +12,7 @@ import dataclasses
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
-except ModuleNotFoundError:
-    from graphs.graph_utils import prune_to_outputs, unique_name  # type: ignore[no-redef]
+from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
 
 
 @dataclasses.dataclass(frozen=True)

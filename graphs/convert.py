@@ -19,12 +19,8 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-try:
-    from ortlstm.graphs.graph_utils import named_subgraphs, unique_name
-    from ortlstm.ops import lstm_attributes, schema
-except ModuleNotFoundError:
-    from graphs.graph_utils import named_subgraphs, unique_name  # type: ignore[no-redef]
-    from ops import lstm_attributes, schema  # type: ignore[no-redef]
+from ortlstm.graphs.graph_utils import named_subgraphs, unique_name
+from ortlstm.ops import lstm_attributes, schema
 
 # onnxruntime-training 1.19 loads models up to this IR version.
 MAX_IR_VERSION = 10

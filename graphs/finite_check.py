@@ -12,12 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-try:
-    from ortlstm.graphs import optimizers as optimizers_module
-    from ortlstm.graphs.autodiff import GraphEmitter
-except ModuleNotFoundError:
-    from graphs import optimizers as optimizers_module  # type: ignore[no-redef]
-    from graphs.autodiff import GraphEmitter  # type: ignore[no-redef]
+from ortlstm.graphs import optimizers as optimizers_module
+from ortlstm.graphs.autodiff import GraphEmitter
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from onnxscript import FLOAT, INT32, script
 
-try:
-    from ortlstm.ops import opset
-except ModuleNotFoundError:
-    from ops import opset  # type: ignore[no-redef]
+from ortlstm.ops import opset
 
 ortlstm_ops = opset()
 

@@ -16,10 +16,7 @@ import functools
 import importlib
 from types import ModuleType
 
-try:
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.ops import schema
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,18 +6,11 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff import GraphEmitter, build_backward
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
-    from ortlstm.graphs.graph_utils import used_names
-    from ortlstm.graphs.parameters import resolve_frozen
-    from ortlstm.graphs.prepare import PreparedModel
-except ModuleNotFoundError:
-    from graphs.autodiff import GraphEmitter, build_backward  # type: ignore[no-redef]
-    from graphs.autodiff.emitter import FLOAT_TYPES  # type: ignore[no-redef]
-    from graphs.graph_utils import used_names  # type: ignore[no-redef]
-    from graphs.parameters import resolve_frozen  # type: ignore[no-redef]
-    from graphs.prepare import PreparedModel  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
+from ortlstm.graphs.graph_utils import used_names
+from ortlstm.graphs.parameters import resolve_frozen
+from ortlstm.graphs.prepare import PreparedModel
 
 
 def default_requires_grad(prepared: PreparedModel) -> list[str]:

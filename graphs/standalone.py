@@ -16,12 +16,8 @@ import numpy as np
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.ops import make_node, schema
-except ModuleNotFoundError:
-    from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
-    from ops import make_node, schema  # type: ignore[no-redef]
+from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.ops import make_node, schema
 
 _ELEM_TYPES = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float64): onnx.TensorProto.DOUBLE}
 _ONNX_OPSET = 17

@@ -17,10 +17,7 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-try:
-    from ortlstm.graphs.graph_utils import drop_unread_initializers, walk_graphs
-except ModuleNotFoundError:
-    from graphs.graph_utils import drop_unread_initializers, walk_graphs  # type: ignore[no-redef]
+from ortlstm.graphs.graph_utils import drop_unread_initializers, walk_graphs
 
 
 def graph_hash(model: onnx.ModelProto) -> str:

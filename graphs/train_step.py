@@ -26,33 +26,16 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-try:
-    from ortlstm.graphs import losses as losses_module
-    from ortlstm.graphs import optimizers as optimizers_module
-    from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-    from ortlstm.graphs.autodiff.emitter import ValueType
-    from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
-    from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
-    from ortlstm.graphs.param_selection import choose_params, default_requires_grad
-    from ortlstm.graphs.prepare import PreparedModel, prepare_model
-    from ortlstm.ops import schema as ortlstm_schema
-except ModuleNotFoundError:
-    from graphs import losses as losses_module  # type: ignore[no-redef]
-    from graphs import optimizers as optimizers_module  # type: ignore[no-redef]
-    from graphs.autodiff import (  # type: ignore[no-redef]
-        GraphEmitter,
-        build_backward,
-        infer_value_types,
-        onnx_opset,
-    )
-    from graphs.autodiff.emitter import ValueType  # type: ignore[no-redef]
-    from graphs.convert import MAX_IR_VERSION  # type: ignore[no-redef]
-    from graphs.finite_check import FiniteCheck, add_finite_check  # type: ignore[no-redef]
-    from graphs.graph_utils import prune_to_outputs, used_names  # type: ignore[no-redef]
-    from graphs.param_selection import choose_params, default_requires_grad  # type: ignore[no-redef]
-    from graphs.prepare import PreparedModel, prepare_model  # type: ignore[no-redef]
-    from ops import schema as ortlstm_schema  # type: ignore[no-redef]
+from ortlstm.graphs import losses as losses_module
+from ortlstm.graphs import optimizers as optimizers_module
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+from ortlstm.graphs.autodiff.emitter import ValueType
+from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
+from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
+from ortlstm.graphs.param_selection import choose_params, default_requires_grad
+from ortlstm.graphs.prepare import PreparedModel, prepare_model
+from ortlstm.ops import schema as ortlstm_schema
 
 LR_INPUT = "lr"
 STEP_INPUT = "step"

@@ -11,22 +11,10 @@ Importing this package registers the ops with onnx (``onnx.checker``, shape infe
 
 from __future__ import annotations
 
-try:
-    from ortlstm.ops import schema
-    from ortlstm.ops.library import LIBRARY_FILENAME, blas_backend, library_path, session_options
-    from ortlstm.ops.nodes import lstm_attributes, make_node
-    from ortlstm.ops.onnx_defs import opset, register_onnx_schemas
-except ModuleNotFoundError:
-    # Source checkout without an install (e.g. `python -m ops.codegen` from the repository root).
-    from ops import schema  # type: ignore[no-redef]
-    from ops.library import (  # type: ignore[no-redef]
-        LIBRARY_FILENAME,
-        blas_backend,
-        library_path,
-        session_options,
-    )
-    from ops.nodes import lstm_attributes, make_node  # type: ignore[no-redef]
-    from ops.onnx_defs import opset, register_onnx_schemas  # type: ignore[no-redef]
+from ortlstm.ops import schema
+from ortlstm.ops.library import LIBRARY_FILENAME, blas_backend, library_path, session_options
+from ortlstm.ops.nodes import lstm_attributes, make_node
+from ortlstm.ops.onnx_defs import opset, register_onnx_schemas
 
 DOMAIN = schema.DOMAIN
 OPSET_VERSION = schema.OPSET_VERSION

@@ -1,7 +1,8 @@
 """Writes the files derived from ops/schema.py: the C++ op header and docs/ops.md.
 
-Run from the repository root: ``python -m ops.codegen`` rewrites the files, ``--check`` only
-compares and exits non-zero with a diff when a checked-in file is stale. tests/test_schema_sync.py
+In an editable install (``pip install -e .``), ``python -m ortlstm.ops.codegen`` rewrites the files
+in the checkout, ``--check`` only compares and exits non-zero with a diff when a checked-in file is
+stale (from any other install, name the checkout with ``--root``). tests/test_schema_sync.py
 calls ``render_all`` for the same comparison. This module renders text only: it must not decide
 anything about the contract, which lives in the spec.
 """
@@ -16,11 +17,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-try:
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    # Source checkout without an install: `python -m ops.codegen` from the repository root.
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.ops import schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADER_PATH = Path("kernels_cpp/generated/op_schema.h")
@@ -221,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Process exit status: 0 when the files are (now) current, 1 when ``--check`` found drift.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m ops.codegen", description="Write or check the files generated from ops/schema.py."
+        prog="python -m ortlstm.ops.codegen", description="Write or check the files generated from ops/schema.py."
     )
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 with a diff if stale")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root (default: %(default)s)")
@@ -232,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(diff)
         if diffs:
             stale = ", ".join(str(path) for path in diffs)
-            print(f"stale generated files: {stale}; run `python -m ops.codegen`", file=sys.stderr)
+            print(f"stale generated files: {stale}; run `python -m ortlstm.ops.codegen`", file=sys.stderr)
             return 1
         return 0
     for path in write_all(args.root):

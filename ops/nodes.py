@@ -14,11 +14,7 @@ from typing import Any
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    # Source checkout without an install: run from the repository root.
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.ops import schema
 
 
 def ordered_inputs(op: schema.OpSpec, inputs: Mapping[str, str | None]) -> list[str]:

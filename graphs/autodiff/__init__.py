@@ -11,51 +11,25 @@ Importing this package registers the built-in rules (the ``rules_*`` modules).
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.autodiff import (  # registers the rules
-        rules_conv,
-        rules_ctc,
-        rules_lstm,
-        rules_math,
-        rules_nn,
-        rules_pool,
-        rules_sequence,
-        rules_shape,
-    )
-    from ortlstm.graphs.autodiff.backward import Backward, build_backward
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
-    from ortlstm.graphs.autodiff.registry import (
-        GradientContext,
-        GradientRule,
-        gradient_rule,
-        register_gradient_rule,
-        registered_ops,
-    )
-except ModuleNotFoundError:
-    from graphs.autodiff import (  # type: ignore[no-redef] # noqa: F401 - registers the rules
-        rules_conv,
-        rules_ctc,
-        rules_lstm,
-        rules_math,
-        rules_nn,
-        rules_pool,
-        rules_sequence,
-        rules_shape,
-    )
-    from graphs.autodiff.backward import Backward, build_backward  # type: ignore[no-redef]
-    from graphs.autodiff.emitter import (  # type: ignore[no-redef]
-        GraphEmitter,
-        ValueType,
-        infer_value_types,
-        onnx_opset,
-    )
-    from graphs.autodiff.registry import (  # type: ignore[no-redef]
-        GradientContext,
-        GradientRule,
-        gradient_rule,
-        register_gradient_rule,
-        registered_ops,
-    )
+from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers the rules
+    rules_conv,
+    rules_ctc,
+    rules_lstm,
+    rules_math,
+    rules_nn,
+    rules_pool,
+    rules_sequence,
+    rules_shape,
+)
+from ortlstm.graphs.autodiff.backward import Backward, build_backward
+from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
+from ortlstm.graphs.autodiff.registry import (
+    GradientContext,
+    GradientRule,
+    gradient_rule,
+    register_gradient_rule,
+    registered_ops,
+)
 
 __all__ = [
     "Backward",

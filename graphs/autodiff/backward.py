@@ -15,26 +15,15 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
-    from ortlstm.graphs.autodiff.registry import (
-        GradientContext,
-        gradient_rule,
-        input_is_differentiable,
-        missing_rule_hint,
-    )
-    from ortlstm.graphs.graph_utils import subgraph_reads
-    from ortlstm.graphs.parameters import freeze_hint
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
-    from graphs.autodiff.registry import (  # type: ignore[no-redef]
-        GradientContext,
-        gradient_rule,
-        input_is_differentiable,
-        missing_rule_hint,
-    )
-    from graphs.graph_utils import subgraph_reads  # type: ignore[no-redef]
-    from graphs.parameters import freeze_hint  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.autodiff.registry import (
+    GradientContext,
+    gradient_rule,
+    input_is_differentiable,
+    missing_rule_hint,
+)
+from ortlstm.graphs.graph_utils import subgraph_reads
+from ortlstm.graphs.parameters import freeze_hint
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,12 +22,8 @@ import onnx
 import onnx.defs
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
-    from ortlstm.ops import schema as ortlstm_schema
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter  # type: ignore[no-redef]
-    from ops import schema as ortlstm_schema  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.ops import schema as ortlstm_schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
 

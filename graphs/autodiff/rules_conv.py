@@ -22,10 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-    from ortlstm.ops import schema
-    from ortlstm.ops.nodes import ordered_inputs
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
-    from ops import schema  # type: ignore[no-redef]
-    from ops.nodes import ordered_inputs  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.ops import schema
+from ortlstm.ops.nodes import ordered_inputs
 
 
 @register_gradient_rule(schema.DOMAIN, schema.CTC_LOSS.name)

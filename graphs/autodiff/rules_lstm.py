@@ -17,16 +17,8 @@ from collections.abc import Sequence
 
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule, register_missing_rule_hint
-    from ortlstm.ops import lstm_attributes, schema
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import (  # type: ignore[no-redef]
-        GradientContext,
-        register_gradient_rule,
-        register_missing_rule_hint,
-    )
-    from ops import lstm_attributes, schema  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule, register_missing_rule_hint
+from ortlstm.ops import lstm_attributes, schema
 
 _WIRING = schema.LSTM_TRAINING_GRADIENT
 _SOURCE = schema.GradientSource

@@ -14,11 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
-
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 
 # ---- helpers (cast_like and require_rank are shared with rules_shape) ----------------------------
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
-
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 
 # ---- helpers -----------------------------------------------------------------------------------
 

@@ -28,21 +28,10 @@ from typing import Any
 
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-    from ortlstm.graphs.autodiff.rules_conv import _Geometry, _ints_attribute, _run_time_same_pads, _spatial_shape
-    from ortlstm.graphs.autodiff.rules_math import cast_like
-    from ortlstm.graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
-    from graphs.autodiff.rules_conv import (  # type: ignore[no-redef]
-        _Geometry,
-        _ints_attribute,
-        _run_time_same_pads,
-        _spatial_shape,
-    )
-    from graphs.autodiff.rules_math import cast_like  # type: ignore[no-redef]
-    from graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.graphs.autodiff.rules_conv import _Geometry, _ints_attribute, _run_time_same_pads, _spatial_shape
+from ortlstm.graphs.autodiff.rules_math import cast_like
+from ortlstm.graphs.autodiff.rules_shape import SCATTER_REDUCTION_OPSET
 
 
 def _window(ctx: GradientContext) -> _Geometry:

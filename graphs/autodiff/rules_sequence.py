@@ -35,18 +35,8 @@ import numpy as np
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.emitter import MIN_OPSET, GraphEmitter, infer_value_types, onnx_opset, used_names
-    from ortlstm.graphs.autodiff.registry import register_missing_rule_hint
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import (  # type: ignore[no-redef]
-        MIN_OPSET,
-        GraphEmitter,
-        infer_value_types,
-        onnx_opset,
-        used_names,
-    )
-    from graphs.autodiff.registry import register_missing_rule_hint  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import MIN_OPSET, GraphEmitter, infer_value_types, onnx_opset, used_names
+from ortlstm.graphs.autodiff.registry import register_missing_rule_hint
 
 SEQUENCE_OPS = (
     "SplitToSequence",

@@ -16,12 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
-    from ortlstm.graphs.autodiff.rules_math import cast_like, require_rank
-except ModuleNotFoundError:
-    from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
-    from graphs.autodiff.rules_math import cast_like, require_rank  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.graphs.autodiff.rules_math import cast_like, require_rank
 
 SCATTER_REDUCTION_OPSET = 16
 """ScatterND / ScatterElements accumulate (reduction='add') from this ai.onnx opset."""

@@ -22,36 +22,20 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-try:
-    from ortlstm.graphs.losses.base import (
-        INDEX_TYPES,
-        KL_DIV_REDUCTIONS,
-        LOSSES,
-        ExtraTarget,
-        REDUCTIONS,
-        Loss,
-        LossDef,
-        add_loss,
-        check_target,
-        check_target_values,
-        gradient_seed,
-        register_loss,
-    )
-except ModuleNotFoundError:
-    from graphs.losses.base import (  # type: ignore[no-redef]
-        INDEX_TYPES,
-        KL_DIV_REDUCTIONS,
-        LOSSES,
-        ExtraTarget,
-        REDUCTIONS,
-        Loss,
-        LossDef,
-        add_loss,
-        check_target,
-        check_target_values,
-        gradient_seed,
-        register_loss,
-    )
+from ortlstm.graphs.losses.base import (
+    INDEX_TYPES,
+    KL_DIV_REDUCTIONS,
+    LOSSES,
+    REDUCTIONS,
+    ExtraTarget,
+    Loss,
+    LossDef,
+    add_loss,
+    check_target,
+    check_target_values,
+    gradient_seed,
+    register_loss,
+)
 
 FAMILIES = ("classification", "regression", "divergence", "binary", "sequence", "output")
 """The modules that register the losses, imported in this order: the table's (the CLI lists it)."""

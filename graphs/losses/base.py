@@ -22,10 +22,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 
 REDUCTIONS = ("mean", "sum", "none")
 KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")

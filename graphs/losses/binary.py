@@ -12,12 +12,8 @@ import numpy as np
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
-    from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter, ValueType  # type: ignore[no-redef]
-    from graphs.losses.base import Loss, float_constant, reduce, register_loss  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
 
 
 def _log_sigmoid(emitter: GraphEmitter, x: str) -> str:

@@ -15,33 +15,18 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
-    from ortlstm.graphs.losses.base import (
-        INDEX_TYPES,
-        Loss,
-        described,
-        float_constant,
-        reduce,
-        register_loss,
-        shape_conflict,
-        shape_text,
-        type_name,
-    )
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType  # type: ignore[no-redef]
-    from graphs.losses.base import (  # type: ignore[no-redef]
-        INDEX_TYPES,
-        Loss,
-        described,
-        float_constant,
-        reduce,
-        register_loss,
-        shape_conflict,
-        shape_text,
-        type_name,
-    )
-
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.losses.base import (
+    INDEX_TYPES,
+    Loss,
+    described,
+    float_constant,
+    reduce,
+    register_loss,
+    shape_conflict,
+    shape_text,
+    type_name,
+)
 
 # ---- checks ------------------------------------------------------------------------------------
 

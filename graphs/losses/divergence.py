@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.losses.base import KL_DIV_REDUCTIONS, float_constant, reduce, register_loss
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.losses.base import KL_DIV_REDUCTIONS, float_constant, reduce, register_loss  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.losses.base import KL_DIV_REDUCTIONS, float_constant, reduce, register_loss
 
 
 @register_loss(reductions=KL_DIV_REDUCTIONS)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
-    from ortlstm.graphs.losses.base import Loss, register_loss, shape_text
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter, ValueType  # type: ignore[no-redef]
-    from graphs.losses.base import Loss, register_loss, shape_text  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.losses.base import Loss, register_loss, shape_text
 
 
 def _check_single_element(

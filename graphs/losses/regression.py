@@ -6,12 +6,8 @@ Element-wise on a float prediction and a target of its type and shape, then torc
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.losses.base import Loss, float_constant, reduce, register_loss  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
 
 
 @register_loss()

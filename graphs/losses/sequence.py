@@ -12,36 +12,20 @@ from collections.abc import Mapping
 
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
-    from ortlstm.graphs.losses.base import (
-        INDEX_TYPES,
-        ExtraTarget,
-        Loss,
-        described,
-        float_constant,
-        reduce,
-        register_loss,
-        shape_text,
-        type_name,
-    )
-    from ortlstm.ops import schema
-    from ortlstm.ops.nodes import ordered_inputs
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType  # type: ignore[no-redef]
-    from graphs.losses.base import (  # type: ignore[no-redef]
-        INDEX_TYPES,
-        ExtraTarget,
-        Loss,
-        described,
-        float_constant,
-        reduce,
-        register_loss,
-        shape_text,
-        type_name,
-    )
-    from ops import schema  # type: ignore[no-redef]
-    from ops.nodes import ordered_inputs  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.losses.base import (
+    INDEX_TYPES,
+    ExtraTarget,
+    Loss,
+    described,
+    float_constant,
+    reduce,
+    register_loss,
+    shape_text,
+    type_name,
+)
+from ortlstm.ops import schema
+from ortlstm.ops.nodes import ordered_inputs
 
 CTC_INPUTS = ("log_probs", "probs", "logits")
 """What a ctc_loss prediction may hold (``Loss.input``)."""

@@ -45,42 +45,23 @@ them. torch's per-parameter ``step`` is the ``step`` input. Protos only: nothing
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.optimizers.adagrad import Adagrad
-    from ortlstm.graphs.optimizers.adam import Adam, AdamW
-    from ortlstm.graphs.optimizers.base import (
-        IMPLEMENTATIONS,
-        OPTIMIZERS,
-        Optimizer,
-        OptimizerStep,
-        ParamGroup,
-        add_optimizer_step,
-        optimizer_from_torch,
-        register_optimizer,
-        resolve_groups,
-    )
-    from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
-    from ortlstm.graphs.optimizers.nadam import NAdam
-    from ortlstm.graphs.optimizers.rmsprop import RMSprop
-    from ortlstm.graphs.optimizers.sgd import SGD
-except ModuleNotFoundError:
-    from graphs.optimizers.adagrad import Adagrad  # type: ignore[no-redef]
-    from graphs.optimizers.adam import Adam, AdamW  # type: ignore[no-redef]
-    from graphs.optimizers.base import (  # type: ignore[no-redef]
-        IMPLEMENTATIONS,
-        OPTIMIZERS,
-        Optimizer,
-        OptimizerStep,
-        ParamGroup,
-        add_optimizer_step,
-        optimizer_from_torch,
-        register_optimizer,
-        resolve_groups,
-    )
-    from graphs.optimizers.clip import ClipGradNorm, clip_grad_norm  # type: ignore[no-redef]
-    from graphs.optimizers.nadam import NAdam  # type: ignore[no-redef]
-    from graphs.optimizers.rmsprop import RMSprop  # type: ignore[no-redef]
-    from graphs.optimizers.sgd import SGD  # type: ignore[no-redef]
+from ortlstm.graphs.optimizers.adagrad import Adagrad
+from ortlstm.graphs.optimizers.adam import Adam, AdamW
+from ortlstm.graphs.optimizers.base import (
+    IMPLEMENTATIONS,
+    OPTIMIZERS,
+    Optimizer,
+    OptimizerStep,
+    ParamGroup,
+    add_optimizer_step,
+    optimizer_from_torch,
+    register_optimizer,
+    resolve_groups,
+)
+from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
+from ortlstm.graphs.optimizers.nadam import NAdam
+from ortlstm.graphs.optimizers.rmsprop import RMSprop
+from ortlstm.graphs.optimizers.sgd import SGD
 
 __all__ = [
     "IMPLEMENTATIONS",

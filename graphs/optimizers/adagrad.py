@@ -8,19 +8,9 @@ from typing import ClassVar
 
 import numpy as np
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
-    from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double  # type: ignore[no-redef]
-    from graphs.optimizers.base import (  # type: ignore[no-redef]
-        Optimizer,
-        Update,
-        check_nonnegative,
-        register_optimizer,
-    )
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
+from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
 
 
 @register_optimizer

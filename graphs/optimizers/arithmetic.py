@@ -19,10 +19,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
 
 DOUBLE = onnx.TensorProto.DOUBLE
 

@@ -21,22 +21,10 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
-    from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import (  # type: ignore[no-redef]
-        DOUBLE,
-        TensorMath,
-        group_lr,
-        node_scalars,
-        param_elem_type,
-    )
-    from graphs.optimizers.clip import ClipGradNorm, clip_grad_norm  # type: ignore[no-redef]
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
+from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
+from ortlstm.ops import schema
 
 Update = tuple[str, dict[str, str]]
 """The updated parameter's value name and the updated state (slot -> value name)."""

@@ -6,10 +6,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,34 +9,16 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, decoupled_decay, scalar_double
-    from ortlstm.graphs.optimizers.base import (
-        Optimizer,
-        Update,
-        as_betas,
-        check_betas,
-        check_nonnegative,
-        register_optimizer,
-    )
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import (  # type: ignore[no-redef]
-        DOUBLE,
-        TensorMath,
-        cast_to,
-        decoupled_decay,
-        scalar_double,
-    )
-    from graphs.optimizers.base import (  # type: ignore[no-redef]
-        Optimizer,
-        Update,
-        as_betas,
-        check_betas,
-        check_nonnegative,
-        register_optimizer,
-    )
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, decoupled_decay, scalar_double
+from ortlstm.graphs.optimizers.base import (
+    Optimizer,
+    Update,
+    as_betas,
+    check_betas,
+    check_nonnegative,
+    register_optimizer,
+)
 
 NEGLIGIBLE_MU_PRODUCT = 2.0**-54
 """At or below it ``1 - mu_product`` is 1.0 in float64: the update no longer depends on the product."""

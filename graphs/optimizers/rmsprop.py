@@ -6,19 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import TensorMath, cast_to
-    from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import TensorMath, cast_to  # type: ignore[no-redef]
-    from graphs.optimizers.base import (  # type: ignore[no-redef]
-        Optimizer,
-        Update,
-        check_nonnegative,
-        register_optimizer,
-    )
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.optimizers.arithmetic import TensorMath, cast_to
+from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
 
 
 @register_optimizer

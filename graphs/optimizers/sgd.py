@@ -6,21 +6,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
-try:
-    from ortlstm.graphs.autodiff.emitter import GraphEmitter
-    from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
-    from ortlstm.graphs.optimizers.base import Optimizer, Update, check_implementation, register_optimizer
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import GraphEmitter  # type: ignore[no-redef]
-    from graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double  # type: ignore[no-redef]
-    from graphs.optimizers.base import (  # type: ignore[no-redef]
-        Optimizer,
-        Update,
-        check_implementation,
-        register_optimizer,
-    )
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
+from ortlstm.graphs.optimizers.base import Optimizer, Update, check_implementation, register_optimizer
+from ortlstm.ops import schema
 
 
 @register_optimizer

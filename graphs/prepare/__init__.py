@@ -53,13 +53,8 @@ folding uses ``onnx.reference``.
 
 from __future__ import annotations
 
-try:
-    from ortlstm.graphs.prepare.pipeline import REWRITES, prepare_model
-    from ortlstm.graphs.prepare.rewrites import CONVERTED_BELOW, CONVERTED_OPSET
-    from ortlstm.graphs.prepare.state import PreparedModel
-except ModuleNotFoundError:
-    from graphs.prepare.pipeline import REWRITES, prepare_model  # type: ignore[no-redef]
-    from graphs.prepare.rewrites import CONVERTED_BELOW, CONVERTED_OPSET  # type: ignore[no-redef]
-    from graphs.prepare.state import PreparedModel  # type: ignore[no-redef]
+from ortlstm.graphs.prepare.pipeline import REWRITES, prepare_model
+from ortlstm.graphs.prepare.rewrites import CONVERTED_BELOW, CONVERTED_OPSET
+from ortlstm.graphs.prepare.state import PreparedModel
 
 __all__ = ["CONVERTED_BELOW", "CONVERTED_OPSET", "REWRITES", "PreparedModel", "prepare_model"]

@@ -6,12 +6,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import onnx
 
-try:
-    from ortlstm.graphs.graph_utils import subgraph_reads
-    from ortlstm.graphs.prepare.state import PreparedModel, is_onnx
-except ModuleNotFoundError:
-    from graphs.graph_utils import subgraph_reads  # type: ignore[no-redef]
-    from graphs.prepare.state import PreparedModel, is_onnx  # type: ignore[no-redef]
+from ortlstm.graphs.graph_utils import subgraph_reads
+from ortlstm.graphs.prepare.state import PreparedModel, is_onnx
 
 # Sizes a dynamic dim takes while testing whether fixing it decides an If (models take only some
 # sizes: silero-vad's rank checks fold for 576 samples and less, not for 1024).

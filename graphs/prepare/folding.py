@@ -16,22 +16,10 @@ import onnx.helper
 import onnx.numpy_helper
 import onnx.reference
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
-    from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS
-    from ortlstm.graphs.graph_utils import defined_names, rename_values, subgraphs, unique_name, used_names
-    from ortlstm.graphs.prepare.state import Preparation, is_onnx
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types  # type: ignore[no-redef]
-    from graphs.autodiff.rules_sequence import SEQUENCE_OPS  # type: ignore[no-redef]
-    from graphs.graph_utils import (  # type: ignore[no-redef]
-        defined_names,
-        rename_values,
-        subgraphs,
-        unique_name,
-        used_names,
-    )
-    from graphs.prepare.state import Preparation, is_onnx  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS
+from ortlstm.graphs.graph_utils import defined_names, rename_values, subgraphs, unique_name, used_names
+from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
 # Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,
 # never sequence ops (a folded sequence would become a tensor initializer; see resolve_static_sequences).

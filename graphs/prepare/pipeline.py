@@ -8,14 +8,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.prepare import folding, rewrites
-    from ortlstm.graphs.prepare.advice import ControlFlowAdvice
-    from ortlstm.graphs.prepare.state import Preparation, PreparedModel
-except ModuleNotFoundError:
-    from graphs.prepare import folding, rewrites  # type: ignore[no-redef]
-    from graphs.prepare.advice import ControlFlowAdvice  # type: ignore[no-redef]
-    from graphs.prepare.state import Preparation, PreparedModel  # type: ignore[no-redef]
+from ortlstm.graphs.prepare import folding, rewrites
+from ortlstm.graphs.prepare.advice import ControlFlowAdvice
+from ortlstm.graphs.prepare.state import Preparation, PreparedModel
 
 Rewrite = Callable[[Preparation], None]
 

@@ -15,27 +15,13 @@ import onnx.numpy_helper
 import onnx.shape_inference
 import onnx.version_converter
 
-try:
-    from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
-    from ortlstm.graphs.autodiff.rules_sequence import resolve_static_sequences
-    from ortlstm.graphs.convert import convert, is_onnx_lstm
-    from ortlstm.graphs.export_metadata import read_torch_origins
-    from ortlstm.graphs.graph_utils import prune_to_outputs, reads_in_subgraphs, unique_name, used_names
-    from ortlstm.graphs.prepare.state import ONNX_DOMAINS, Preparation, is_onnx
-    from ortlstm.ops import schema
-except ModuleNotFoundError:
-    from graphs.autodiff.emitter import FLOAT_TYPES  # type: ignore[no-redef]
-    from graphs.autodiff.rules_sequence import resolve_static_sequences  # type: ignore[no-redef]
-    from graphs.convert import convert, is_onnx_lstm  # type: ignore[no-redef]
-    from graphs.export_metadata import read_torch_origins  # type: ignore[no-redef]
-    from graphs.graph_utils import (  # type: ignore[no-redef]
-        prune_to_outputs,
-        reads_in_subgraphs,
-        unique_name,
-        used_names,
-    )
-    from graphs.prepare.state import ONNX_DOMAINS, Preparation, is_onnx  # type: ignore[no-redef]
-    from ops import schema  # type: ignore[no-redef]
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
+from ortlstm.graphs.autodiff.rules_sequence import resolve_static_sequences
+from ortlstm.graphs.convert import convert, is_onnx_lstm
+from ortlstm.graphs.export_metadata import read_torch_origins
+from ortlstm.graphs.graph_utils import prune_to_outputs, reads_in_subgraphs, unique_name, used_names
+from ortlstm.graphs.prepare.state import ONNX_DOMAINS, Preparation, is_onnx
+from ortlstm.ops import schema
 
 # A model older than MIN_OPSET is converted to this opset: 15 at least (the losses emit CastLike,
 # new in 15), and below 18, where the reductions and Split take their axes as inputs (fewer nodes

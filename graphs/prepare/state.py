@@ -8,10 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-try:
-    from ortlstm.graphs.export_metadata import TorchOrigins
-except ModuleNotFoundError:
-    from graphs.export_metadata import TorchOrigins  # type: ignore[no-redef]
+from ortlstm.graphs.export_metadata import TorchOrigins
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
