@@ -16,16 +16,16 @@ Nothing here imports onnxruntime at import time; the functions that need it impo
 from __future__ import annotations
 
 from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.artifacts import (
+from ortlstm.graphs.autodiff import register_gradient_rule
+from ortlstm.graphs.convert import convert
+from ortlstm.graphs.ort_training.artifacts import (
     TrainingArtifacts,
     export_inference_model,
     generate_artifacts,
     lstm_parameters,
     open_training,
 )
-from ortlstm.graphs.autodiff import register_gradient_rule
-from ortlstm.graphs.convert import convert
-from ortlstm.graphs.gradient import gradient_definition, register_gradient
+from ortlstm.graphs.ort_training.gradient import gradient_definition, register_gradient
 from ortlstm.graphs.prepare import PreparedModel, prepare_model
 from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
 from ortlstm.graphs.train_step import TrainingModels, TrainStepSignature, build_training_models

@@ -699,7 +699,7 @@ OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)
 # ---- gradient wiring ----------------------------------------------------------------------------
 # How a gradient op connects to the forward node it differentiates, resolved from the ports'
 # ``from_forward`` and ``gradient_of``. Both training paths read it: the ortlstm gradient rule
-# (graphs/autodiff/rules_lstm.py) and onnxruntime-training's gradient definition (graphs/gradient.py).
+# (graphs/autodiff/rules_lstm.py) and onnxruntime-training's gradient definition (graphs/ort_training/gradient.py).
 
 
 class GradientSource(enum.Enum):

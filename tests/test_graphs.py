@@ -36,13 +36,13 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail as OrtFail
-from ortlstm.graphs.functions import lstm_with_gradients
-from ortlstm.graphs.gradient import gradient_definition, register_gradient
-from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
-from ortlstm.ops import schema, session_options
 from reference.lstm_ref import lstm_backward, lstm_forward
 
 from ortlstm import graphs
+from ortlstm.graphs.functions import lstm_with_gradients
+from ortlstm.graphs.ort_training.gradient import gradient_definition, register_gradient
+from ortlstm.graphs.standalone import LstmGraphConfig, build_gradient_model
+from ortlstm.ops import schema, session_options
 
 HAS_TRAINING = importlib.util.find_spec("onnxruntime.training") is not None
 needs_training = pytest.mark.skipif(

@@ -32,8 +32,8 @@ PACKAGES = {
 # import of its checkpoints into the Trainer (ortlstm.ort_training), and the CLI's `artifacts` command
 # (lazily, in its function).
 ONNXRUNTIME_TRAINING_PATH = {
-    "ortlstm.graphs.artifacts",
-    "ortlstm.graphs.gradient",
+    "ortlstm.graphs.ort_training.artifacts",
+    "ortlstm.graphs.ort_training.gradient",
     "ortlstm.ort_training.checkpoint",
     "ortlstm.ort_training.importer",
     "ortlstm.__main__",

@@ -147,7 +147,7 @@ def artifacts_command(args: argparse.Namespace) -> int:
     import onnx
 
     from ortlstm.graphs import generate_artifacts
-    from ortlstm.graphs.gradient import import_training_runtime
+    from ortlstm.graphs.ort_training.gradient import import_training_runtime
 
     ort_artifacts = import_training_runtime().artifacts  # onnxruntime.training imports its artifacts module
 

@@ -23,8 +23,8 @@ import onnx
 import onnx.numpy_helper
 
 from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
-from ortlstm.graphs.gradient import import_training_runtime, register_gradient
 from ortlstm.graphs.graph_utils import prune_to_outputs
+from ortlstm.graphs.ort_training.gradient import import_training_runtime, register_gradient
 from ortlstm.ops import library_path, schema, session_options
 
 # onnxruntime-training names the gradient node of forward node F "F_Grad/<op>_<k>".

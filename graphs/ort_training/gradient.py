@@ -88,6 +88,6 @@ def register_gradient() -> None:
     node.inputs = list(definition.inputs)
     node.outputs = list(definition.outputs)
     # Attributes cannot be copied from the forward node by the registry: generate_artifacts in
-    # ortlstm.graphs.artifacts copies them after the gradient graph is built.
+    # ortlstm.graphs.ort_training.artifacts copies them after the gradient graph is built.
     node.attributes = []
     state.register_gradient_definition(gradient_key(), [node])
