@@ -316,7 +316,7 @@ def op_by_name(name: str) -> OpSpec:
     Raises:
         KeyError: If no op of that name is declared.
     """
-    every = OPS + OPTIMIZER_OPS + CTC_OPS + CONV_OPS
+    every = OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
     for op in every:
         if op.name == name:
             return op
@@ -1164,20 +1164,21 @@ CTC_OPS: tuple[OpSpec, ...] = (CTC_LOSS, CTC_LOSS_GRAD)
 """The CTC loss and its gradient: ops with their own dims and attributes, like the optimizer ops."""
 
 
-# ---- Conv gradient ------------------------------------------------------------------------------
-# The backward of a standard ONNX Conv in one op, with the contract of onnxruntime's com.microsoft
-# ConvGrad (same port names and order, same attributes), so that either can take the other's node.
-# Its ports have their own dims (shape_doc): N (batch), C (input channels), M (output maps), G
-# (group), in... / out... / k... (X's, Y's and W's spatial dims).
+# ---- Gradients of standard ops ------------------------------------------------------------------
+# The backward of a standard ONNX op in one op where the standard-op formulation is slow, each with
+# the contract of onnxruntime's com.microsoft op of the same name (same port names and order, same
+# attributes), so that either can take the other's node. Their ports have their own dims
+# (shape_doc): for ConvGrad N (batch), C (input channels), M (output maps), G (group), in... /
+# out... / k... (X's, Y's and W's spatial dims).
 
-_CONV_FLOAT = TypeConstraintSpec(
+_GRADIENT_FLOAT = TypeConstraintSpec(
     type_str="T",
     allowed_types=("tensor(float)", "tensor(double)"),
     doc="Every port: float32, or float64 for gradient checks.",
 )
 
 
-def _conv_port(name: str, doc: str, shape: str, *, optional: bool = False) -> PortSpec:
+def _gradient_port(name: str, doc: str, shape: str, *, optional: bool = False) -> PortSpec:
     return PortSpec(
         name=name, doc=doc, shape=(), type_str="T", optional=optional, differentiable=False, shape_doc=shape
     )
@@ -1257,17 +1258,17 @@ Images are split over the session's intra-op threads (each running the BLAS sing
 part sums its own dW, and the parts are added in a fixed order, so results do not depend on
 scheduling. dB is summed in float64. Omitted outputs are not computed.""",
     inputs=(
-        _conv_port("dY", "Gradient with respect to the forward Conv's output Y.", "[N, M, out...]"),
-        _conv_port("X", "The forward Conv's input.", "[N, C, in...]"),
-        _conv_port("W", "The forward Conv's weight.", "[M, C/G, k...]"),
+        _gradient_port("dY", "Gradient with respect to the forward Conv's output Y.", "[N, M, out...]"),
+        _gradient_port("X", "The forward Conv's input.", "[N, C, in...]"),
+        _gradient_port("W", "The forward Conv's weight.", "[M, C/G, k...]"),
     ),
     outputs=(
-        _conv_port("dX", "Gradient with respect to X.", "[N, C, in...]", optional=True),
-        _conv_port("dW", "Gradient with respect to W.", "[M, C/G, k...]", optional=True),
-        _conv_port("dB", "Gradient with respect to the bias B.", "[M]", optional=True),
+        _gradient_port("dX", "Gradient with respect to X.", "[N, C, in...]", optional=True),
+        _gradient_port("dW", "Gradient with respect to W.", "[M, C/G, k...]", optional=True),
+        _gradient_port("dB", "Gradient with respect to the bias B.", "[M]", optional=True),
     ),
     attributes=_CONV_ATTRIBUTES,
-    type_constraints=(_CONV_FLOAT,),
+    type_constraints=(_GRADIENT_FLOAT,),
     refusals=(
         "When run, before any work: X of rank < 3, W of another rank than X's, dY of another shape than "
         "[N, M, out...] with out = floor((in + pad_begin + pad_end - (k - 1) * dilation - 1) / stride) + 1 per axis "
@@ -1277,5 +1278,34 @@ scheduling. dB is summed in float64. Omitted outputs are not computed.""",
     ),
 )
 
-CONV_OPS: tuple[OpSpec, ...] = (CONV_GRAD,)
-"""The gradient of a standard Conv: an op with its own dims and attributes, like the CTC ops."""
+
+def _activation_grad(name: str, activation: str, formula: str) -> OpSpec:
+    return OpSpec(
+        name=name,
+        domain=DOMAIN,
+        version=OPSET_VERSION,
+        doc=f"""\
+Gradient of a standard ONNX `{activation}` `Y = {activation.lower()}(X)` with respect to X, from its
+output Y and the gradient dY of Y, in one pass (a drop-in for onnxruntime's com.microsoft {name}):
+
+    {formula}
+
+computed in that order, each operation rounded as the standard ops would round it (no fused
+multiply-adds), so the result equals the standard-op gradient's bit for bit. Split over the
+session's intra-op threads in fixed chunks.""",
+        inputs=(
+            _gradient_port("dY", f"Gradient with respect to the {activation}'s output Y.", "as Y"),
+            _gradient_port("Y", f"The forward {activation}'s output.", "any"),
+        ),
+        outputs=(_gradient_port("dX", "Gradient with respect to X.", "as Y"),),
+        attributes=(),
+        type_constraints=(_GRADIENT_FLOAT,),
+        refusals=("When run: dY of another shape than Y's (the message gives both).",),
+    )
+
+
+SIGMOID_GRAD = _activation_grad("SigmoidGrad", "Sigmoid", "dX = dY * (Y * (1 - Y))")
+TANH_GRAD = _activation_grad("TanhGrad", "Tanh", "dX = dY * (1 - Y * Y)")
+
+GRADIENT_OPS: tuple[OpSpec, ...] = (CONV_GRAD, SIGMOID_GRAD, TANH_GRAD)
+"""Gradients of standard ops (Conv, Sigmoid, Tanh): ops with their own dims and attributes, like the CTC ops."""

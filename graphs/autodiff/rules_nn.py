@@ -12,8 +12,12 @@ from collections.abc import Sequence
 
 try:
     from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+    from ortlstm.graphs.autodiff.rules_math import activation_grad
+    from ortlstm.ops import schema
 except ModuleNotFoundError:
     from graphs.autodiff.registry import GradientContext, register_gradient_rule  # type: ignore[no-redef]
+    from graphs.autodiff.rules_math import activation_grad  # type: ignore[no-redef]
+    from ops import schema  # type: ignore[no-redef]
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -98,8 +102,11 @@ def _per_channel(ctx: GradientContext, value: str, rank: int) -> str:
 
 @register_gradient_rule("", "Sigmoid")
 def sigmoid_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY * Y * (1 - Y)."""
+    """dX = dY * Y * (1 - Y): one ortlstm SigmoidGrad node in a train step."""
     (dy,) = grad_outputs
+    fused = activation_grad(ctx, schema.SIGMOID_GRAD, dy)
+    if fused is not None:
+        return [fused]
     y = ctx.output(0)
     return [ctx.op("Mul", [dy, ctx.op("Mul", [y, ctx.op("Sub", [ctx.scalar(1.0, y), y])])])]
 

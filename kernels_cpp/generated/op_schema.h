@@ -159,6 +159,40 @@ inline constexpr char kAttrAutoPadDefault[] = "NOTSET";
 inline constexpr std::int64_t kAttrGroupDefault = 1;
 }  // namespace conv_grad
 
+// SigmoidGrad: docs/ops.md#sigmoidgrad
+namespace sigmoid_grad {
+inline constexpr char kName[] = "SigmoidGrad";
+enum class In : int { kDY, kY, kCount };
+enum class Out : int { kDX, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"dY", "Y"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+}  // namespace sigmoid_grad
+
+// TanhGrad: docs/ops.md#tanhgrad
+namespace tanh_grad {
+inline constexpr char kName[] = "TanhGrad";
+enum class In : int { kDY, kY, kCount };
+enum class Out : int { kDX, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"dY", "Y"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+}  // namespace tanh_grad
+
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
 // "expected ...") and the defaults the schema declares.
 namespace attr {
