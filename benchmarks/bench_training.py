@@ -76,9 +76,10 @@ COMPETITORS = ("trainer", "module", "torch")
 # emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step);
 # the Trainer without the non-finite guard's all_finite output (trainer-noguard: the train step as
 # before the guard; run it with trainer for the guard's cost, side by side).
-# trainer-convstd: the Trainer with Conv's gradient in standard ops (ConvTranspose, an im2col Conv
-# and MatMul) instead of one ortlstm::ConvGrad node, the train step before ConvGrad (convlstm row).
-EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard", "trainer-convstd")
+# trainer-stdgrad: the Trainer with the gradients of Conv, Sigmoid and Tanh in standard ops
+# (ConvTranspose, an im2col Conv and MatMul; Sub and Mul) instead of the ortlstm ConvGrad,
+# SigmoidGrad and TanhGrad nodes (GraphEmitter(ortlstm_ops=False)): the train step before them.
+EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard", "trainer-stdgrad")
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -490,7 +491,7 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
             return TrainerRunner(config, model, batch, threads, implementation="onnx", fused_multiply_add=False)
         if name == "trainer-noguard":
             return TrainerRunner(config, model, batch, threads, nonfinite_check=False)
-        if name == "trainer-convstd":
+        if name == "trainer-stdgrad":
             return TrainerRunner(config, model, batch, threads, ortlstm_ops=False)
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
