@@ -56,14 +56,18 @@ def test_equals_the_standard_ops_bit_for_bit(op_type: str, shape: tuple[int, ...
     y = (np.tanh if op_type == "TanhGrad" else lambda v: 1 / (1 + np.exp(-v)))(rng.standard_normal(shape))
     feeds = {"dY": rng.standard_normal(shape).astype(dtype), "Y": np.asarray(y, dtype)}
     got = op_runner.run(op_type, feeds, {}, dtype=dtype)["dX"]
-    assert got.dtype == dtype and got.shape == shape
+    assert got.dtype == dtype
+    assert got.shape == shape
     np.testing.assert_array_equal(got, _standard_ops(op_type, feeds["dY"], feeds["Y"]))
 
 
 def test_results_do_not_depend_on_the_thread_count() -> None:
     rng = np.random.default_rng(1)
     model = op_runner.make_model("TanhGrad", ["dY", "Y"], ["dX"], np.float32, {})
-    feeds = {"dY": rng.standard_normal((9, 70001)).astype(np.float32), "Y": rng.uniform(-1, 1, (9, 70001)).astype(np.float32)}
+    feeds = {
+        "dY": rng.standard_normal((9, 70001)).astype(np.float32),
+        "Y": rng.uniform(-1, 1, (9, 70001)).astype(np.float32),
+    }
     results = [
         ort.InferenceSession(model.SerializeToString(), ortlstm.ops.session_options(intra_op_num_threads=threads)).run(
             None, feeds

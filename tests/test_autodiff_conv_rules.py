@@ -240,7 +240,9 @@ CASES = [
     # ConvLSTM-like: the cell's Conv over [x_t, h], 2-D, pads 1, several images
     _conv("2d_convlstm_cell", _r(3, 5, 6, 5), _r(8, 5, 3, 3), _r(8), pads=[1, 1, 1, 1]),
     _conv("2d_depthwise_same_lower", _r(2, 3, 5, 6), _r(3, 1, 3, 3), _r(3), group=3, auto_pad="SAME_LOWER"),
-    _conv("2d_group3_dilations_strides", _r(2, 6, 7, 7), _r(9, 2, 2, 3), None, group=3, strides=[2, 2], dilations=[2, 1]),
+    _conv(
+        "2d_group3_dilations_strides", _r(2, 6, 7, 7), _r(9, 2, 2, 3), None, group=3, strides=[2, 2], dilations=[2, 1]
+    ),
 ]
 _BOTH = [
     *CASES,
@@ -291,7 +293,9 @@ def test_static_geometry_is_one_conv_transpose_and_one_im2col_conv() -> None:
     dX is a ConvTranspose with pads and output_padding set; dW's windows come from one Conv with
     the forward's geometry, group = C and a one-hot kernel. No run-time shape arithmetic.
     """
-    case = dataclasses.replace(_conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), ortlstm_ops=False)
+    case = dataclasses.replace(
+        _conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), ortlstm_ops=False
+    )
     built = build(case, np.float32)
     forward_count = len(built.forward.graph.node)
     op_types = [node.op_type for node in built.with_gradients.graph.node[forward_count:]]
@@ -327,7 +331,9 @@ def test_train_step_gradient_is_one_conv_grad_node_with_the_outputs_needed() -> 
     (node,) = grad_nodes
     assert node.domain == ortlstm.ops.DOMAIN
     assert list(node.input) == [*node.input[:1], "in0", "in1"]
-    assert node.output[0] == "" and node.output[1] and len(node.output) == 2  # dX not needed, dB absent
+    assert len(node.output) == 2  # dB absent (no bias)
+    assert node.output[0] == ""  # dX not needed
+    assert node.output[1]
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
     assert attributes == {"strides": [2], "dilations": [1], "group": 1, "kernel_shape": [3], "pads": [0, 1]}
 
@@ -345,4 +351,5 @@ def test_float16_conv_keeps_the_standard_op_gradient() -> None:
     emitter = GraphEmitter(17, used_names(model.graph), infer_value_types(model))
     build_backward(model.graph, "loss", ["x", "w"], emitter)
     op_types = {node.op_type for node in emitter.nodes}
-    assert "ConvGrad" not in op_types and {"ConvTranspose", "MatMul"} <= op_types, op_types
+    assert "ConvGrad" not in op_types, op_types
+    assert {"ConvTranspose", "MatMul"} <= op_types, op_types

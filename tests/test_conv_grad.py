@@ -23,7 +23,7 @@ _RTOL = {np.float64: 1e-12, np.float32: 2e-5}
 """Relative to the largest reference value of each output."""
 
 
-def _resolved_pads(x_shape, w_shape, attributes) -> tuple[list[int], list[int]]:  # noqa: ANN001
+def _resolved_pads(x_shape, w_shape, attributes) -> tuple[list[int], list[int]]:
     """Begin and end pads per spatial axis, SAME/VALID resolved as ONNX defines them."""
     spatial, kernel = x_shape[2:], w_shape[2:]
     r = len(kernel)
@@ -42,7 +42,7 @@ def _resolved_pads(x_shape, w_shape, attributes) -> tuple[list[int], list[int]]:
     return list(pads[:r]), list(pads[r:])
 
 
-def output_shape(x_shape, w_shape, attributes) -> tuple[int, ...]:  # noqa: ANN001
+def output_shape(x_shape, w_shape, attributes) -> tuple[int, ...]:
     """Y's shape: [N, M, out...]."""
     r = len(w_shape) - 2
     strides = attributes.get("strides", [1] * r)
@@ -99,6 +99,7 @@ class Row:
     attributes: dict = dataclasses.field(default_factory=dict)
 
     def inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """dY, X and W, standard normal."""
         rng = np.random.default_rng(seed)
         y_shape = output_shape(self.x_shape, self.w_shape, self.attributes)
         return {
@@ -115,7 +116,12 @@ ROWS = [
     Row("1d_dilation3", (2, 2, 12), (3, 2, 3), {"dilations": [3], "pads": [2, 0]}),
     Row("2d_convlstm_cell", (5, 6, 9, 8), (12, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
     Row("2d_batch1", (1, 4, 6, 5), (3, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
-    Row("2d_strides_dilations_asym_pads", (2, 3, 9, 7), (4, 3, 2, 3), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 2]}),
+    Row(
+        "2d_strides_dilations_asym_pads",
+        (2, 3, 9, 7),
+        (4, 3, 2, 3),
+        {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 2]},
+    ),
     Row("2d_group2", (3, 4, 6, 6), (6, 2, 3, 3), {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     Row("2d_depthwise", (2, 5, 7, 6), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1]}),
     Row("2d_depthwise_multiplier2", (2, 3, 6, 6), (6, 1, 3, 3), {"group": 3, "strides": [2, 1], "pads": [1, 1, 1, 1]}),
@@ -135,7 +141,8 @@ def test_conv_grad_matches_the_numpy_reference(row: Row, dtype: type) -> None:
     expected = reference_conv_grad(inputs["dY"], inputs["X"], inputs["W"], row.attributes)
     got = op_runner.run("ConvGrad", inputs, row.attributes, dtype=dtype)
     for name, value in expected.items():
-        assert got[name].dtype == dtype and got[name].shape == value.shape, f"{row.id}: {name}"
+        assert got[name].dtype == dtype, f"{row.id}: {name}"
+        assert got[name].shape == value.shape, f"{row.id}: {name}"
         scale = max(float(np.max(np.abs(value))), 1.0)
         np.testing.assert_allclose(got[name], value, rtol=0, atol=_RTOL[dtype] * scale, err_msg=f"{row.id}: {name}")
 
@@ -182,7 +189,8 @@ def test_shape_inference_gives_dx_dw_db_their_shapes() -> None:
     del model.graph.output[:]
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     shapes = {
-        value.name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim) for value in inferred.graph.value_info
+        value.name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim)
+        for value in inferred.graph.value_info
     }
     assert shapes == {"dX": row.x_shape, "dW": row.w_shape, "dB": (6,)}
 
@@ -193,20 +201,56 @@ _GOOD = Row("good", (2, 3, 6, 5), (4, 3, 3, 2), {"pads": [1, 0, 1, 1], "strides"
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"W": np.zeros((4, 2, 3, 2))}, "W: expected shape [M, C/group=3, k...] for X with C=3 channels and group=1, got [4, 2, 3, 2]"),
-        ({"dY": np.zeros((2, 4, 2, 5))}, "dY: expected shape [2, 4, 3, 5] ([N, M, out...], the forward Conv's output for X [2, 3, 6, 5] and W [4, 3, 3, 2] with these attributes), got [2, 4, 2, 5]"),
+        (
+            {"W": np.zeros((4, 2, 3, 2))},
+            "W: expected shape [M, C/group=3, k...] for X with C=3 channels and group=1, got [4, 2, 3, 2]",
+        ),
+        (
+            {"dY": np.zeros((2, 4, 2, 5))},
+            "dY: expected shape [2, 4, 3, 5] ([N, M, out...], the forward Conv's output for X [2, 3, 6, 5] and "
+            "W [4, 3, 3, 2] with these attributes), got [2, 4, 2, 5]",
+        ),
         ({"dY": np.zeros((3, 4, 3, 5))}, "dY: expected shape [2, 4, 3, 5]"),
-        ({"X": np.zeros((2, 3))}, "X: expected rank >= 3 [N, C, in...] (batch, channels, at least one spatial axis), got shape [2, 3]"),
+        (
+            {"X": np.zeros((2, 3))},
+            "X: expected rank >= 3 [N, C, in...] (batch, channels, at least one spatial axis), got shape [2, 3]",
+        ),
         ({"W": np.zeros((4, 3, 3))}, "W: expected rank 4 [M, C/group, k...] (X's rank), got shape [4, 3, 3]"),
         ({"attributes": {"group": 2}}, "X: C=3 channels are not divisible by group=2; pass the forward Conv's group"),
-        ({"attributes": {"group": 3}, "W": np.zeros((4, 1, 3, 2))}, "W: M=4 maps (its first axis) are not divisible by group=3"),
-        ({"attributes": {"kernel_shape": [3, 3]}}, "attribute kernel_shape: expected W's spatial dims [3, 2], got [3, 3]"),
-        ({"attributes": {"strides": [2]}}, "attribute strides: expected 2 integers (one per spatial axis of X [2, 3, 6, 5]), got 1: [2]"),
-        ({"attributes": {"pads": [1, 1]}}, "attribute pads: expected 4 integers (begin then end pads of each spatial axis"),
-        ({"X": np.zeros((2, 3, 1, 5)), "attributes": {}}, "X: spatial axis 0 of size 1, padded to 1, is smaller than the dilated kernel's extent 3"),
+        (
+            {"attributes": {"group": 3}, "W": np.zeros((4, 1, 3, 2))},
+            "W: M=4 maps (its first axis) are not divisible by group=3",
+        ),
+        (
+            {"attributes": {"kernel_shape": [3, 3]}},
+            "attribute kernel_shape: expected W's spatial dims [3, 2], got [3, 3]",
+        ),
+        (
+            {"attributes": {"strides": [2]}},
+            "attribute strides: expected 2 integers (one per spatial axis of X [2, 3, 6, 5]), got 1: [2]",
+        ),
+        (
+            {"attributes": {"pads": [1, 1]}},
+            "attribute pads: expected 4 integers (begin then end pads of each spatial axis",
+        ),
+        (
+            {"X": np.zeros((2, 3, 1, 5)), "attributes": {}},
+            "X: spatial axis 0 of size 1, padded to 1, is smaller than the dilated kernel's extent 3",
+        ),
     ],
-    ids=["w_channels", "dy_spatial", "dy_batch", "x_rank", "w_rank", "group_channels", "group_maps", "kernel_shape",
-         "strides_length", "pads_length", "too_small"],
+    ids=[
+        "w_channels",
+        "dy_spatial",
+        "dy_batch",
+        "x_rank",
+        "w_rank",
+        "group_channels",
+        "group_maps",
+        "kernel_shape",
+        "strides_length",
+        "pads_length",
+        "too_small",
+    ],
 )
 def test_bad_inputs_are_refused_naming_the_input(change: dict, message: str) -> None:
     inputs = {**_GOOD.inputs(), **{k: v for k, v in change.items() if k != "attributes"}}
@@ -228,8 +272,16 @@ def test_bad_inputs_are_refused_naming_the_input(change: dict, message: str) -> 
         ({"strides": 2}, "attribute strides: expected INTS, got INT"),
         ({"auto_pad": 1}, "attribute auto_pad: expected STRING, got INT"),
     ],
-    ids=["auto_pad_value", "pads_with_same", "group_0", "strides_0", "dilations_negative", "pads_negative",
-         "strides_int", "auto_pad_int"],
+    ids=[
+        "auto_pad_value",
+        "pads_with_same",
+        "group_0",
+        "strides_0",
+        "dilations_negative",
+        "pads_negative",
+        "strides_int",
+        "auto_pad_int",
+    ],
 )
 def test_bad_attributes_are_refused_at_session_creation(attributes: dict, message: str) -> None:
     with pytest.raises(RuntimeException) as error:

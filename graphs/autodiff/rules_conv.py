@@ -319,7 +319,7 @@ def _conv_grad_node(ctx: GradientContext, geometry: _Geometry, dy: str) -> list[
 
 @register_gradient_rule("", "Conv")
 def conv_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = conv_transpose(dY, W), dW = conv(X^T, dY^T) (strides <-> dilations), dB = sum(dY) over N and space."""
+    """dX = conv_transpose(dY, W), dW = dY x im2col(X)^T, dB = sum(dY) over N and space (a train step: one ConvGrad)."""
     (dy,) = grad_outputs
     assert dy is not None
     geometry = _geometry(ctx)

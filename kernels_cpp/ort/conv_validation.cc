@@ -111,7 +111,9 @@ std::string ValidateConvGradInputs(const ConvAttributes& attributes, const Tenso
   }
   const std::string per_axis = "one per spatial axis of X " + FormatShape(x.shape);
   std::string error = PerAxis(attributes.strides, spec::kAttrStrides, spatial, 1, per_axis, &dims->strides);
-  if (error.empty()) error = PerAxis(attributes.dilations, spec::kAttrDilations, spatial, 1, per_axis, &dims->dilations);
+  if (error.empty()) {
+    error = PerAxis(attributes.dilations, spec::kAttrDilations, spatial, 1, per_axis, &dims->dilations);
+  }
   std::vector<int64_t> pads;
   if (error.empty()) {
     error = PerAxis(attributes.auto_pad == "NOTSET" ? attributes.pads : std::nullopt, spec::kAttrPads, 2 * spatial, 0,
@@ -124,7 +126,8 @@ std::string ValidateConvGradInputs(const ConvAttributes& attributes, const Tenso
   for (size_t axis = 0; axis < spatial; ++axis) {
     const int64_t in = dims->input_spatial[axis];
     const int64_t stride = dims->strides[axis];
-    const std::optional<int64_t> span = CheckedProduct(std::vector<int64_t>{dims->kernel[axis] - 1, dims->dilations[axis]});
+    const std::optional<int64_t> span =
+        CheckedProduct(std::vector<int64_t>{dims->kernel[axis] - 1, dims->dilations[axis]});
     if (!span || *span > limits::kMaxBufferElements) return "attribute dilations: the dilated kernel overflows";
     const int64_t extent = *span + 1;  // the dilated kernel's extent
     int64_t out = 0;
