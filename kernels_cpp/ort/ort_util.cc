@@ -305,7 +305,8 @@ std::string ReadIntAttribute(const OrtKernelInfo* info, const char* name, int64_
   return "";
 }
 
-std::string ReadIntsAttribute(const OrtKernelInfo* info, const char* name, std::optional<std::vector<int64_t>>* values) {
+std::string ReadIntsAttribute(const OrtKernelInfo* info, const char* name,
+                              std::optional<std::vector<int64_t>>* values) {
   const AttributeProbe probe = ProbeAttribute(info, name);
   values->reset();
   if (!probe.present) return "";
@@ -319,7 +320,9 @@ std::string ReadIntsAttribute(const OrtKernelInfo* info, const char* name, std::
   size_t size = 0;
   std::string error = Consume(Api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size));
   std::vector<int64_t> read(size);
-  if (error.empty() && size > 0) error = Consume(Api().KernelInfoGetAttributeArray_int64(info, name, read.data(), &size));
+  if (error.empty() && size > 0) {
+    error = Consume(Api().KernelInfoGetAttributeArray_int64(info, name, read.data(), &size));
+  }
   if (!error.empty()) return std::string("attribute ") + name + ": " + error;
   *values = std::move(read);
   return "";
