@@ -27,7 +27,7 @@ except ModuleNotFoundError:
 # ---- helpers (cast_like and require_rank are shared with rules_shape, activation_grad with rules_nn)
 
 
-def activation_grad(ctx: GradientContext, op: schema.OpSpec, dy: str) -> str | None:
+def activation_grad(ctx: GradientContext, op: schema.OpSpec, dy: str | None) -> str | None:
     """dX from the node's output Y as one ortlstm node ``op`` (SigmoidGrad, TanhGrad), or None.
 
     None (the rule emits standard ops) unless the emitter may use the library
