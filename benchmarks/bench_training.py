@@ -76,7 +76,10 @@ COMPETITORS = ("trainer", "module", "torch")
 # emulated in float64 (trainer-onnx) or not (trainer-onnx-nofma: within 1 ulp of torch per step);
 # the Trainer without the non-finite guard's all_finite output (trainer-noguard: the train step as
 # before the guard; run it with trainer for the guard's cost, side by side).
-EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard")
+# trainer-stdgrad: the Trainer with the gradients of Conv, Sigmoid and Tanh in standard ops
+# (ConvTranspose, an im2col Conv and MatMul; Sub and Mul) instead of the ortlstm ConvGrad,
+# SigmoidGrad and TanhGrad nodes (GraphEmitter(ortlstm_ops=False)): the train step before them.
+EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard", "trainer-stdgrad")
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -388,8 +391,10 @@ class TrainerRunner:
         implementation: str = "ortlstm",
         fused_multiply_add: bool = True,
         nonfinite_check: bool = True,
+        ortlstm_ops: bool = True,
     ) -> None:
         from ortlstm.graphs import losses, optimizers
+        from ortlstm.graphs.autodiff import GraphEmitter
 
         from ortlstm import training
 
@@ -397,7 +402,12 @@ class TrainerRunner:
         # Without the check, the Trainer builds its models as before the guard (it then looks at
         # the returned loss only, one np.isfinite of a scalar per step).
         build = functools.partial(training.build_training_models, nonfinite_check=nonfinite_check)
-        with unittest.mock.patch.object(training, "build_training_models", build):
+        # ortlstm_ops=False: every emitter the train step makes keeps the gradient rules to standard ops.
+        emitter_init = functools.partialmethod(GraphEmitter.__init__, ortlstm_ops=ortlstm_ops)
+        with (
+            unittest.mock.patch.object(training, "build_training_models", build),
+            unittest.mock.patch.object(GraphEmitter, "__init__", emitter_init),
+        ):
             self.trainer = training.Trainer(
                 model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads
             )
@@ -481,6 +491,8 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
             return TrainerRunner(config, model, batch, threads, implementation="onnx", fused_multiply_add=False)
         if name == "trainer-noguard":
             return TrainerRunner(config, model, batch, threads, nonfinite_check=False)
+        if name == "trainer-stdgrad":
+            return TrainerRunner(config, model, batch, threads, ortlstm_ops=False)
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
         return TorchRunner(config, model, batch, threads)

@@ -1,10 +1,12 @@
 // The library's entry point and its only table of kernels: ORT calls RegisterCustomOps when a
 // session registers the library; it adds the ortlstm domain with every op of ort/lstm_ops.cc and
-// ort/optimizer_ops.cc and ort/ctc_ops.cc.
+// ort/optimizer_ops.cc, ort/ctc_ops.cc, ort/conv_ops.cc and ort/activation_grad_ops.cc.
 #include <string>
 
 #include "common/blas.h"
 #include "generated/op_schema.h"
+#include "ort/activation_grad_ops.h"
+#include "ort/conv_ops.h"
 #include "ort/ctc_ops.h"
 #include "ort/lstm_ops.h"
 #include "ort/optimizer_ops.h"
@@ -68,6 +70,8 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
   std::string error = ortlstm::ort::AddLstmOps(domain);
   if (error.empty()) error = ortlstm::ort::AddOptimizerOps(domain);
   if (error.empty()) error = ortlstm::ort::AddCtcOps(domain);
+  if (error.empty()) error = ortlstm::ort::AddConvOps(domain);
+  if (error.empty()) error = ortlstm::ort::AddActivationGradOps(domain);
   if (!error.empty()) {
     Api().ReleaseCustomOpDomain(domain);
     return ortlstm::ort::MakeStatus(ORT_FAIL, "ortlstm: registering the ops failed: " + error);

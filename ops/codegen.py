@@ -100,6 +100,9 @@ def render_header() -> str:
             f"inline constexpr bool kInputIsInteger[kNumInputs] = {{{_bools(is_integer)}}};",
         ]
         lines += ["", *namespace[:-1], *extra, namespace[-1]]
+    for op in schema.GRADIENT_OPS:
+        namespace = _render_op_namespace(op)
+        lines += ["", *namespace[:-1], *_render_own_attributes(op), namespace[-1]]
     lines += [
         "",
         *_render_attribute_namespace(),
@@ -127,7 +130,8 @@ def render_docs() -> str:
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
         f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
         f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}; "
-        f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}.",
+        f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}; "
+        f"gradients of standard ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRADIENT_OPS)}.",
         "",
         "A NumPy reference implementation of both ops (`ortlstm.reference`, for onnx's `ReferenceEvaluator`) and",
         "conformance test data in ONNX's node-test layout (tests/conformance/data) with a runner for any backend:",
@@ -148,7 +152,7 @@ def render_docs() -> str:
     ]
     for op in schema.OPS:
         lines += ["", *_render_op_docs(op)]
-    for op in schema.OPTIMIZER_OPS + schema.CTC_OPS:
+    for op in schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
         lines += ["", *_render_op_docs(op)]
     return "\n".join(lines) + "\n"
 

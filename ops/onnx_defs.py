@@ -51,6 +51,8 @@ def build_op_schema(op: schema.OpSpec) -> onnx.defs.OpSchema:
         inference = infer_optimizer_types_and_shapes
     elif op in schema.CTC_OPS:
         inference = infer_ctc_types_and_shapes
+    elif op in schema.GRADIENT_OPS:
+        inference = infer_gradient_types_and_shapes
     else:
         inference = infer_types_and_shapes
     op_schema.set_type_and_shape_inference_function(functools.partial(inference, op))
@@ -67,7 +69,7 @@ def register_onnx_schemas() -> None:
     Raises:
         RuntimeError: If an op of the same name, domain and version with other ports is registered.
     """
-    for op in schema.OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS:
+    for op in schema.OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
         if onnx.defs.has(op.name, op.version, op.domain):
             _check_registered(op)
             continue
@@ -209,6 +211,34 @@ def infer_ctc_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.Infe
             else:
                 for dim in lp_dims:
                     shape.dim.add().CopyFrom(dim)
+        ctx.set_output_type(index, output_type)
+
+
+def infer_gradient_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
+    """Sets the types and shapes of a gradient op's outputs (``schema.GRADIENT_OPS``).
+
+    ConvGrad: dX as X, dW as W, dB [M] from W; SigmoidGrad and TanhGrad: dX as dY. Runtime checks
+    are the kernel's.
+
+    Args:
+        op: The op spec the node instantiates.
+        ctx: onnx's inference context for the node.
+    """
+    sources = {"dX": "X", "dW": "W", "dB": "W"} if op is schema.CONV_GRAD else {"dX": "dY"}
+    for index, port in enumerate(op.outputs):
+        if index >= ctx.get_num_outputs() or not ctx.has_output(index):
+            continue
+        source = _input_tensor_type(ctx, schema.input_index(op, sources[port.name]))
+        if source is None:
+            continue
+        output_type = onnx.TypeProto()
+        tensor_type = output_type.tensor_type
+        tensor_type.elem_type = source.elem_type
+        if source.HasField("shape"):
+            tensor_type.shape.SetInParent()
+            dims = list(source.shape.dim)[:1] if port.name == "dB" else list(source.shape.dim)
+            for dim in dims:
+                tensor_type.shape.dim.add().CopyFrom(dim)
         ctx.set_output_type(index, output_type)
 
 

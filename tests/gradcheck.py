@@ -92,6 +92,8 @@ class Case:
             ConvTranspose and Conv): ``onnx.reference`` ``OpRun`` classes for them. The float64
             models then run in ``onnx.reference.ReferenceEvaluator`` with these classes, forward
             and gradient nodes alike; the float32 check runs everything in onnxruntime.
+        ortlstm_ops: Let rules emit ortlstm ops where standard ops would also do (Conv's gradient
+            as one ConvGrad node; ``GraphEmitter.ortlstm_ops``); False checks the standard-op gradient.
     """
 
     id: str
@@ -105,6 +107,7 @@ class Case:
     seed: int = 0
     float64_forward: Callable[[onnx.NodeProto], Sequence[onnx.NodeProto]] | None = None
     float64_ops: tuple[type, ...] = ()
+    ortlstm_ops: bool = True
 
 
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
@@ -219,7 +222,9 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
     wrt_names = [name for name, item in zip(names, case.inputs, strict=True) if item.wrt]
     with_gradients = onnx.ModelProto()
     with_gradients.CopyFrom(forward)
-    emitter = GraphEmitter(onnx_opset(forward), used_names(forward.graph), infer_value_types(forward))
+    emitter = GraphEmitter(
+        onnx_opset(forward), used_names(forward.graph), infer_value_types(forward), ortlstm_ops=case.ortlstm_ops
+    )
     emitter.record_constants(forward.graph.initializer)
     result = build_backward(with_gradients.graph, seeds, wrt_names, emitter)
     with_gradients.graph.node.extend(emitter.nodes)

@@ -1,23 +1,31 @@
 """The Conv gradient rule against central finite differences (float64) and in float32, one table.
 
-onnxruntime has no float64 Conv or ConvTranspose kernel, and the rule emits both, so the float64
+Every row runs twice: as the train step builds it, the gradient one ``ortlstm::ConvGrad`` node
+(the C++ kernel), and with ``ortlstm_ops=False``, the standard-op gradient (ConvTranspose, an
+im2col Conv, MatMul). onnxruntime has no float64 Conv or ConvTranspose kernel, so the float64
 rows run in ``onnx.reference.ReferenceEvaluator`` with the NumPy Conv and ConvTranspose below
-(``Case.float64_ops``; onnx's own ConvTranspose mishandles group > 1). The float32 rows run the
-rule's graph in onnxruntime (graph optimizations on and off) against those float64 gradients, and
+(``Case.float64_ops``; onnx's own ConvTranspose mishandles group > 1) and ConvGrad run by the
+library's float64 kernel in onnxruntime (``OrtConvGrad``). The float32 rows run the rule's graph in
+onnxruntime (graph optimizations on and off) against those float64 gradients, and
 ``test_numpy_conv_is_onnxruntimes`` pins the NumPy forward to onnxruntime's Conv for every row.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx.reference
 import onnxruntime as ort
+import ortlstm.ops
 import pytest
 from gradcheck import Case, build, check_case, check_case_float32, const, wrt
 from onnx import TensorProto, helper
 from onnx.reference.op_run import OpRun
+from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
+from ortlstm.graphs.autodiff.emitter import used_names
 
 _RNG = np.random.default_rng(21)
 
@@ -125,8 +133,38 @@ class NumpyConvTranspose(OpRun):
         return (y,)
 
 
-# ReferenceEvaluator matches new_ops to nodes by class name.
-_FLOAT64_OPS = (type("Conv", (NumpyConv,), {}), type("ConvTranspose", (NumpyConvTranspose,), {}))
+class OrtConvGrad(OpRun):
+    """ortlstm ConvGrad as the library's kernel runs it: the node alone in an onnxruntime session."""
+
+    op_domain = ortlstm.ops.DOMAIN
+
+    def _run(self, dy, x, w, **attributes):  # type: ignore[override]
+        elem = helper.np_dtype_to_tensor_dtype(x.dtype)
+        node = onnx.NodeProto()
+        node.CopyFrom(self.onnx_node)
+        graph = helper.make_graph(
+            [node],
+            "conv_grad",
+            [helper.make_tensor_value_info(name, elem, None) for name in node.input],
+            [helper.make_tensor_value_info(name, elem, None) for name in node.output if name],
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ortlstm.ops.DOMAIN, 1)],
+            ir_version=10,
+        )
+        session = ort.InferenceSession(model.SerializeToString(), ortlstm.ops.session_options())
+        values = iter(session.run(None, dict(zip(node.input, (dy, x, w), strict=True))))
+        # The evaluator wants an array for every output slot; an omitted one ("") is never read.
+        return tuple(next(values) if name else np.empty(0, x.dtype) for name in node.output)
+
+
+# ReferenceEvaluator matches new_ops to nodes by class name (and domain).
+_FLOAT64_OPS = (
+    type("Conv", (NumpyConv,), {}),
+    type("ConvTranspose", (NumpyConvTranspose,), {}),
+    type("ConvGrad", (OrtConvGrad,), {}),
+)
 
 
 def _conv(
@@ -199,16 +237,26 @@ CASES = [
         float64_ops=_FLOAT64_OPS,
     ),
     Case("1d_input_only", "Conv", (wrt(_r(2, 2, 6)), const(_r(3, 2, 3))), {"pads": [1, 1]}, float64_ops=_FLOAT64_OPS),
+    # ConvLSTM-like: the cell's Conv over [x_t, h], 2-D, pads 1, several images
+    _conv("2d_convlstm_cell", _r(3, 5, 6, 5), _r(8, 5, 3, 3), _r(8), pads=[1, 1, 1, 1]),
+    _conv("2d_depthwise_same_lower", _r(2, 3, 5, 6), _r(3, 1, 3, 3), _r(3), group=3, auto_pad="SAME_LOWER"),
+    _conv(
+        "2d_group3_dilations_strides", _r(2, 6, 7, 7), _r(9, 2, 2, 3), None, group=3, strides=[2, 2], dilations=[2, 1]
+    ),
+]
+_BOTH = [
+    *CASES,
+    *(dataclasses.replace(case, id=f"{case.id}-standard_ops", ortlstm_ops=False) for case in CASES),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", _BOTH, ids=lambda case: case.id)
 def test_conv_gradient_matches_finite_differences(case: Case) -> None:
     check_case(case)
 
 
 @pytest.mark.parametrize("optimize", [False, True], ids=["opt_off", "opt_on"])
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", _BOTH, ids=lambda case: case.id)
 def test_conv_gradient_float32(case: Case, optimize: bool) -> None:
     check_case_float32(case, optimize)
 
@@ -245,7 +293,10 @@ def test_static_geometry_is_one_conv_transpose_and_one_im2col_conv() -> None:
     dX is a ConvTranspose with pads and output_padding set; dW's windows come from one Conv with
     the forward's geometry, group = C and a one-hot kernel. No run-time shape arithmetic.
     """
-    built = build(_conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), np.float32)
+    case = dataclasses.replace(
+        _conv("static", _r(2, 3, 8), _r(4, 3, 3), _r(4), strides=[2], pads=[1, 1]), ortlstm_ops=False
+    )
+    built = build(case, np.float32)
     forward_count = len(built.forward.graph.node)
     op_types = [node.op_type for node in built.with_gradients.graph.node[forward_count:]]
     assert op_types.count("ConvTranspose") == 1, op_types
@@ -263,3 +314,42 @@ def test_static_geometry_is_one_conv_transpose_and_one_im2col_conv() -> None:
     one_hot = onnx.numpy_helper.to_array(kernel)
     assert one_hot.shape == (9, 1, 3)  # C * K output channels, one input channel per group
     np.testing.assert_array_equal(one_hot[:, 0, :], np.tile(np.eye(3), (3, 1)))
+
+
+def test_train_step_gradient_is_one_conv_grad_node_with_the_outputs_needed() -> None:
+    """With the library (the default), dX/dW/dB are one ConvGrad node; outputs no input needs are omitted.
+
+    The node carries the forward's geometry with SAME pads resolved (X static) and no standard-op gradient.
+    """
+    case = Case(
+        "weight_only", "Conv", (const(_r(2, 3, 8)), wrt(_r(4, 3, 3))), {"auto_pad": "SAME_UPPER", "strides": [2]}
+    )
+    built = build(case, np.float32)
+    forward_count = len(built.forward.graph.node)
+    grad_nodes = built.with_gradients.graph.node[forward_count:]
+    assert [node.op_type for node in grad_nodes] == ["ConvGrad"], [node.op_type for node in grad_nodes]
+    (node,) = grad_nodes
+    assert node.domain == ortlstm.ops.DOMAIN
+    assert list(node.input) == [*node.input[:1], "in0", "in1"]
+    assert len(node.output) == 2  # dB absent (no bias)
+    assert node.output[0] == ""  # dX not needed
+    assert node.output[1]
+    attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
+    assert attributes == {"strides": [2], "dilations": [1], "group": 1, "kernel_shape": [3], "pads": [0, 1]}
+
+
+def test_float16_conv_keeps_the_standard_op_gradient() -> None:
+    """ConvGrad takes float32 and float64 only: a float16 Conv gets ConvTranspose/Conv/MatMul."""
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1]), helper.make_node("ReduceSum", ["y"], ["loss"])],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3, 8])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT16, [1, 1, 1])],
+        [onnx.numpy_helper.from_array(_r(4, 3, 3).astype(np.float16), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    emitter = GraphEmitter(17, used_names(model.graph), infer_value_types(model))
+    build_backward(model.graph, "loss", ["x", "w"], emitter)
+    op_types = {node.op_type for node in emitter.nodes}
+    assert "ConvGrad" not in op_types, op_types
+    assert {"ConvTranspose", "MatMul"} <= op_types, op_types

@@ -417,6 +417,8 @@ CASES = [
         (wrt(_r(2, 2, 2, 3), dynamic=True), wrt(_r(2)), wrt(_r(2)), const(_r(2)), const(_positive(2))),
     ),
     *LSTM_CASES,
+    # Sigmoid's gradient: one ortlstm SigmoidGrad node above; here the standard ops (Sub, Mul, Mul)
+    Case("Sigmoid_standard_ops", "Sigmoid", (wrt(_r(2, 5)),), ortlstm_ops=False),
 ]
 
 

@@ -342,6 +342,9 @@ CASES = [
         {"axis": 1},
         opset=18,
     ),
+    # Tanh's gradient: one ortlstm TanhGrad node above; here the standard ops (Mul, Sub, Mul)
+    Case("Tanh_standard_ops", "Tanh", (wrt(_r(2, 5)),), ortlstm_ops=False),
+    Case("Tanh_dynamic", "Tanh", (wrt(_r(3, 4), dynamic=True),)),
 ]
 
 

@@ -29,7 +29,7 @@ _ONNX_OPSET = 17
 
 # One shape config for the graph tests: odd sizes so that no two dims coincide by accident.
 _DIMS = {"seq_length": 5, "batch_size": 3, "input_size": 7, "hidden_size": 4}
-_EVERY_OP = schema.OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS
+_EVERY_OP = schema.OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -118,9 +118,19 @@ class GraphEmitter:
         nodes: Nodes emitted so far, in emission (hence topological) order.
         initializers: Constants emitted so far.
         types: Static types of values, the model's and those the emitter created.
+        ortlstm_ops: Whether rules may emit ops of the ortlstm kernel library where standard ops
+            would also do, because they are faster (Conv's gradient as one ``ortlstm::ConvGrad``):
+            True for the train step, which runs with the library; False for standard ONNX ops only.
     """
 
-    def __init__(self, opset: int, used: Iterable[str] = (), types: dict[str, ValueType] | None = None) -> None:
+    def __init__(
+        self,
+        opset: int,
+        used: Iterable[str] = (),
+        types: dict[str, ValueType] | None = None,
+        *,
+        ortlstm_ops: bool = True,
+    ) -> None:
         if opset < MIN_OPSET:
             raise ValueError(
                 f"ai.onnx opset {opset} is older than {MIN_OPSET}, the oldest the training-graph builders support; "
@@ -128,6 +138,7 @@ class GraphEmitter:
                 "opset_version>=13"
             )
         self.opset = opset
+        self.ortlstm_ops = ortlstm_ops
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.types: dict[str, ValueType] = dict(types or {})

@@ -9,6 +9,10 @@ For ``Y = conv(X, W) + B`` (X ``[N, C, in...]``, W ``[M, C/group, k...]``, Y ``[
   swapped (the batch axis becomes the summed channel axis), which onnxruntime runs much slower;
 - ``dB = sum(dY)`` over the batch and spatial axes.
 
+Where the emitter may use the ortlstm library (``GraphEmitter.ortlstm_ops``, the train step's case)
+and X is float32 or float64, all three are one ``ortlstm::ConvGrad`` node instead (docs/ops.md#convgrad:
+im2col, GEMMs and col2im threaded over the images, about twice as fast as the standard ops below).
+
 With X's spatial dims static (the common case once input shapes are known) dX is one node;
 otherwise the extent of dX and SAME pads are computed at run time. Protos only.
 """
@@ -23,6 +27,11 @@ import numpy as np
 import onnx
 
 from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.ops import schema
+from ortlstm.ops.nodes import ordered_inputs
+
+_CONV_GRAD_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+"""Element types ``ortlstm::ConvGrad`` takes; others (float16, bfloat16) get the standard-op gradient."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,12 +276,50 @@ def _grad_w_transposed(ctx: GradientContext, geometry: _Geometry, dy: str) -> st
     return ctx.op("Transpose", [raw], perm=[1, 0, *spatial_perm])
 
 
+def _conv_grad_node(ctx: GradientContext, geometry: _Geometry, dy: str) -> list[str | None]:
+    """dX, dW and dB as one ``ortlstm::ConvGrad`` node; the outputs no input needs are omitted."""
+    x, w, e = ctx.input(0), ctx.input(1), ctx.emitter
+    op = schema.CONV_GRAD
+    base = ctx.node.name or ctx.node.op_type
+    wanted = [ctx.needs(index) for index in range(len(op.outputs))]
+    outputs = [
+        e.fresh(f"{base}_grad_{port.name[1:]}") if needed else ""
+        for port, needed in zip(op.outputs, wanted, strict=True)
+    ]
+    while not outputs[-1]:
+        outputs.pop()
+    # The geometry as resolved for the standard rule: explicit pads where known, else SAME at run time.
+    placement = {"pads": geometry.pads} if geometry.pads is not None else {"auto_pad": geometry.auto_pad}
+    e.op_multi(
+        op.name,
+        ordered_inputs(op, {"dY": dy, "X": x, "W": w}),
+        outputs=outputs,
+        domain=op.domain,
+        name=f"{base}_grad/{op.name}",
+        strides=geometry.strides,
+        dilations=geometry.dilations,
+        group=geometry.group,
+        kernel_shape=geometry.kernel,
+        **placement,
+    )
+    x_type, w_type = e.value_type(x), e.value_type(w)
+    result: list[str | None] = [name or None for name in outputs] + [None] * (len(op.outputs) - len(outputs))
+    for grad, known in ((result[0], x_type), (result[1], w_type)):
+        if grad is not None and known is not None:  # a gradient has its input's type and shape
+            e.set_type(grad, known.elem_type, known.shape)
+    if result[2] is not None and w_type is not None:
+        e.set_type(result[2], w_type.elem_type, None if w_type.shape is None else w_type.shape[:1])
+    return result
+
+
 @register_gradient_rule("", "Conv")
 def conv_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = conv_transpose(dY, W), dW = conv(X^T, dY^T) (strides <-> dilations), dB = sum(dY) over N and space."""
+    """dX = conv_transpose(dY, W), dW = dY x im2col(X)^T, dB = sum(dY) over N and space (a train step: one ConvGrad)."""
     (dy,) = grad_outputs
     assert dy is not None
     geometry = _geometry(ctx)
+    if ctx.emitter.ortlstm_ops and ctx.emitter.elem_type(ctx.input(0)) in _CONV_GRAD_TYPES:
+        return _conv_grad_node(ctx, geometry, dy)
     dx = _grad_x(ctx, geometry, dy) if ctx.needs(0) else None
     dw = _grad_w(ctx, geometry, dy) if ctx.needs(1) else None
     db = None

@@ -14,9 +14,30 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+import onnx
 
-# ---- helpers (cast_like and require_rank are shared with rules_shape) ----------------------------
+from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.ops import schema
+
+# ---- helpers (cast_like and require_rank are shared with rules_shape, activation_grad with rules_nn)
+
+
+def activation_grad(ctx: GradientContext, op: schema.OpSpec, dy: str | None) -> str | None:
+    """dX from the node's output Y as one ortlstm node ``op`` (SigmoidGrad, TanhGrad), or None.
+
+    None (the rule emits standard ops) unless the emitter may use the library
+    (``GraphEmitter.ortlstm_ops``) and Y is float32 or float64. One pass instead of three nodes.
+    """
+    y = ctx.output(0)
+    known = ctx.emitter.value_type(y)
+    if not ctx.emitter.ortlstm_ops or known is None or known.elem_type not in _LIBRARY_TYPES:
+        return None
+    grad = ctx.op(op.name, [dy, y], domain=op.domain)
+    ctx.emitter.set_type(grad, known.elem_type, known.shape)
+    return grad
+
+
+_LIBRARY_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 
 
 def cast_like(ctx: GradientContext, value: str, like: str) -> str:
@@ -65,8 +86,11 @@ def mul_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[s
 
 @register_gradient_rule("", "Tanh")
 def tanh_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY * (1 - Y^2)."""
+    """dX = dY * (1 - Y^2): one ortlstm TanhGrad node in a train step."""
     (dy,) = grad_outputs
+    fused = activation_grad(ctx, schema.TANH_GRAD, dy)
+    if fused is not None:
+        return [fused]
     y = ctx.output(0)
     one_minus = ctx.op("Sub", [ctx.scalar(1.0, y), ctx.op("Mul", [y, y])])
     return [ctx.op("Mul", [dy, one_minus])]

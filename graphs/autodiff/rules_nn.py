@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
+from ortlstm.graphs.autodiff.rules_math import activation_grad
+from ortlstm.ops import schema
 
 # ---- helpers -----------------------------------------------------------------------------------
 
@@ -94,8 +96,11 @@ def _per_channel(ctx: GradientContext, value: str, rank: int) -> str:
 
 @register_gradient_rule("", "Sigmoid")
 def sigmoid_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY * Y * (1 - Y)."""
+    """dX = dY * Y * (1 - Y): one ortlstm SigmoidGrad node in a train step."""
     (dy,) = grad_outputs
+    fused = activation_grad(ctx, schema.SIGMOID_GRAD, dy)
+    if fused is not None:
+        return [fused]
     y = ctx.output(0)
     return [ctx.op("Mul", [dy, ctx.op("Mul", [y, ctx.op("Sub", [ctx.scalar(1.0, y), y])])])]
 

@@ -134,6 +134,65 @@ inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
 inline constexpr bool kInputIsInteger[kNumInputs] = {false, false, true, true, true, false, false};
 }  // namespace ctc_loss_grad
 
+// ConvGrad: docs/ops.md#convgrad
+namespace conv_grad {
+inline constexpr char kName[] = "ConvGrad";
+enum class In : int { kDY, kX, kW, kCount };
+enum class Out : int { kDX, kDW, kDB, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"dY", "X", "W"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dB"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true};
+inline constexpr char kAttrAutoPad[] = "auto_pad";
+inline constexpr char kAttrDilations[] = "dilations";
+inline constexpr char kAttrGroup[] = "group";
+inline constexpr char kAttrKernelShape[] = "kernel_shape";
+inline constexpr char kAttrPads[] = "pads";
+inline constexpr char kAttrStrides[] = "strides";
+inline constexpr char kAttrAutoPadDefault[] = "NOTSET";
+inline constexpr std::int64_t kAttrGroupDefault = 1;
+}  // namespace conv_grad
+
+// SigmoidGrad: docs/ops.md#sigmoidgrad
+namespace sigmoid_grad {
+inline constexpr char kName[] = "SigmoidGrad";
+enum class In : int { kDY, kY, kCount };
+enum class Out : int { kDX, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"dY", "Y"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+}  // namespace sigmoid_grad
+
+// TanhGrad: docs/ops.md#tanhgrad
+namespace tanh_grad {
+inline constexpr char kName[] = "TanhGrad";
+enum class In : int { kDY, kY, kCount };
+enum class Out : int { kDX, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"dY", "Y"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+}  // namespace tanh_grad
+
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
 // "expected ...") and the defaults the schema declares.
 namespace attr {

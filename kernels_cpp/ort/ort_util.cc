@@ -305,6 +305,42 @@ std::string ReadIntAttribute(const OrtKernelInfo* info, const char* name, int64_
   return "";
 }
 
+std::string ReadIntsAttribute(const OrtKernelInfo* info, const char* name,
+                              std::optional<std::vector<int64_t>>* values) {
+  const AttributeProbe probe = ProbeAttribute(info, name);
+  values->reset();
+  if (!probe.present) return "";
+  if (!probe.type) {  // an empty list
+    *values = std::vector<int64_t>{};
+    return "";
+  }
+  if (probe.type != schema::attr::Type::kInts) {
+    return std::string("attribute ") + name + ": expected INTS, got " + schema::attr::TypeName(*probe.type);
+  }
+  size_t size = 0;
+  std::string error = Consume(Api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size));
+  std::vector<int64_t> read(size);
+  if (error.empty() && size > 0) {
+    error = Consume(Api().KernelInfoGetAttributeArray_int64(info, name, read.data(), &size));
+  }
+  if (!error.empty()) return std::string("attribute ") + name + ": " + error;
+  *values = std::move(read);
+  return "";
+}
+
+std::string ReadStringAttribute(const OrtKernelInfo* info, const char* name, const char* default_value,
+                                std::string* value) {
+  const AttributeProbe probe = ProbeAttribute(info, name);
+  *value = default_value;
+  if (!probe.present) return "";
+  if (probe.type != schema::attr::Type::kString) {
+    const std::string got = probe.type ? schema::attr::TypeName(*probe.type) : "another type";
+    return std::string("attribute ") + name + ": expected STRING, got " + got;
+  }
+  *value = ReadString(info, name).value_or(default_value);
+  return "";
+}
+
 OrtStatus* Fail(const char* op_name, const std::string& node, const std::string& message) {
   std::string text = std::string(op_name);
   if (!node.empty()) text += " node '" + node + "'";

@@ -122,5 +122,12 @@ std::string NodeName(const OrtKernelInfo* info);
 // Reads INT attribute `name` into *value (`default_value` when the node omits it); "" or a message
 // naming the attribute when the node gives it another type.
 std::string ReadIntAttribute(const OrtKernelInfo* info, const char* name, int64_t default_value, int64_t* value);
+// Reads INTS attribute `name` into *values (nullopt when the node omits it; an empty list reads as
+// empty); "" or a message naming the attribute when the node gives it another type.
+std::string ReadIntsAttribute(const OrtKernelInfo* info, const char* name, std::optional<std::vector<int64_t>>* values);
+// Reads STRING attribute `name` into *value (`default_value` when the node omits it); "" or a
+// message naming the attribute when the node gives it another type.
+std::string ReadStringAttribute(const OrtKernelInfo* info, const char* name, const char* default_value,
+                                std::string* value);
 
 }  // namespace ortlstm::ort
