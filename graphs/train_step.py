@@ -33,6 +33,7 @@ from ortlstm.graphs.autodiff.emitter import ValueType
 from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
 from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
+from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.prepare import PreparedModel, prepare_model
 from ortlstm.ops import schema as ortlstm_schema
@@ -194,6 +195,14 @@ def _opsets_for(
     return result
 
 
+def _kernel_gradients(choice: bool | None, optimizer: optimizers_module.Optimizer, forward: onnx.GraphProto) -> bool:
+    """``choice``, or when None: whether the train step needs the kernel library anyway."""
+    if choice is not None:
+        return choice
+    fused_update = optimizer.emission is optimizer_base.KERNEL_NODE
+    return fused_update or any(node.domain == ortlstm_schema.DOMAIN for node in forward.node)
+
+
 def build_training_models(
     model: onnx.ModelProto,
     *,
@@ -211,6 +220,7 @@ def build_training_models(
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
     ir_version: int = MAX_IR_VERSION,
     nonfinite_check: bool = True,
+    kernel_gradients: bool | None = None,
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
 
@@ -244,6 +254,11 @@ def build_training_models(
             ``signature.all_finite`` (see ``finite_check``), which a trainer reads to refuse an
             update computed from a non-finite loss or gradient. False leaves it out (to measure
             what it costs).
+        kernel_gradients: Whether the gradients of Conv, Sigmoid and Tanh are the kernel
+            library's ops (``ConvGrad``, ``SigmoidGrad``, ``TanhGrad``) rather than standard ops.
+            None: when the train step needs the library anyway (an LSTM, or a fused optimizer
+            update), so that a train step that needs none still runs without it. The Trainer,
+            which always loads the library, passes True.
 
     Returns:
         The four models, their signature and the initial parameter and state values.
@@ -259,6 +274,7 @@ def build_training_models(
     forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
     params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
     emitter = forward.emitter
+    emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
     backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)

@@ -287,3 +287,63 @@ def test_bad_attributes_are_refused_at_session_creation(attributes: dict, messag
     with pytest.raises(RuntimeException) as error:
         op_runner.session("ConvGrad", ["dY", "X", "W"], ["dX", "dW", "dB"], np.float64, attributes)
     assert _PREFIX + message in str(error.value)
+
+
+def _conv_classifier() -> onnx.ModelProto:
+    """x [N, 2, 6, 6] -> Conv (3x3, 4 channels) -> Sigmoid -> GlobalAveragePool -> Flatten -> logits [N, 4]."""
+    rng = np.random.default_rng(3)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+        onnx.helper.make_node("Sigmoid", ["conv"], ["act"]),
+        onnx.helper.make_node("GlobalAveragePool", ["act"], ["pooled"]),
+        onnx.helper.make_node("Flatten", ["pooled"], ["logits"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "conv_classifier",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 4])],
+        [w, b],
+    )
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "kernel_gradients", "expected"),
+    [
+        ("rmsprop", None, False),  # needs no library otherwise: stays runnable without it
+        ("adam", None, True),  # the fused AdamUpdate loads the library anyway
+        ("rmsprop", True, True),  # the Trainer's choice
+        ("adam", False, False),
+    ],
+)
+def test_train_steps_use_the_kernel_gradients_only_where_the_library_is_loaded_anyway(
+    optimizer: str, kernel_gradients: bool | None, expected: bool
+) -> None:
+    from ortlstm.graphs import build_training_models, losses, optimizers
+
+    chosen = {"rmsprop": optimizers.RMSprop(lr=0.01), "adam": optimizers.Adam(lr=0.01)}[optimizer]
+    built = build_training_models(
+        _conv_classifier(), loss=losses.Loss.cross_entropy(), optimizer=chosen, kernel_gradients=kernel_gradients
+    )
+    domains = {node.domain for node in built.train_step.graph.node}
+    op_types = {node.op_type for node in built.train_step.graph.node}
+    assert ({"ConvGrad", "SigmoidGrad"} <= op_types) == expected, op_types
+    if optimizer == "rmsprop" and not expected:
+        assert ortlstm.ops.DOMAIN not in domains
+        # Runs in onnxruntime without the ortlstm library.
+        session = ort.InferenceSession(built.train_step.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert session.get_inputs()
+
+
+def test_the_trainer_uses_the_kernel_gradients_with_any_optimizer() -> None:
+    from ortlstm.graphs import losses, optimizers
+    from ortlstm.training import Trainer
+
+    trainer = Trainer(_conv_classifier(), loss=losses.Loss.cross_entropy(), optimizer=optimizers.RMSprop(lr=0.01))
+    op_types = {node.op_type for node in trainer._models["train_step"].graph.node}
+    assert {"ConvGrad", "SigmoidGrad"} <= op_types
+    x = np.random.default_rng(0).standard_normal((3, 2, 6, 6)).astype(np.float32)
+    assert np.isfinite(trainer.step(x, target=np.array([0, 1, 3])))

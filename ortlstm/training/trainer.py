@@ -155,7 +155,7 @@ class Trainer:
         carried_outputs = [name for state in carried for name in (state.final_h, state.final_c)]
         arguments = spec.build_arguments()
         arguments["extra_outputs"] = list(dict.fromkeys([*spec.extra_outputs, *carried_outputs]))
-        built = build_training_models(training_model, **arguments)
+        built = build_training_models(training_model, **arguments, kernel_gradients=True)  # the library is loaded
         outputs = [value.name for value in built.prepared.model.graph.output]
         resolved = dataclasses.replace(
             spec,
