@@ -103,3 +103,20 @@ def freeze_hint(parameters: Sequence[str]) -> str:
     if len(parameters) > 1 and len(modules) == 1 and all("." in name for name in parameters):
         hint += f", or frozen=[{next(iter(modules)) + '.*'!r}] for the whole module"
     return hint
+
+
+def describe_trained(trained: Sequence[TrainedParameter], frozen: Sequence[str] = ()) -> str:
+    """A table of the trained parameters (name, type, shape, values, the torch parameters behind each).
+
+    The frozen ones are listed after it.
+    """
+    lines = [f"trains {len(trained)} parameters, {sum(p.size for p in trained):,} values:"]
+    width = max(len(p.name) for p in trained)
+    for parameter in trained:
+        shape = "[" + ", ".join(map(str, parameter.shape)) + "]"
+        renamed = parameter.sources and parameter.sources != (parameter.name,)
+        origin = f"  <- {', '.join(parameter.sources)}" if renamed else ""
+        lines.append(f"  {parameter.name:<{width}}  {parameter.dtype:<7} {shape:<16} {parameter.size:>10,}{origin}")
+    if frozen:
+        lines.append(f"frozen (constants): {', '.join(frozen)}")
+    return "\n".join(lines)

@@ -22,7 +22,7 @@ from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
 from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.export_metadata import read_torch_origins
-from ortlstm.graphs.parameters import TrainedParameter
+from ortlstm.graphs.parameters import TrainedParameter, describe_trained
 from ortlstm.graphs.structure import graph_hash
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
 from ortlstm.ort_training import (
@@ -528,20 +528,7 @@ class Trainer:
 
     def summary(self) -> str:
         """A table of the trained and frozen parameters, for a reader to check against their torch model."""
-        trained = self.trained
-        lines = [f"trains {len(trained)} parameters, {sum(p.size for p in trained):,} values:"]
-        width = max(len(p.name) for p in trained)
-        for parameter in trained:
-            shape = "[" + ", ".join(map(str, parameter.shape)) + "]"
-            origin = (
-                f"  <- {', '.join(parameter.sources)}"
-                if parameter.sources and parameter.sources != (parameter.name,)
-                else ""
-            )
-            lines.append(f"  {parameter.name:<{width}}  {parameter.dtype:<7} {shape:<16} {parameter.size:>10,}{origin}")
-        if self.signature.frozen:
-            lines.append(f"frozen (constants): {', '.join(self.signature.frozen)}")
-        return "\n".join(lines)
+        return describe_trained(self.trained, self.signature.frozen)
 
     @property
     def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
