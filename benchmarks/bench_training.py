@@ -397,15 +397,16 @@ class TrainerRunner:
         from ortlstm.graphs.autodiff import GraphEmitter
 
         from ortlstm import training
+        from ortlstm.training import trainer as trainer_module
 
         optimizer = optimizers.AdamW(lr=LR, implementation=implementation, fused_multiply_add=fused_multiply_add)
         # Without the check, the Trainer builds its models as before the guard (it then looks at
         # the returned loss only, one np.isfinite of a scalar per step).
-        build = functools.partial(training.build_training_models, nonfinite_check=nonfinite_check)
+        build = functools.partial(trainer_module.build_training_models, nonfinite_check=nonfinite_check)
         # ortlstm_ops=False: every emitter the train step makes keeps the gradient rules to standard ops.
         emitter_init = functools.partialmethod(GraphEmitter.__init__, ortlstm_ops=ortlstm_ops)
         with (
-            unittest.mock.patch.object(training, "build_training_models", build),
+            unittest.mock.patch.object(trainer_module, "build_training_models", build),
             unittest.mock.patch.object(GraphEmitter, "__init__", emitter_init),
         ):
             self.trainer = training.Trainer(
