@@ -1,5 +1,9 @@
 """What the sub-commands share: torch's vocabulary, old spellings with a deprecation message, the Trainer's options.
 
+The Trainer's options are defined once, here (``add_training_options``, ``add_trainer_extras``),
+and turned into ``Trainer`` keywords once (``trainer_arguments``): ``fit`` and ``train-step``
+both use them, ``fit`` with the run-time options (--nonfinite, --threads) too.
+
 One vocabulary, torch's: --loss takes torch.nn.functional's names (the loss table,
 ortlstm.graphs.losses.KINDS), --optimizer torch.optim's in lower case (the optimizer table,
 ortlstm.graphs.optimizers.OPTIMIZERS), --lr the learning rate.
@@ -8,6 +12,8 @@ ortlstm.graphs.optimizers.OPTIMIZERS), --lr the learning rate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -95,8 +101,6 @@ def _loss_option(text: str) -> tuple[str, str]:
 
 def _loss_options(kind: str, options: Sequence[tuple[str, str]]) -> dict[str, object]:
     """Each ``--loss-option`` value as the type of the ``Loss`` field it sets (a list of floats for weights)."""
-    import dataclasses
-
     from ortlstm.graphs import losses
 
     defaults = {field.name: field.default for field in dataclasses.fields(losses.Loss)}
@@ -194,22 +198,106 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def trainer_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """``Trainer`` keywords from the options ``add_training_options`` added."""
+def json_value(text: str) -> Any:
+    """A JSON value of ``--param-groups`` or ``--schedule``."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected JSON, e.g. \'[{{"params": ["lstm.B"]}}]\', got {text!r}') from None
+
+
+def json_option(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--optimizer-option``: VALUE as JSON (``betas=[0.9,0.99]``), else as text."""
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. momentum=0.9 or betas=[0.9,0.99]), got {text!r}")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
+def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> None:
+    """The Trainer's options beyond ``add_training_options``: optimizer options, groups, extra outputs, stateful, IR.
+
+    Args:
+        parser: ``fit``'s or ``train-step``'s parser.
+        run_time: Also --nonfinite, which a training directory does not record (``fit``'s, not ``train-step``'s).
+    """
+    from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.training import NONFINITE_MODES
+
+    parser.add_argument(
+        "--optimizer-option",
+        action="append",
+        default=[],
+        type=json_option,
+        metavar="NAME=VALUE",
+        help="a torch.optim hyperparameter (e.g. momentum=0.9, betas=[0.9,0.99], amsgrad=true); repeat for several",
+    )
+    parser.add_argument(
+        "--param-groups",
+        type=json_value,
+        default=None,
+        metavar="JSON",
+        help='parameter groups, e.g. \'[{"params": ["lstm.B"], "weight_decay": 0}]\' (ParamGroup\'s fields; '
+        "a group's lr as lr_scale)",
+    )
+    parser.add_argument(
+        "--extra-outputs", nargs="+", default=[], metavar="NAME", help="model outputs each step returns"
+    )
+    parser.add_argument(
+        "--stateful",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="truncated BPTT: batch k is rows k*B..(k+1)*B-1 in order, row i continues row i of the batch "
+        "before; the LSTM state carries over and is reset each epoch (no shuffle)",
+    )
+    if run_time:
+        parser.add_argument(
+            "--nonfinite",
+            choices=NONFINITE_MODES,
+            default="raise",
+            help="a NaN or inf loss or gradient: raise (stop, default) or skip the update (counted per epoch)",
+        )
+    parser.add_argument(
+        "--ir-version", type=int, default=MAX_IR_VERSION, help=f"the training models' (default {MAX_IR_VERSION})"
+    )
+
+
+def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> dict[str, Any]:
+    """``Trainer`` keywords from the options ``add_training_options`` and ``add_trainer_extras`` added.
+
+    Args:
+        args: The parsed options.
+        run_time: Also ``threads`` and ``nonfinite`` (``fit``'s --threads, --nonfinite).
+    """
+    from ortlstm.fit import param_groups_from_json
     from ortlstm.graphs import losses, optimizers
 
     hyperparameters = {
         name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
     }
-    return {
+    optimizer = optimizers.optimizer_from_torch(_train_optimizers()[args.optimizer], **hyperparameters)
+    if args.optimizer_option:
+        current = {field.name: getattr(optimizer, field.name) for field in dataclasses.fields(optimizer)}
+        optimizer = optimizers.optimizer_from_torch(optimizer.torch_name, **{**current, **dict(args.optimizer_option)})
+    keywords = {
         "loss": losses.Loss(args.loss, **_loss_options(args.loss, args.loss_option)),  # type: ignore[arg-type]
-        "optimizer": optimizers.optimizer_from_torch(_train_optimizers()[args.optimizer], **hyperparameters),
+        "optimizer": optimizer,
         "requires_grad": args.requires_grad,
         "frozen": args.frozen,
         "output": args.output,
         "target": args.target,
+        "extra_outputs": tuple(args.extra_outputs),
+        "param_groups": param_groups_from_json(args.param_groups),
         "clip_grad_norm": args.clip_grad_norm,
         "clip_norm_type": args.clip_norm_type,
         "fixed_inputs": dict(args.fixed_input) or None,
         "fixed_shapes": dict(args.fixed_shape) or None,
+        "stateful": args.stateful,
+        "ir_version": args.ir_version,
     }
+    if run_time:
+        keywords.update(threads=args.threads, nonfinite=args.nonfinite)
+    return keywords

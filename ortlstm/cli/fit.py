@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ortlstm.cli.common import add_training_options, trainer_arguments
+from ortlstm.cli.common import json_option, json_value, add_trainer_extras, add_training_options, trainer_arguments
 
 _FIT_REQUIRED = {
     "model": "MODEL",
@@ -30,37 +30,18 @@ def _named_axis(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(f"expected NAME=AXIS, e.g. target=1; got {text!r}") from None
 
 
-def _json_value(text: str) -> Any:
-    """A JSON value of ``--param-groups`` or ``--schedule``."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected JSON, e.g. \'[{{"params": ["lstm.B"]}}]\', got {text!r}') from None
-
-
 def _schedule_value(text: str) -> Any:
     """``--schedule``: a name, or a JSON object of the schedule's fields."""
     from ortlstm.fit import SCHEDULES
 
     if text.lstrip().startswith("{"):
-        return _json_value(text)
+        return json_value(text)
     if text not in SCHEDULES:
         raise argparse.ArgumentTypeError(
             f'expected one of {", ".join(SCHEDULES)} or a JSON object such as \'{{"kind": "cosine", '
             f'"eta_min": 1e-5}}\', got {text!r}'
         )
     return text
-
-
-def _json_option(text: str) -> tuple[str, Any]:
-    """``NAME=VALUE`` of ``--optimizer-option``: VALUE as JSON (``betas=[0.9,0.99]``), else as text."""
-    name, _, value = text.partition("=")
-    if not name or not value:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. momentum=0.9 or betas=[0.9,0.99]), got {text!r}")
-    try:
-        return name, json.loads(value)
-    except ValueError:
-        return name, value
 
 
 class _ConfigParser(argparse.ArgumentParser):
@@ -105,51 +86,11 @@ def add_fit_arguments(fit: argparse.ArgumentParser) -> None:
     )
     fit.add_argument("--val", type=Path, default=None, help="validation arrays, same names")
     add_training_options(fit)
-    _add_trainer_extras(fit)
+    add_trainer_extras(fit, run_time=True)
     _add_run_options(fit)
     _add_schedule_options(fit)
     for action in fit._actions:
         action.required = False
-
-
-def _add_trainer_extras(fit: argparse.ArgumentParser) -> None:
-    """The Trainer's options that ``fit`` has beyond ``train-step``'s: every one of ``TRAINER_OPTIONS``."""
-    from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.training import NONFINITE_MODES
-
-    fit.add_argument(
-        "--optimizer-option",
-        action="append",
-        default=[],
-        type=_json_option,
-        metavar="NAME=VALUE",
-        help="a torch.optim hyperparameter (e.g. momentum=0.9, betas=[0.9,0.99], amsgrad=true); repeat for several",
-    )
-    fit.add_argument(
-        "--param-groups",
-        type=_json_value,
-        default=None,
-        metavar="JSON",
-        help='parameter groups, e.g. \'[{"params": ["lstm.B"], "weight_decay": 0}]\' (ParamGroup\'s fields; '
-        "a group's lr as lr_scale)",
-    )
-    fit.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME", help="model outputs each step returns")
-    fit.add_argument(
-        "--stateful",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="truncated BPTT: batch k is rows k*B..(k+1)*B-1 in order, row i continues row i of the batch "
-        "before; the LSTM state carries over and is reset each epoch (no shuffle)",
-    )
-    fit.add_argument(
-        "--nonfinite",
-        choices=NONFINITE_MODES,
-        default="raise",
-        help="a NaN or inf loss or gradient: raise (stop, default) or skip the update (counted per epoch)",
-    )
-    fit.add_argument(
-        "--ir-version", type=int, default=MAX_IR_VERSION, help=f"the training models' (default {MAX_IR_VERSION})"
-    )
 
 
 def _add_run_options(fit: argparse.ArgumentParser) -> None:
@@ -262,9 +203,9 @@ def _config_argv(config: Mapping[str, Any], parser: argparse.ArgumentParser, whe
         elif isinstance(action, argparse._AppendAction):  # NAME=VALUE options: an object, or a list of texts
             items = value.items() if isinstance(value, dict) else [(None, item) for item in value]
             for item_name, item in items:
-                text = json.dumps(item) if action.type is _json_option else _config_text(item)
+                text = json.dumps(item) if action.type is json_option else _config_text(item)
                 argv += [flag, text if item_name is None else f"{item_name}={text}"]
-        elif action.type in (_json_value, _schedule_value) and not isinstance(value, str):
+        elif action.type in (json_value, _schedule_value) and not isinstance(value, str):
             argv += [flag, json.dumps(value)]
         else:
             argv += [flag, _config_text(value)]
@@ -284,27 +225,10 @@ def _config_text(value: Any) -> str:
 
 def fit_trainer_arguments(options: argparse.Namespace) -> dict[str, Any]:
     """``Trainer`` keywords from fit's options: every one of ``ortlstm.fit.TRAINER_OPTIONS``."""
-    import dataclasses
+    from ortlstm.fit import TRAINER_OPTIONS
 
-    from ortlstm.fit import TRAINER_OPTIONS, param_groups_from_json
-    from ortlstm.graphs import optimizers
-
-    keywords = trainer_arguments(options)
-    if options.optimizer_option:
-        optimizer = keywords["optimizer"]
-        current = {field.name: getattr(optimizer, field.name) for field in dataclasses.fields(optimizer)}
-        keywords["optimizer"] = optimizers.optimizer_from_torch(
-            optimizer.torch_name, **{**current, **dict(options.optimizer_option)}
-        )
-    keywords.update(
-        lr=None,  # the optimizer's; fit gives each update its lr from --schedule
-        extra_outputs=tuple(options.extra_outputs),
-        param_groups=param_groups_from_json(options.param_groups),
-        stateful=options.stateful,
-        threads=options.threads,
-        ir_version=options.ir_version,
-        nonfinite=options.nonfinite,
-    )
+    keywords = trainer_arguments(options, run_time=True)
+    keywords["lr"] = None  # the optimizer's; fit gives each update its lr from --schedule
     unwired = sorted(set(TRAINER_OPTIONS) - set(keywords))
     if unwired:
         raise RuntimeError(f"ortlstm fit does not pass the Trainer option(s) {unwired}: wire them here")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ortlstm.cli.common import add_training_options, renamed_values, trainer_arguments
+from ortlstm.cli.common import add_trainer_extras, add_training_options, renamed_values, trainer_arguments
 
 # artifacts: the losses and optimizers onnxruntime-training builds -> its LossType / OptimType names
 _ARTIFACT_LOSSES = {
@@ -41,8 +41,8 @@ def add_train_step(commands: Any) -> None:
     train_step.add_argument("model", type=Path)
     train_step.add_argument("directory", type=Path)
     add_training_options(train_step)
-    train_step.add_argument("--extra-outputs", nargs="+", default=[], metavar="NAME")
-    train_step.add_argument("--ir-version", type=int, default=None, help="IR version of the written models")
+    # Every Trainer option the directory records (training.json); not the run-time ones (lr, threads, nonfinite).
+    add_trainer_extras(train_step, run_time=False)
 
 
 def add_export(commands: Any) -> None:
@@ -109,12 +109,7 @@ def train_step_command(args: argparse.Namespace) -> int:
         )
     options = trainer_arguments(args)
     optimizer = options["optimizer"]
-    trainer = Trainer(
-        args.model,
-        extra_outputs=args.extra_outputs,
-        **options,
-        **({"ir_version": args.ir_version} if args.ir_version is not None else {}),
-    )
+    trainer = Trainer(args.model, **options)
     trainer.write(args.directory)
     signature = trainer.signature
     optional = {extra.name for extra in trainer.spec.loss.extra_targets if not extra.required}
