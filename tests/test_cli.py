@@ -328,6 +328,60 @@ def test_train_step_takes_frozen_fixed_shapes_and_fixed_inputs(tmp_path: Path) -
     assert spec.clip_norm_type == float("inf")
 
 
+RUN_TIME_ONLY = {"lr", "threads", "nonfinite"}
+"""Trainer keywords a training directory does not record (given to ``Trainer.open``), so not train-step's."""
+
+
+def test_train_step_reaches_every_trainer_option_a_directory_records() -> None:
+    """Every Trainer keyword that TrainingSpec saves or builds the graphs from has a train-step option.
+
+    A new Trainer option the spec records fails here until train-step passes it (test_fit checks fit).
+    """
+    import dataclasses
+    import inspect
+
+    from ortlstm.__main__ import _parser, _trainer_arguments
+    from ortlstm.training import Trainer, TrainingSpec
+
+    keywords = set(inspect.signature(Trainer.__init__).parameters) - {"self", "model"}
+    fields = dataclasses.fields(TrainingSpec)
+    roles = {field.metadata["role"].keyword or field.name: field.metadata["role"] for field in fields}
+    assert set(roles) == keywords
+    recorded = {keyword for keyword, role in roles.items() if role.saved is not None or role.build is not None}
+    assert recorded == keywords - RUN_TIME_ONLY
+    args = _parser().parse_args(["train-step", "m.onnx", "d", "--loss", "mse_loss", "--optimizer", "sgd"])
+    reached = set(_trainer_arguments(args))
+    assert sorted(recorded - reached) == []
+    assert reached == recorded
+
+
+def test_train_step_records_param_groups_stateful_and_optimizer_options(tmp_path: Path) -> None:
+    """--param-groups, --stateful, --optimizer-option and --ir-version reach training.json and Trainer.open."""
+    import json
+
+    from ortlstm.graphs import optimizers
+    from ortlstm.training import MANIFEST_FILE, Trainer
+
+    lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
+    result = ortlstm_cli(
+        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "sgd", "--lr", "0.1",
+        "--param-groups", '[{"params": ["B"], "weight_decay": 0, "lr_scale": 0.5}]', "--weight-decay", "0.01",
+        "--optimizer-option", "momentum=0.9", "--stateful", "--ir-version", "9", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    saved = json.loads((tmp_path / "run" / MANIFEST_FILE).read_text())["spec"]
+    assert saved["stateful"] is True, saved
+    assert saved["ir_version"] == 9, saved
+    assert [group["params"] for group in saved["param_groups"]] == [["B"]], saved
+    assert onnx.load(str(tmp_path / "run" / "train_step.onnx")).ir_version == 9
+    spec = Trainer.open(tmp_path / "run", threads=1).spec
+    assert spec.stateful is True
+    assert spec.param_groups == (optimizers.ParamGroup(params=("B",), weight_decay=0.0, lr_scale=0.5),)
+    assert spec.optimizer.momentum == 0.9
+    assert spec.optimizer.weight_decay == 0.01
+    assert spec.ir_version == 9
+
+
 @pytest.mark.parametrize(("flag", "name"), [("rmsprop", "RMSprop"), ("adagrad", "Adagrad"), ("nadam", "NAdam")])
 def test_train_step_takes_standard_ops_optimizers(tmp_path: Path, flag: str, name: str) -> None:
     from ortlstm.training import Trainer
