@@ -216,6 +216,7 @@ def build_training_models(
     param_groups: Sequence[optimizers_module.ParamGroup] = (),
     clip_grad_norm: float | None = None,
     clip_norm_type: float = 2.0,
+    clip_grad_value: float | None = None,
     fixed_inputs: Mapping[str, np.ndarray] | None = None,
     fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
     ir_version: int = MAX_IR_VERSION,
@@ -245,6 +246,8 @@ def build_training_models(
         param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
         clip_grad_norm: Clip the global gradient norm to this value (torch's clip_grad_norm_).
         clip_norm_type: The norm's type (2.0 or inf).
+        clip_grad_value: Clamp every gradient element to ``[-clip_grad_value, clip_grad_value]``
+            (torch's clip_grad_value_), finite and > 0. Not together with ``clip_grad_norm``.
         fixed_inputs: Inputs fixed for training (they become constants; may choose If branches).
         fixed_shapes: Input shapes fixed for training, an int or None (keep) per axis; ``If``
             conditions computed from those dims fold (``prepare_model``). The training models
@@ -268,6 +271,7 @@ def build_training_models(
             an empty set of parameters, an op without gradient rule on a parameter's path, a
             target the loss cannot take.
     """
+    clip = clip_settings(clip_grad_norm, clip_norm_type, clip_grad_value)
     prepared = prepare_model(model, fixed_inputs, fixed_shapes, keep=requires_grad or ())
     if requires_grad is None and prepared.dropped:
         _warn_dropped(prepared.dropped)
@@ -279,7 +283,7 @@ def build_training_models(
     first_grad_node = len(emitter.nodes)
     backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)
     grad_nodes = emitter.nodes[first_grad_node:]
-    update = _add_update(forward, params, optimizer, param_groups, clip_grad_norm, clip_norm_type, nonfinite_check)
+    update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)
     models = _Assembly(forward, params, update, ir_version, (grad_nodes, backward.gradients))
     signature = _signature(forward, params, update, models.batch_inputs, default_requires_grad(prepared))
     initial_params = {name: onnx.numpy_helper.to_array(models.initializers[name]) for name in params}
@@ -289,6 +293,26 @@ def build_training_models(
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
     )
+
+
+def clip_settings(
+    clip_grad_norm: float | None, clip_norm_type: float = 2.0, clip_grad_value: float | None = None
+) -> optimizers_module.ClipGradNorm | optimizers_module.ClipGradValue | None:
+    """The gradient clipping asked for: by total norm, by value, or none (validated).
+
+    Raises:
+        ValueError: Both ``clip_grad_norm`` and ``clip_grad_value`` given, or a bad value.
+    """
+    if clip_grad_norm is not None and clip_grad_value is not None:
+        raise ValueError(
+            f"clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r} given together: their order "
+            "would be ambiguous (torch users call clip_grad_norm_ and clip_grad_value_ in their own order); pass one"
+        )
+    if clip_grad_value is not None:
+        return optimizers_module.ClipGradValue(clip_grad_value)
+    if clip_grad_norm is not None:
+        return optimizers_module.ClipGradNorm(clip_grad_norm, clip_norm_type)
+    return None
 
 
 def _warn_dropped(dropped: Sequence[str]) -> None:
@@ -466,8 +490,7 @@ def _add_update(
     params: Sequence[str],
     optimizer: optimizers_module.Optimizer,
     param_groups: Sequence[optimizers_module.ParamGroup],
-    clip_grad_norm: float | None,
-    clip_norm_type: float,
+    clip: optimizers_module.ClipGradNorm | optimizers_module.ClipGradValue | None,
     nonfinite_check: bool,
 ) -> _Update:
     """Emits the optimizer step (with clipping and the finite check) after the backward."""
@@ -486,7 +509,6 @@ def _add_update(
     for name in params:
         for value in (name, grad_inputs[name], *state[name].values()):
             emitter.set_type(value, initializers[name].data_type, tuple(initializers[name].dims))
-    clip = optimizers_module.ClipGradNorm(clip_grad_norm, clip_norm_type) if clip_grad_norm is not None else None
     update = optimizers_module.add_optimizer_step(
         emitter, optimizer, grad_inputs, state, lr, step, param_groups=param_groups, clip=clip
     )
@@ -499,7 +521,9 @@ def _add_update(
     _name_outputs(emitter, first_opt_node, outputs_of)
     nodes = emitter.nodes[first_opt_node:]
     loss = (forward.loss_value, forward.loss_elem, forward.loss_scalar)
-    finite = add_finite_check(emitter, loss, grad_inputs, update.total_norm, clip) if nonfinite_check else None
+    # The check reads the unclipped gradient inputs (or the norm before clipping): clamping hides no NaN.
+    norm_clip = clip if isinstance(clip, optimizers_module.ClipGradNorm) else None
+    finite = add_finite_check(emitter, loss, grad_inputs, update.total_norm, norm_clip) if nonfinite_check else None
     return _Update(
         lr,
         step,

@@ -23,6 +23,7 @@ import onnxruntime as ort
 import pytest
 from ortlstm.graphs import optimizers
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.train_step import clip_settings
 
 from ortlstm import ops
 
@@ -330,6 +331,14 @@ def test_initial_state_is_zeros_of_the_param() -> None:
         (lambda: optimizers.NAdam(betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
         (lambda: optimizers.NAdam(momentum_decay=-1.0), "Invalid momentum_decay value: -1.0"),
         (lambda: optimizers.ClipGradNorm(1.0, norm_type=0.0), "norm_type"),
+        (lambda: optimizers.ClipGradValue(0.0), r"clip_grad_value must be a finite number > 0, got 0\.0"),
+        (lambda: optimizers.ClipGradValue(-0.5), r"clip_grad_value must be a finite number > 0, got -0\.5"),
+        (lambda: optimizers.ClipGradValue(math.inf), r"clip_grad_value must be a finite number > 0, got inf"),
+        (lambda: optimizers.ClipGradValue(math.nan), r"clip_grad_value must be a finite number > 0, got nan"),
+        (
+            lambda: clip_settings(1.0, 2.0, 0.5),
+            r"clip_grad_norm=1\.0 and clip_grad_value=0\.5 given together.*pass one",
+        ),
         (
             lambda: optimizers.resolve_groups(
                 optimizers.SGD(), ["a", "b"], [optimizers.ParamGroup(("a",)), optimizers.ParamGroup(("a", "b"))]
@@ -345,6 +354,33 @@ def test_initial_state_is_zeros_of_the_param() -> None:
 def test_invalid_settings_are_refused(build: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clip_grad_value_is_numpys_clip_and_keeps_nan(dtype: type) -> None:
+    """torch.nn.utils.clip_grad_value_ is clamp(-v, v) per element: NumPy's clip, NaN kept NaN, inf clamped."""
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    rng = np.random.default_rng(3)
+    grads = {"g0": rng.standard_normal((4, 5)).astype(dtype), "g1": rng.standard_normal(7).astype(dtype)}
+    grads["g0"][1, 2], grads["g0"][3, 0], grads["g1"][4], grads["g1"][5] = np.nan, np.inf, -np.inf, 0.3
+    emitter = GraphEmitter(OPSET, used=list(grads))
+    for name, value in grads.items():
+        emitter.set_type(name, elem_type, value.shape)
+    clipped = optimizers.clip_grad_value(emitter, list(grads), 0.3)
+    graph = onnx.helper.make_graph(
+        emitter.nodes,
+        "clip_grad_value",
+        [onnx.helper.make_tensor_value_info(name, elem_type, value.shape) for name, value in grads.items()],
+        [onnx.helper.make_tensor_value_info(out, elem_type, None) for out in clipped],
+        emitter.initializers,
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)], ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for (name, value), actual in zip(grads.items(), session.run(clipped, grads), strict=True):
+        bound = dtype(0.3)
+        np.testing.assert_array_equal(actual, np.clip(value, -bound, bound), err_msg=name)
+        assert actual.dtype == dtype
+    assert np.isnan(session.run(clipped, grads)[0][1, 2])
 
 
 @pytest.mark.parametrize("name", sorted(name for name, case in CASES.items() if case["optimizer"] == "NAdam"))

@@ -1,10 +1,10 @@
-"""torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad and NAdam and clip_grad_norm_ as ONNX nodes.
+"""torch.optim's SGD, Adam, AdamW, RMSprop, Adagrad and NAdam, clip_grad_norm_ and clip_grad_value_ as ONNX nodes.
 
 One module per optimizer (``sgd``, ``adam`` with AdamW, ``rmsprop``, ``adagrad``, ``nadam``), each class
 registered in one table (``OPTIMIZERS``, see ``base``) that ``optimizer_from_torch``, the
-Trainer's checkpoints and the command line read; ``clip`` holds ``clip_grad_norm``, ``arithmetic``
-torch's CPU arithmetic in standard ops. A new optimizer is one module with one registered class
-(see ``register_optimizer``), imported here, plus its test rows.
+Trainer's checkpoints and the command line read; ``clip`` holds ``clip_grad_norm`` and
+``clip_grad_value``, ``arithmetic`` torch's CPU arithmetic in standard ops. A new optimizer is one
+module with one registered class (see ``register_optimizer``), imported here, plus its test rows.
 
 Clipping, RMSprop, Adagrad and NAdam are standard ops. SGD, Adam and AdamW emit one ``ortlstm::SGDUpdate`` or
 ``ortlstm::AdamUpdate`` node per parameter by default (the ortlstm library's kernels: one pass
@@ -58,7 +58,7 @@ from ortlstm.graphs.optimizers.base import (
     register_optimizer,
     resolve_groups,
 )
-from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
+from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value
 from ortlstm.graphs.optimizers.nadam import NAdam
 from ortlstm.graphs.optimizers.rmsprop import RMSprop
 from ortlstm.graphs.optimizers.sgd import SGD
@@ -71,6 +71,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradNorm",
+    "ClipGradValue",
     "NAdam",
     "Optimizer",
     "OptimizerStep",
@@ -78,6 +79,7 @@ __all__ = [
     "RMSprop",
     "add_optimizer_step",
     "clip_grad_norm",
+    "clip_grad_value",
     "optimizer_from_torch",
     "register_optimizer",
     "resolve_groups",

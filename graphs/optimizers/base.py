@@ -23,7 +23,7 @@ import onnx
 
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
-from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm
+from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value
 from ortlstm.ops import schema
 
 Update = tuple[str, dict[str, str]]
@@ -388,7 +388,7 @@ class OptimizerStep:
     Attributes:
         params: Parameter name -> its updated value.
         state: Parameter name -> slot -> its updated state value.
-        total_norm: The gradients' total norm before clipping (None without clipping).
+        total_norm: The gradients' total norm before clipping (None without norm clipping).
         optimizers: Parameter name -> the optimizer (group overrides applied) that updates it.
     """
 
@@ -430,9 +430,9 @@ def add_optimizer_step(
     step: str,
     *,
     param_groups: Sequence[ParamGroup] = (),
-    clip: ClipGradNorm | None = None,
+    clip: ClipGradNorm | ClipGradValue | None = None,
 ) -> OptimizerStep:
-    """Emits ``clip_grad_norm_`` (optional) and one ``optimizer.step()`` over all parameters.
+    """Emits ``clip_grad_norm_`` or ``clip_grad_value_`` (optional) and one ``optimizer.step()`` over all parameters.
 
     Args:
         emitter: Receives the nodes; must know every parameter's element type.
@@ -442,7 +442,7 @@ def add_optimizer_step(
         lr: Learning-rate input (0-D, float64 for exact parity, or float32).
         step: Step-number input (0-D, 1-based, int64).
         param_groups: Groups with their own hyperparameters / lr scales.
-        clip: Clip the gradients' total norm first.
+        clip: Clip the gradients' total norm (``ClipGradNorm``) or every element (``ClipGradValue``) first.
 
     Returns:
         The updated parameters and state, the total norm, and the optimizer of each parameter.
@@ -451,7 +451,9 @@ def add_optimizer_step(
     per_param = resolve_groups(optimizer, params, param_groups)
     grad_values = [grads[name] for name in params]
     total_norm = None
-    if clip is not None:
+    if isinstance(clip, ClipGradValue):
+        grad_values = clip_grad_value(emitter, grad_values, clip.clip_value)
+    elif clip is not None:
         grad_values, total_norm = clip_grad_norm(emitter, grad_values, clip.max_norm, clip.norm_type)
     prepared: dict[tuple[int, float, int], dict[str, str]] = {}
     optimizer_ids: dict[Optimizer, int] = {}

@@ -1,4 +1,8 @@
-"""torch.nn.utils.clip_grad_norm_ as ONNX nodes: all gradients scaled together to a total norm of at most max_norm."""
+"""torch.nn.utils.clip_grad_norm_ and clip_grad_value_ as ONNX nodes.
+
+clip_grad_norm_ scales all gradients together to a total norm of at most max_norm;
+clip_grad_value_ clamps every gradient element to [-clip_value, clip_value].
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,47 @@ class ClipGradNorm:
     def __post_init__(self) -> None:
         if not self.norm_type > 0:
             raise ValueError(f"clip_grad_norm norm_type must be positive or inf, got {self.norm_type}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipGradValue:
+    """torch.nn.utils.clip_grad_value_'s setting.
+
+    Attributes:
+        clip_value: Every gradient element is clamped to ``[-clip_value, clip_value]``.
+    """
+
+    clip_value: float
+
+    def __post_init__(self) -> None:
+        value = self.clip_value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"clip_grad_value must be a finite number > 0, got {value!r}; pass e.g. 1.0, or None")
+
+
+def clip_grad_value(emitter: GraphEmitter, grads: Sequence[str], clip_value: float) -> list[str]:
+    """torch.nn.utils.clip_grad_value_: clamps every gradient element to [-clip_value, clip_value].
+
+    One ONNX ``Clip`` per gradient, its min and max 0-D constants of the gradient's type. A NaN
+    element stays NaN (Clip, like torch.clamp, propagates it), so a non-finite check still sees it.
+
+    Args:
+        emitter: Receives the nodes.
+        grads: The gradient values.
+        clip_value: The bound, finite and > 0.
+
+    Returns:
+        The clipped gradients, same order.
+    """
+    ClipGradValue(clip_value)  # validates
+    clipped = []
+    for grad in grads:
+        low, high = emitter.scalar_like(-clip_value, grad), emitter.scalar_like(clip_value, grad)
+        clipped.append(emitter.op("Clip", [grad, low, high]))
+        known = emitter.value_type(grad)
+        if known is not None:
+            emitter.set_type(clipped[-1], known.elem_type, known.shape)
+    return clipped
 
 
 def _vector_norm(emitter: GraphEmitter, value: str, norm_type: float) -> str:
