@@ -328,6 +328,20 @@ def test_train_step_takes_frozen_fixed_shapes_and_fixed_inputs(tmp_path: Path) -
     assert spec.clip_norm_type == float("inf")
 
 
+def test_train_step_takes_clip_grad_value_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    """--clip-grad-value reaches the saved spec; a value <= 0 fails naming the option and the value."""
+    from ortlstm.training import Trainer
+
+    lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
+    common = ["train-step", "model.onnx", "--loss", "mse_loss", "--optimizer", "sgd"]
+    result = ortlstm_cli(*common[:2], "run", *common[2:], "--clip-grad-value", "0.25", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    assert Trainer.open(tmp_path / "run", threads=1).spec.clip_grad_value == 0.25
+    result = ortlstm_cli(*common[:2], "bad", *common[2:], "--clip-grad-value", "-1", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "clip_grad_value must be a finite number > 0, got -1.0" in result.stderr, describe(result)
+
+
 RUN_TIME_ONLY = {"lr", "threads", "nonfinite"}
 """Trainer keywords a training directory does not record (given to ``Trainer.open``), so not train-step's."""
 

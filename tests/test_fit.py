@@ -896,6 +896,18 @@ schedule = {kind = "linear-warmup", warmup = 2}
 """
 
 
+def test_clip_grad_value_with_clip_grad_norm_is_refused(tmp_path: Path) -> None:
+    write_example(tmp_path)
+    command = (
+        "model.onnx --data train.npz --loss cross_entropy --optimizer sgd --epochs 1 --batch-size 64 --threads 1 "
+        "--clip-grad-norm 1.0 --clip-grad-value 0.5 --out trained.onnx"
+    )
+    done = cli("fit", *command.split(), cwd=tmp_path)
+    assert done.returncode != 0
+    assert "clip_grad_norm=1.0 and clip_grad_value=0.5 given together" in done.stderr, done.stderr
+    assert not (tmp_path / "trained.onnx").exists()
+
+
 def capture_fit(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Trainer, dict[str, object]]]:
     """Records the trainer and options ``ortlstm fit`` runs ``fit`` with (and runs it)."""
     calls: list[tuple[Trainer, dict[str, object]]] = []
@@ -909,10 +921,16 @@ def capture_fit(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Trainer, dict[str
     return calls
 
 
-@pytest.mark.parametrize("source", ["command_line", "json", "toml"])
-def test_each_trainer_option_reaches_the_built_trainer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], source: str
-) -> None:
+def fit_with(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    cli_options: list[str],
+    config: dict[str, object],
+    toml: str,
+) -> tuple[Trainer, dict[str, object]]:
+    """Runs ``ortlstm fit`` (Adam, lr 0.01, one epoch) with options from ``source``; its trainer and fit options."""
     from ortlstm.__main__ import main
 
     write_example(tmp_path)
@@ -922,17 +940,25 @@ def test_each_trainer_option_reaches_the_built_trainer(
     base.update({"optimizer": "adam", "lr": 0.01, "epochs": 1, "batch_size": 10})
     if source == "command_line":
         argv = [base["model"], "--data", base["data"], "--loss", "cross_entropy", "--optimizer", "adam", "--lr", "0.01"]
-        argv += ["--epochs", "1", "--batch-size", "10", *NEW_OPTIONS_CLI]
+        argv += ["--epochs", "1", "--batch-size", "10", *cli_options]
     elif source == "json":
-        (tmp_path / "run.json").write_text(json.dumps({**base, **NEW_OPTIONS_CONFIG}))
+        (tmp_path / "run.json").write_text(json.dumps({**base, **config}))
         argv = ["--config", str(tmp_path / "run.json")]
     else:
         pytest.importorskip("tomllib")  # Python >= 3.11
         lines = [f"{key} = {json.dumps(value)}" for key, value in base.items()]
-        (tmp_path / "run.toml").write_text("\n".join(lines) + TOML_CONFIG)
+        (tmp_path / "run.toml").write_text("\n".join(lines) + toml)
         argv = ["--config", str(tmp_path / "run.toml")]
     assert main(["fit", *argv]) == 0, capsys.readouterr().err
     ((trainer, options),) = calls
+    return trainer, options
+
+
+@pytest.mark.parametrize("source", ["command_line", "json", "toml"])
+def test_each_trainer_option_reaches_the_built_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    trainer, options = fit_with(tmp_path, monkeypatch, capsys, source, NEW_OPTIONS_CLI, NEW_OPTIONS_CONFIG, TOML_CONFIG)
     spec = trainer.spec
     assert spec.extra_outputs == ("logits",)
     assert spec.param_groups == (optimizers.ParamGroup(("lstm.B", "head.bias"), weight_decay=0.0),)
@@ -1173,3 +1199,14 @@ def test_time_major_shards_are_concatenated_along_the_declared_batch_axis(tmp_pa
         trained.append(params(trainer))
     for name, value in trained[0].items():
         assert np.array_equal(trained[1][name], value), name
+
+
+@pytest.mark.parametrize("source", ["command_line", "json", "toml"])
+def test_clip_grad_value_reaches_the_built_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], source: str
+) -> None:
+    options = ["--clip-grad-value", "0.05", "--threads", "1"]
+    config = {"clip_grad_value": 0.05, "threads": 1}
+    toml = "\nclip-grad-value = 0.05\nthreads = 1\n"
+    trainer, _ = fit_with(tmp_path, monkeypatch, capsys, source, options, config, toml)
+    assert (trainer.spec.clip_grad_value, trainer.spec.clip_grad_norm) == (0.05, None)

@@ -236,13 +236,21 @@ def sqrt_trainer(**options: object) -> Trainer:
     return Trainer(sqrt_model(), loss=losses.Loss.mse_loss(), threads=1, **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "clip", [None, (1.0, 2.0), (1.0, math.inf), (1.0, 1.0)], ids=["no_clip", "clip_l2", "clip_max", "clip_l1"]
-)
-def test_finite_loss_with_a_nan_gradient_is_refused(clip: tuple[float, float] | None) -> None:
+CLIPPINGS: dict[str, dict[str, float]] = {
+    "no_clip": {},
+    "clip_l2": {"clip_grad_norm": 1.0, "clip_norm_type": 2.0},
+    "clip_max": {"clip_grad_norm": 1.0, "clip_norm_type": math.inf},
+    "clip_l1": {"clip_grad_norm": 1.0, "clip_norm_type": 1.0},
+    # clip_grad_value_ clamps the finite elements; the check reads the gradients before it.
+    "clip_value": {"clip_grad_value": 0.01},
+}
+APPLY_CLIPPINGS = ("no_clip", "clip_l2", "clip_max", "clip_value")
+
+
+@pytest.mark.parametrize("clip", CLIPPINGS.values(), ids=CLIPPINGS.keys())
+def test_finite_loss_with_a_nan_gradient_is_refused(clip: dict[str, float]) -> None:
     """The max norm (clip_norm_type=inf) cannot tell: onnxruntime's ReduceMax skips a later NaN."""
-    options = {} if clip is None else {"clip_grad_norm": clip[0], "clip_norm_type": clip[1]}
-    subject = sqrt_trainer(**options)
+    subject = sqrt_trainer(**clip)
     subject.step(*sqrt_batch(False)[:1], target=sqrt_batch(False)[1])
     before = snapshot(subject)
     x, target = sqrt_batch(True)
@@ -252,7 +260,7 @@ def test_finite_loss_with_a_nan_gradient_is_refused(clip: tuple[float, float] | 
     assert_bitwise_equal(snapshot(subject), before)
     assert math.isfinite(error.value.loss)  # type: ignore[arg-type]
     assert error.value.nonfinite_grads == ("w",)
-    if clip is not None and math.isinf(clip[1]):
+    if math.isinf(clip.get("clip_norm_type", 2.0)):
         assert math.isfinite(subject.last_grad_norm)  # type: ignore[arg-type]  # the pitfall itself
 
 
@@ -364,10 +372,10 @@ def test_accumulated_bad_batch_refuses_apply(optimizer: optimizers.Optimizer, dt
     assert_bitwise_equal(snapshot(skipping), snapshot(reference))
 
 
-@pytest.mark.parametrize("clip", [None, (1.0, 2.0), (1.0, math.inf)], ids=["no_clip", "clip_l2", "clip_max"])
-def test_apply_refuses_a_nan_gradient_under_finite_losses(clip: tuple[float, float] | None) -> None:
+@pytest.mark.parametrize("clip", [CLIPPINGS[key] for key in APPLY_CLIPPINGS], ids=APPLY_CLIPPINGS)
+def test_apply_refuses_a_nan_gradient_under_finite_losses(clip: dict[str, float]) -> None:
     """The apply model's own check: every accumulated loss is finite, a summed gradient is not."""
-    subject = sqrt_trainer(**({} if clip is None else {"clip_grad_norm": clip[0], "clip_norm_type": clip[1]}))
+    subject = sqrt_trainer(**clip)
     subject.accumulate(*sqrt_batch(False)[:1], target=sqrt_batch(False)[1])
     subject.apply()
     before = snapshot(subject)

@@ -35,6 +35,7 @@ def rich_spec() -> TrainingSpec:
         param_groups=(optimizers.ParamGroup(params=("head.bias",), weight_decay=0.0),),
         clip_grad_norm=1.0,
         clip_norm_type=float("inf"),
+        clip_grad_value=0.25,  # a spec holds it; building refuses it together with clip_grad_norm
         stateful=True,
         frozen=("head.weight",),
         fixed_shapes={"pixels": (None, 3, None)},
@@ -85,6 +86,7 @@ def test_json_reads_back_without_the_runtime_options() -> None:
         "param_groups",
         "clip_grad_norm",
         "clip_norm_type",
+        "clip_grad_value",
         "stateful",
         "frozen",
         "fixed_shapes",
@@ -93,7 +95,7 @@ def test_json_reads_back_without_the_runtime_options() -> None:
     restored = TrainingSpec.from_json(data)
     assert restored.to_json() == spec.to_json()
     assert (restored.lr, restored.threads, restored.nonfinite, restored.fixed_inputs) == (None, None, "raise", {})
-    for added_later in ("stateful", "frozen", "fixed_shapes", "ir_version"):
+    for added_later in ("clip_grad_value", "stateful", "frozen", "fixed_shapes", "ir_version"):
         default = next(field.default for field in dataclasses.fields(TrainingSpec) if field.name == added_later)
         without = {key: value for key, value in data.items() if key != added_later}
         assert getattr(TrainingSpec.from_json(without), added_later) == default

@@ -165,6 +165,13 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
     parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
     parser.add_argument(
+        "--clip-grad-value",
+        type=float,
+        default=None,
+        metavar="VALUE",
+        help="clamp every gradient element to [-VALUE, VALUE] (torch's clip_grad_value_); not with --clip-grad-norm",
+    )
+    parser.add_argument(
         "--requires-grad",
         nargs="+",
         default=None,
@@ -293,6 +300,7 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
         "param_groups": param_groups_from_json(args.param_groups),
         "clip_grad_norm": args.clip_grad_norm,
         "clip_norm_type": args.clip_norm_type,
+        "clip_grad_value": args.clip_grad_value,
         "fixed_inputs": dict(args.fixed_input) or None,
         "fixed_shapes": dict(args.fixed_shape) or None,
         "stateful": args.stateful,

@@ -26,6 +26,7 @@ TRAINER_OPTIONS: dict[str, str] = {
     "param_groups": "param_groups",
     "clip_grad_norm": "clip_grad_norm",
     "clip_norm_type": "clip_norm_type",
+    "clip_grad_value": "clip_grad_value",
     "fixed_inputs": "fixed_input",
     "fixed_shapes": "fixed_shape",
     "stateful": "stateful",

@@ -158,6 +158,7 @@ class TrainingSpec:
         param_groups: Per-group optimizer overrides.
         clip_grad_norm: Maximum global gradient norm, or None.
         clip_norm_type: The norm's type.
+        clip_grad_value: Bound of every gradient element's absolute value, or None.
         stateful: Each LSTM's final state is the next step's initial state (truncated BPTT).
         frozen: Names, globs or module prefixes of parameters left untrained (as given).
         fixed_shapes: Input shapes fixed for training (``prepare_model``), or None.
@@ -184,6 +185,9 @@ class TrainingSpec:
     )
     clip_grad_norm: float | None = dataclasses.field(default=None, metadata=_role(saved=_PLAIN, build=_same))
     clip_norm_type: float = dataclasses.field(default=2.0, metadata=_role(saved=_PLAIN, build=_same))
+    clip_grad_value: float | None = dataclasses.field(
+        default=None, metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
+    )
     stateful: bool = dataclasses.field(default=False, metadata=_role(saved=(_same, bool), optional_in_json=True))
     frozen: tuple[str, ...] = dataclasses.field(
         default=(), metadata=_role(saved=_NAMES, optional_in_json=True, build=_same)

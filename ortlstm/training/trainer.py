@@ -80,6 +80,7 @@ class Trainer:
         param_groups: Sequence[optimizers.ParamGroup] = (),
         clip_grad_norm: float | None = None,
         clip_norm_type: float = 2.0,
+        clip_grad_value: float | None = None,
         fixed_inputs: Mapping[str, np.ndarray] | None = None,
         fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
         stateful: bool = False,
@@ -106,6 +107,9 @@ class Trainer:
             param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
             clip_grad_norm: Clip the global gradient norm to this value.
             clip_norm_type: The clipping norm's type (2.0 or inf).
+            clip_grad_value: Clamp every gradient element to ``[-clip_grad_value, clip_grad_value]``
+                before the update (torch's ``clip_grad_value_``); finite and > 0; not together
+                with ``clip_grad_norm``.
             fixed_inputs: Model inputs fixed for training (they become constants; an ``If`` they
                 decide keeps one branch).
             fixed_shapes: Input shapes fixed for training, an int or None (keep) per axis, e.g.
@@ -138,6 +142,7 @@ class Trainer:
             param_groups=param_groups,
             clip_grad_norm=clip_grad_norm,
             clip_norm_type=clip_norm_type,
+            clip_grad_value=clip_grad_value,
             fixed_inputs=fixed_inputs,
             fixed_shapes=fixed_shapes,
             stateful=stateful,
