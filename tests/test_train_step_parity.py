@@ -9,8 +9,8 @@ parameter must match torch's after every step, to float32 tolerance. The scenari
 (tests/torch_scenarios.py): loss on every step's output (a per-step tagger) or on h_n, padded
 batches, batch_first, frozen parameters, a Sigmoid head trained with binary_cross_entropy,
 initial_h / initial_c as torch parameters, a batch size that changes from step to step; SGD
-(momentum with nesterov or dampening), Adam, AdamW, clipping, parameter groups (no weight decay
-on biases). Nothing here imports torch, and a child process
+(momentum with nesterov or dampening), Adam, AdamW, clipping (clip_grad_norm_ and clip_grad_value_),
+parameter groups (no weight decay on biases). Nothing here imports torch, and a child process
 proves that training needs neither torch nor onnxruntime.training.
 """
 
@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -105,6 +106,7 @@ def train(path: Path) -> Run:
         requires_grad=config["trainable"],
         target=config["target"],
         clip_grad_norm=config["clip_grad_norm"],
+        clip_grad_value=config.get("clip_grad_value"),
         param_groups=[optimizers.ParamGroup(**group) for group in config.get("param_groups", ())],
     )
     signature = built.signature
@@ -314,6 +316,26 @@ def _user_frozen(config: dict) -> list[str]:
     return FROZEN_BY_TORCH_NAME.get(config["scenario"], [])
 
 
+def recorded_trainer(recording: Recording, **selection: object) -> Any:
+    """A Trainer with a recording's loss, optimizer, schedule, clipping and groups; ``selection``: what it trains."""
+    from ortlstm.training import Trainer
+
+    config = recording.config
+    schedule = config["lr_schedule"]
+    return Trainer(
+        recording.model,
+        loss=loss_of(config),
+        optimizer=optimizer_of(config),
+        lr=lambda done: schedule[done],
+        target=config["target"],
+        clip_grad_norm=config["clip_grad_norm"],
+        clip_grad_value=config.get("clip_grad_value"),
+        param_groups=[optimizers.ParamGroup(**group) for group in config.get("param_groups", ())],
+        threads=1,
+        **selection,  # type: ignore[arg-type]
+    )
+
+
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
 def test_trainer_defaults_train_what_torch_trains(path: Path) -> None:
     """``Trainer(model, loss=..., optimizer=...)`` with no requires_grad follows torch, step by step.
@@ -322,24 +344,30 @@ def test_trainer_defaults_train_what_torch_trains(path: Path) -> None:
     states: a 0-D initializer expanded to the batch, a folded zeros tensor, TorchScript's Constant
     zeros), and every parameter after every step matches the recording.
     """
-    from ortlstm.training import Trainer
-
     recording = load(path)
     config = recording.config
-    schedule = config["lr_schedule"]
-    trainer = Trainer(
-        recording.model,
-        loss=loss_of(config),
-        optimizer=optimizer_of(config),
-        lr=lambda done: schedule[done],
-        frozen=_user_frozen(config),
-        target=config["target"],
-        clip_grad_norm=config["clip_grad_norm"],
-        param_groups=[optimizers.ParamGroup(**group) for group in config.get("param_groups", ())],
-        threads=1,
-    )
+    trainer = recorded_trainer(recording, frozen=_user_frozen(config))
     assert sorted(trainer.signature.params) == sorted(config["trainable"]), trainer.summary()
     for step in range(config["steps"]):
         batch = recording.batch(step)
         loss = trainer.step(target=batch.pop(config["target"]), **batch)
+        assert_step_matches(recording, step, loss, trainer.parameters)
+
+
+CLIPPED_RECORDINGS = [path for path in RECORDINGS if "-clip" in path.stem]
+
+
+@pytest.mark.parametrize("path", CLIPPED_RECORDINGS, ids=lambda path: path.stem)
+def test_apply_clips_as_torch_clips(path: Path) -> None:
+    """``accumulate`` + ``apply`` (the apply model clips the accumulated gradients) follows torch too.
+
+    One micro-batch per update: the accumulated gradient is the step's, so the recording holds.
+    """
+    recording = load(path)
+    config = recording.config
+    trainer = recorded_trainer(recording, requires_grad=config["trainable"])
+    for step in range(config["steps"]):
+        batch = recording.batch(step)
+        loss = trainer.accumulate(target=batch.pop(config["target"]), **batch)
+        trainer.apply()
         assert_step_matches(recording, step, loss, trainer.parameters)

@@ -106,6 +106,19 @@ CASES: list[dict[str, Any]] = [
         "optimizer": {"name": "AdamW", "kwargs": {"lr": 0.05}},
         "clip_grad_norm": 0.5,
     },
+    # clip_grad_value_, with a bound that clamps part of the gradient elements at most steps.
+    {
+        "scenario": "tokens_seq_first_y",
+        "exporter": "dynamo",
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 0.2, "momentum": 0.9}},
+        "clip_grad_value": 0.01,
+    },
+    {
+        "scenario": "tokens_seq_first_y",
+        "exporter": "torchscript",
+        "optimizer": {"name": "Adam", "kwargs": {"lr": 0.02}},
+        "clip_grad_value": 0.005,
+    },
     # The per-step tagger with SGD's dampened momentum.
     {
         "scenario": "tokens_seq_first_y",
@@ -151,6 +164,8 @@ def case_name(case: dict[str, Any]) -> str:
         name += "-" + "-".join(f"{key}{value}" for key, value in sorted(case["optimizer"]["kwargs"].items()))
     if "clip_grad_norm" in case:
         name += f"-clip{case['clip_grad_norm']}"
+    if "clip_grad_value" in case:
+        name += f"-clipvalue{case['clip_grad_value']}"
     for group in case.get("param_groups", ()):
         name += f"-group_{group['select']}_" + "-".join(
             f"{key}{value}" for key, value in sorted(group.items()) if key != "select"
@@ -241,6 +256,7 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
     losses = []
     trajectories: dict[str, list[np.ndarray]] = {name: [] for name in trainable}
     batch_names: list[str] = []
+    clamped = elements = 0
     for step in range(STEPS):
         batch = batch_of(models.make_batch(scenario, rng))
         batch_names = sorted(batch)
@@ -254,6 +270,13 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
         if "clip_grad_norm" in case:
             torch.nn.utils.clip_grad_norm_(
                 [p for p in net.parameters() if p.requires_grad], case["clip_grad_norm"], foreach=False
+            )
+        if "clip_grad_value" in case:
+            grads = [p.grad for p in net.parameters() if p.requires_grad]
+            clamped += sum(int((g.abs() > case["clip_grad_value"]).sum()) for g in grads)
+            elements += sum(g.numel() for g in grads)
+            torch.nn.utils.clip_grad_value_(
+                [p for p in net.parameters() if p.requires_grad], case["clip_grad_value"], foreach=False
             )
         optimizer.step()
         losses.append(loss.item())
@@ -279,6 +302,9 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
     }
     if onnx_groups:  # only then: the configs of the other recordings stay as they were
         config["param_groups"] = onnx_groups
+    if "clip_grad_value" in case:  # likewise
+        config["clip_grad_value"] = case["clip_grad_value"]
+        print(f"clip_grad_value {case['clip_grad_value']}: clamped {clamped} of {elements} gradient elements")
     arrays["config"] = np.frombuffer(json.dumps(config).encode(), dtype=np.uint8)
     return arrays
 
