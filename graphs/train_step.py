@@ -34,82 +34,16 @@ from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
 from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.optimizers import base as optimizer_base
+from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
-from ortlstm.graphs.prepare import PreparedModel, prepare_model
+from ortlstm.graphs.prepare import prepare_model
+from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
 
 LR_INPUT = "lr"
 STEP_INPUT = "step"
 
-
-@dataclasses.dataclass(frozen=True)
-class TrainStepSignature:
-    """Names of every input and output of the training models.
-
-    Attributes:
-        batch_inputs: The model's own inputs, fed with each batch.
-        target: The target (labels) input the loss reads, or None when a model output is the loss.
-        loss: The loss output.
-        extra_outputs: Model outputs returned alongside the loss.
-        params: Trained parameters, as inputs (their names in the original model).
-        new_params: Output carrying each parameter's updated value, same order as ``params``.
-        frozen: Float initializers left as constants.
-        state: Per parameter, optimizer state slot -> input name.
-        new_state: Per parameter, optimizer state slot -> output name.
-        grads: Per parameter, the gradient output of the ``gradients`` model and input of ``apply``.
-        lr: The learning-rate input (a float64 scalar: torch keeps lr as a Python float).
-        step: The step-count input (1-based number of this update, as torch counts).
-        grad_norm: The total gradient norm output, when gradients are clipped.
-        all_finite: A bool output of the train-step and apply models: the loss (train step) and
-            every gradient are finite, so the update may be kept (``nonfinite_check``). None in
-            models built without it (and in training directories written before it existed).
-        extra_targets: The loss's other target inputs (``Loss.extra_targets``; ctc_loss:
-            ``input_lengths``, ``target_lengths``): torch's name -> input name (the same name
-            unless the model has a value of that name). Empty for one-target losses (and in
-            training directories written before it existed). An optional one
-            (``input_lengths``) is fed an empty array to have the loss derive it.
-    """
-
-    batch_inputs: tuple[str, ...]
-    target: str | None
-    loss: str
-    extra_outputs: tuple[str, ...]
-    params: tuple[str, ...]
-    new_params: tuple[str, ...]
-    frozen: tuple[str, ...]
-    state: dict[str, dict[str, str]]
-    new_state: dict[str, dict[str, str]]
-    grads: dict[str, str]
-    lr: str
-    step: str
-    grad_norm: str | None
-    all_finite: str | None = None
-    extra_targets: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class TrainingModels:
-    """What ``build_training_models`` returns.
-
-    Attributes:
-        train_step: One whole training step.
-        eval: Forward and loss without training-mode Dropout.
-        gradients: Forward, loss and parameter gradients (for gradient accumulation).
-        apply: Clipping and the optimizer update, from summed gradients.
-        signature: The names of every input and output.
-        initial_params: Each parameter's starting value (from the model).
-        initial_state: Each state input's starting value (zeros, as torch starts).
-        prepared: The model after preparation (converted LSTMs, specialized branches).
-    """
-
-    train_step: onnx.ModelProto
-    eval: onnx.ModelProto
-    gradients: onnx.ModelProto
-    apply: onnx.ModelProto
-    signature: TrainStepSignature
-    initial_params: dict[str, np.ndarray]
-    initial_state: dict[str, np.ndarray]
-    prepared: PreparedModel
+__all__ = ["LR_INPUT", "STEP_INPUT", "TrainStepSignature", "TrainingModels", "build_training_models", "clip_settings"]
 
 
 def _value_info_of(name: str, elem_type: int, shape: Sequence[int | str | None] | None) -> onnx.ValueInfoProto:
@@ -293,26 +227,6 @@ def build_training_models(
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
     )
-
-
-def clip_settings(
-    clip_grad_norm: float | None, clip_norm_type: float = 2.0, clip_grad_value: float | None = None
-) -> optimizers_module.ClipGradNorm | optimizers_module.ClipGradValue | None:
-    """The gradient clipping asked for: by total norm, by value, or none (validated).
-
-    Raises:
-        ValueError: Both ``clip_grad_norm`` and ``clip_grad_value`` given, or a bad value.
-    """
-    if clip_grad_norm is not None and clip_grad_value is not None:
-        raise ValueError(
-            f"clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r} given together: their order "
-            "would be ambiguous (torch users call clip_grad_norm_ and clip_grad_value_ in their own order); pass one"
-        )
-    if clip_grad_value is not None:
-        return optimizers_module.ClipGradValue(clip_grad_value)
-    if clip_grad_norm is not None:
-        return optimizers_module.ClipGradNorm(clip_grad_norm, clip_norm_type)
-    return None
 
 
 def _warn_dropped(dropped: Sequence[str]) -> None:

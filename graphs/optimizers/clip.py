@@ -130,3 +130,23 @@ def clip_grad_norm(
     if known_first is not None:
         emitter.set_type(total_norm, known_first.elem_type, ())
     return clipped, total_norm
+
+
+def clip_settings(
+    clip_grad_norm: float | None, clip_norm_type: float = 2.0, clip_grad_value: float | None = None
+) -> ClipGradNorm | ClipGradValue | None:
+    """The gradient clipping asked for: by total norm, by value, or none (validated).
+
+    Raises:
+        ValueError: Both ``clip_grad_norm`` and ``clip_grad_value`` given, or a bad value.
+    """
+    if clip_grad_norm is not None and clip_grad_value is not None:
+        raise ValueError(
+            f"clip_grad_norm={clip_grad_norm!r} and clip_grad_value={clip_grad_value!r} given together: their order "
+            "would be ambiguous (torch users call clip_grad_norm_ and clip_grad_value_ in their own order); pass one"
+        )
+    if clip_grad_value is not None:
+        return ClipGradValue(clip_grad_value)
+    if clip_grad_norm is not None:
+        return ClipGradNorm(clip_grad_norm, clip_norm_type)
+    return None
