@@ -18,6 +18,7 @@ import onnx
 
 from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 from ortlstm.ops import schema
+from ortlstm.ops.nodes import ordered_inputs
 
 # ---- helpers (cast_like and require_rank are shared with rules_shape, activation_grad with rules_nn)
 
@@ -32,7 +33,7 @@ def activation_grad(ctx: GradientContext, op: schema.OpSpec, dy: str | None) -> 
     known = ctx.emitter.value_type(y)
     if not ctx.emitter.ortlstm_ops or known is None or known.elem_type not in _LIBRARY_TYPES:
         return None
-    grad = ctx.op(op.name, [dy, y], domain=op.domain)
+    grad = ctx.op(op.name, ordered_inputs(op, {"dY": dy, "Y": y}), domain=op.domain)
     ctx.emitter.set_type(grad, known.elem_type, known.shape)
     return grad
 
