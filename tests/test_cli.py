@@ -1,8 +1,7 @@
 """Tests of the command line, ``ortlstm`` / ``python -m ortlstm``, run as a user runs it.
 
 Every command runs in a subprocess of this interpreter (``sys.executable -m ortlstm``) from a
-temporary directory, so the checkout's ``ortlstm/`` directory cannot shadow the installed
-package. Covered: ``--version``, ``--help``, ``convert`` (a hand-built model, and the error
+temporary directory. Covered: ``--version``, ``--help``, ``convert`` (a hand-built model, and the error
 path), ``train-step`` and ``export`` (the plain-onnxruntime training directory, trained by the
 Trainer and exported; their errors), ``artifacts`` (the install hint without the training build,
 the four files with it) and ``demo`` (one short epoch: the torch-free default, and

@@ -165,9 +165,9 @@ def imported_modules(path: Path) -> set[str]:
 def test_only_ort_training_imports_onnxruntime_training_and_graphs_no_onnxruntime() -> None:
     """The layering the packages stand for: the Trainer runs in plain onnxruntime, graphs/ in none."""
     root = Path(__file__).resolve().parent.parent
-    for path in sorted((root / "ortlstm" / "training").glob("*.py")):
+    for path in sorted((root / "src" / "ortlstm" / "training").glob("*.py")):
         modules = imported_modules(path)
         assert not {name for name in modules if name.startswith(("onnxruntime.training", "torch"))}, path.name
-    assert "onnxruntime.training.api" in imported_modules(root / "ortlstm" / "ort_training" / "checkpoint.py")
+    assert "onnxruntime.training.api" in imported_modules(root / "src" / "ortlstm" / "ort_training" / "checkpoint.py")
     for name in ("carried_state.py", "structure.py"):
         assert not {module for module in imported_modules(root / "graphs" / name) if module.startswith("onnxruntime")}
