@@ -401,7 +401,7 @@ classifier, cross_entropy(weight=[0.5, 2.0, 1.0], label_smoothing=0.1), AdamW(lr
 clip_grad_norm=1.0, after two steps on ``batches(2)``."""
 
 
-def test_checkpoint_saved_before_the_loss_table_loads_and_matches_bitwise() -> None:
+def test_checkpoint_saved_before_the_loss_table_loads_exactly_and_continues() -> None:
     def run() -> Trainer:
         return trainer(
             loss=losses.Loss.cross_entropy(weight=[0.5, 2.0, 1.0], label_smoothing=0.1),
@@ -419,10 +419,25 @@ def test_checkpoint_saved_before_the_loss_table_loads_and_matches_bitwise() -> N
         "label_smoothing": 0.1,
     }
     np.testing.assert_array_equal(resumed.spec.loss.weight, [0.5, 2.0, 1.0])
+    from safetensors.numpy import load_file
+
+    saved = load_file(str(CHECKPOINT_BEFORE_LOSS_TABLE))
+    for name, value in resumed.parameters.items():  # loading is exact
+        np.testing.assert_array_equal(value, saved[f"param/{name}"], err_msg=name)
+    for name, slots in resumed.optimizer_state.items():
+        for slot, value in slots.items():
+            np.testing.assert_array_equal(value, saved[f"state/{name}/{slot}"], err_msg=f"{name}.{slot}")
+    # The file was written on an AVX-512 Intel CPU: the same two steps here equal it bitwise only on a
+    # CPU whose BLAS kernels sum in the same order (an AMD EPYC's differ in the last bit, 6e-8 in lstm.W).
     uninterrupted = run()
     for x, y in batches(2):
         uninterrupted.step(x, target=y)
-    assert_same_state(uninterrupted, resumed)
+    assert uninterrupted.global_step == resumed.global_step
+    for name, value in uninterrupted.parameters.items():
+        np.testing.assert_allclose(value, resumed.parameters[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    for name, slots in uninterrupted.optimizer_state.items():
+        for slot, value in slots.items():
+            np.testing.assert_allclose(value, resumed.optimizer_state[name][slot], rtol=1e-5, atol=1e-9, err_msg=slot)
 
 
 def test_written_directory_opens_and_exports(tmp_path: Path) -> None:
