@@ -192,8 +192,10 @@ class ParameterNames:
 
     def refusal(self, option: str, misses: Sequence[str]) -> str:
         """The error for ``misses``, names that select nothing: the valid names and close matches."""
-        every_name = list(dict.fromkeys([*self.initializers, *self._torch_names()]))
-        close = [candidate for miss in misses for candidate in difflib.get_close_matches(miss, every_name, n=2)]
+        every_name = [*self.initializers, *self._torch_names()]
+        modules = [name.rsplit(".", depth)[0] for name in every_name for depth in range(1, name.count(".") + 1)]
+        spellings = list(dict.fromkeys([*every_name, *modules]))  # "decoder" is close to the module "encoder"
+        close = [candidate for miss in misses for candidate in _closest(miss, spellings)]
         subject = f"{misses[0]!r} matches" if len(misses) == 1 else f"{list(misses)} match"
         message = f"{option}: {subject} no {self.noun} of the model"
         if close:
@@ -223,6 +225,13 @@ class ParameterNames:
         return tuple(resolved)
 
 
+def _closest(miss: str, spellings: Sequence[str]) -> list[str]:
+    """The spellings nearest to ``miss`` (difflib), the runners-up only when as near as the best."""
+    close = difflib.get_close_matches(miss, spellings)
+    ratios = {name: difflib.SequenceMatcher(None, miss, name).ratio() for name in close}
+    return [name for name, ratio in ratios.items() if ratio >= max(ratios.values()) - 0.02]
+
+
 def resolve_frozen(
     patterns: Sequence[str],
     initializers: Iterable[str],
@@ -245,11 +254,15 @@ def resolve_frozen(
     return set(ParameterNames.of(initializers, sources, known).select("frozen", patterns, verb="freeze"))
 
 
-def freeze_hint(parameters: Sequence[str]) -> str:
-    """The ``frozen=`` value that leaves ``parameters`` out, and their module's glob if they share one."""
-    hint = f"frozen={sorted(parameters)!r}"
-    modules = {name.split(".", 1)[0] for name in parameters}
-    if len(parameters) > 1 and len(modules) == 1 and all("." in name for name in parameters):
+def freeze_hint(parameters: Sequence[str], sources: Mapping[str, tuple[str, ...]] | None = None) -> str:
+    """The ``frozen=`` value that leaves ``parameters`` out, and their module's glob if they share one.
+
+    With ``sources`` (export metadata) the value names the torch parameters, as their torch model does.
+    """
+    names = sorted({source for name in parameters for source in (sources or {}).get(name, (name,))})
+    hint = f"frozen={names!r}"
+    modules = {name.split(".", 1)[0] for name in names}
+    if len(names) > 1 and len(modules) == 1 and all("." in name for name in names):
         hint += f", or frozen=[{next(iter(modules)) + '.*'!r}] for the whole module"
     return hint
 
