@@ -12,6 +12,7 @@ the oracle). A hand-built graph without metadata checks the spellings that need 
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import warnings
@@ -335,3 +336,26 @@ def test_a_refusal_on_the_backward_path_names_the_torch_parameter(model: onnx.Mo
     assert "and 1 parameter(s) ['lstm.weight_ih_l0 (onnx: val_41)']" in message, message
     assert "Freeze them (frozen=['lstm.weight_ih_l0'] on the Trainer, --frozen on the command line)" in message, message
     assert _build(blocked, frozen=["lstm.weight_ih_l0"]).signature.frozen == ("val_41",)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("onnxruntime.training") is None, reason="needs onnxruntime-training (the train env)"
+)
+def test_generate_artifacts_takes_the_same_names(model: onnx.ModelProto, tmp_path: Path) -> None:
+    """The onnxruntime-training path resolves requires_grad and frozen_params with the same resolver."""
+    from onnxruntime.training import artifacts as ort_artifacts
+    from ortlstm.graphs import generate_artifacts
+
+    written = generate_artifacts(
+        model,
+        requires_grad=["lstm.weight_*_l1", "head"],
+        frozen_params=["lstm.bias_*"],
+        loss=ort_artifacts.LossType.CrossEntropyLoss,
+        artifact_directory=tmp_path,
+    )
+    training = onnx.load(str(written.training_model))
+    accumulated = [value.name for value in training.graph.input if value.name.endswith("_grad.accumulation.buffer")]
+    trained = sorted(name.removesuffix("_grad.accumulation.buffer") for name in accumulated)
+    assert trained == sorted(["val_104", "val_105", "head.weight", "head.bias"])
+    with pytest.raises(ValueError, match=r"^frozen_params: 'lstm\.weight_ih_l9' matches no parameter of the model"):
+        generate_artifacts(model, frozen_params=["lstm.weight_ih_l9"], artifact_directory=tmp_path / "missed")
