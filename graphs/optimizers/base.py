@@ -43,7 +43,8 @@ class ParamGroup:
     with a base lr ``b`` is ``ParamGroup(params, lr_scale=x / b)`` fed ``lr = b * schedule``.
 
     Attributes:
-        params: Names of the parameters (graph values) in the group.
+        params: The group's parameters: ONNX or torch names, globs or module prefixes, resolved among
+            the trained parameters as ``requires_grad`` and ``frozen`` are (``parameters.ParameterNames``).
         lr_scale: This group's learning rate is ``lr * lr_scale``.
         weight_decay: Override (e.g. 0.0 for biases and norms).
         momentum: Override (SGD, RMSprop).

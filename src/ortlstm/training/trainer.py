@@ -95,7 +95,7 @@ class Trainer:
             optimizer: The optimizer; its ``lr`` is the learning rate unless ``lr`` is given.
             lr: A constant learning rate, or a schedule ``f(n) -> lr`` called with the number of
                 updates done before the one it serves (0 first), as torch's LR schedulers count.
-            requires_grad: Parameters to train. Default: what torch trains that reaches the loss
+            requires_grad: Parameters to train, named as ``frozen``. Default: what torch trains that reaches the loss
                 (a torch export's parameters by its metadata; without metadata every float
                 tensor of rank >= 1); ``trained`` and ``summary()`` say what was chosen.
             frozen: Parameters not to train, by ONNX or torch name, glob (``"FeatureExtraction.*"``) or
@@ -103,7 +103,7 @@ class Trainer:
             output: The model output the loss reads (needed when the model has several).
             target: Name given to the target input.
             extra_outputs: Model outputs ``step`` returns after the loss.
-            param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
+            param_groups: Per-group optimizer overrides (no weight decay on ``"*.bias"``); params named as ``frozen``.
             clip_grad_norm: Clip the global gradient norm to this value.
             clip_norm_type: The clipping norm's type (2.0 or inf).
             clip_grad_value: Clamp every gradient element to ``[-clip_grad_value, clip_grad_value]``
