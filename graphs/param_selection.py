@@ -50,6 +50,7 @@ def parameter_names(prepared: PreparedModel) -> ParameterNames:
     return ParameterNames.of(
         [init.name for init in prepared.model.graph.initializer if init.name in prepared.candidates],
         prepared.sources,
+        dropped=prepared.dropped,
     )
 
 

@@ -97,12 +97,15 @@ class ParameterNames:
         known: Other names a pattern may match without selecting anything (buffers, parameters
             the export dropped, frozen ones): a pattern that matches only those is not an error.
         noun: What ``initializers`` are, for the refusals ("parameter", "trained parameter").
+        dropped: Torch parameters the export lost (``export_metadata.TorchOrigins.dropped``): a
+            refusal of a name that selects one says so, and how to keep it.
     """
 
     initializers: tuple[str, ...]
     sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     known: frozenset[str] = frozenset()
     noun: str = "parameter"
+    dropped: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -111,9 +114,10 @@ class ParameterNames:
         sources: Mapping[str, tuple[str, ...]],
         known: Collection[str] = (),
         noun: str = "parameter",
+        dropped: Sequence[str] = (),
     ) -> ParameterNames:
         """The names of ``initializers`` (duplicates dropped, order kept)."""
-        return cls(tuple(dict.fromkeys(initializers)), dict(sources), frozenset(known), noun)
+        return cls(tuple(dict.fromkeys(initializers)), dict(sources), frozenset(known), noun, tuple(dropped))
 
     def label(self, name: str) -> str:
         """``name`` as errors show it (``torch_name (onnx: val_29)``)."""
@@ -195,11 +199,18 @@ class ParameterNames:
         every_name = [*self.initializers, *self._torch_names()]
         modules = [name.rsplit(".", depth)[0] for name in every_name for depth in range(1, name.count(".") + 1)]
         spellings = list(dict.fromkeys([*every_name, *modules]))  # "decoder" is close to the module "encoder"
-        close = [candidate for miss in misses for candidate in _closest(miss, spellings)]
+        lost = [name for name in self.dropped if any(matches(miss, name) for miss in misses)]
+        typos = [miss for miss in misses if not any(matches(miss, name) for name in lost)]
+        close = [candidate for miss in typos for candidate in _closest(miss, spellings)]
         subject = f"{misses[0]!r} matches" if len(misses) == 1 else f"{list(misses)} match"
         message = f"{option}: {subject} no {self.noun} of the model"
         if close:
             message += f" (did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?)"
+        if lost:
+            message += (
+                f"; the export dropped torch parameters {lost} (torch.onnx.export's optimizer removes a zero-valued "
+                "bias and merges equal tensors): export with optimize=False to keep them"
+            )
         listed = self.valid_names(misses)
         if not listed:
             return message + f"; it has no {self.noun}s to name"

@@ -359,3 +359,22 @@ def test_generate_artifacts_takes_the_same_names(model: onnx.ModelProto, tmp_pat
     assert trained == sorted(["val_104", "val_105", "head.weight", "head.bias"])
     with pytest.raises(ValueError, match=r"^frozen_params: 'lstm\.weight_ih_l9' matches no parameter of the model"):
         generate_artifacts(model, frozen_params=["lstm.weight_ih_l9"], artifact_directory=tmp_path / "missed")
+
+
+def test_a_torch_parameter_the_export_dropped_is_named_so() -> None:
+    """torch.onnx.export's optimizer removes a zero bias: naming it says so (frozen= takes it, as nothing to do)."""
+    from test_default_parameters import dynamo_like_model
+
+    dropped = dynamo_like_model()  # extra.bias: in the signature, nowhere in the graph
+    options = {"loss": losses.Loss.mse_loss(), "optimizer": optimizers.Adam()}
+    with pytest.raises(ValueError) as raised:
+        build_training_models(dropped, requires_grad=["extra.bias", "head"], **options)
+    assert str(raised.value).startswith(
+        "requires_grad: 'extra.bias' matches no parameter of the model; the export dropped torch parameters "
+        "['extra.bias'] (torch.onnx.export's optimizer removes a zero-valued bias and merges equal tensors): export "
+        "with optimize=False to keep them. Its parameters are: lstm.weight_ih_l0 (onnx: val_3), "
+    ), raised.value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning that extra.bias is not in the export
+        frozen = build_training_models(dropped, frozen=["extra.bias", "head"], **options).signature
+    assert "head.bias" in frozen.frozen
