@@ -1,7 +1,11 @@
-"""Which parameters the training models train: those the caller names, or the defaults that reach the loss."""
+"""Which parameters the training models train: those the caller names, or the defaults that reach the loss.
+
+The caller's names go through ``parameters.ParameterNames`` (ONNX names, torch names, globs, module prefixes).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import onnx
@@ -9,7 +13,7 @@ import onnx
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
 from ortlstm.graphs.graph_utils import used_names
-from ortlstm.graphs.parameters import resolve_frozen
+from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import PreparedModel
 
 
@@ -30,16 +34,24 @@ def _nothing_reaches_the_loss(prepared: PreparedModel, candidates: Sequence[str]
 
 
 def _check_requires_grad(prepared: PreparedModel, requires_grad: Sequence[str]) -> None:
+    """Refuses initializers named exactly that cannot be trained (not float), before the patterns are resolved."""
     initializers = {init.name: init for init in prepared.model.graph.initializer}
-    not_found = [name for name in requires_grad if name not in initializers]
-    if not_found:
-        raise ValueError(
-            f"requires_grad: {not_found} are not initializers (or Constant tensors) of the model, so they cannot "
-            f"be trained. Its float initializers are: {sorted(prepared.candidates)}"
-        )
-    not_float = [name for name in requires_grad if initializers[name].data_type not in FLOAT_TYPES]
+    not_float = [
+        name
+        for name in requires_grad
+        if name in initializers and name not in prepared.candidates and initializers[name].data_type not in FLOAT_TYPES
+    ]
     if not_float:
         raise ValueError(f"requires_grad: {not_float} are not float tensors and cannot be trained")
+
+
+def parameter_names(prepared: PreparedModel) -> ParameterNames:
+    """The names ``requires_grad``, ``frozen`` and ``param_groups`` may use for ``prepared``'s candidates."""
+    return ParameterNames.of(
+        [init.name for init in prepared.model.graph.initializer if init.name in prepared.candidates],
+        prepared.sources,
+        dropped=prepared.dropped,
+    )
 
 
 def choose_params(
@@ -57,22 +69,23 @@ def choose_params(
         forward_and_loss: Its graph with the loss appended.
         seed: Where the backward starts (the loss, or the gradient seed of the prediction).
         emitter: The emitter of the loss (its opset and types; a probe emitter builds the trial backward).
-        requires_grad: The parameters the caller names, or None for the defaults.
-        frozen: Names, globs or module prefixes not to train (``parameters.resolve_frozen``).
+        requires_grad: The parameters the caller names (as ``frozen``), or None for the defaults.
+        frozen: Names, torch names, globs or module prefixes not to train (``parameters.ParameterNames``).
 
     Raises:
         ValueError: A named parameter is not a float initializer, none is left, or none reaches the loss.
     """
     initializers = prepared.model.graph.initializer
-    frozen_names = resolve_frozen(
-        frozen,
-        [*dict.fromkeys([*default_requires_grad(prepared), *(requires_grad or ())])],
-        prepared.sources,
-        known=[*(init.name for init in initializers), *prepared.dropped],
+    names = parameter_names(prepared)
+    frozen_names = set(
+        dataclasses.replace(names, known=frozenset([*(init.name for init in initializers), *prepared.dropped])).select(
+            "frozen", frozen, verb="freeze"
+        )
     )
     if requires_grad is not None:
         _check_requires_grad(prepared, requires_grad)
-        params = [name for name in dict.fromkeys(requires_grad) if name not in frozen_names]
+        named = names.select("requires_grad", requires_grad, verb="train")
+        params = [name for name in named if name not in frozen_names]
         if not params:
             raise ValueError("requires_grad is empty (or all frozen): name at least one parameter to train")
         return params
@@ -88,6 +101,7 @@ def choose_params(
         probe,
         allow_unreachable=True,
         hints=prepared.control_flow,
+        sources=prepared.sources,
     )
     params = [name for name in candidates if name in reachable.gradients]
     if not params:

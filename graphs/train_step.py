@@ -36,6 +36,7 @@ from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
+from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import prepare_model
 from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
@@ -168,16 +169,18 @@ def build_training_models(
         requires_grad: Parameters to train. Default: what torch trains that reaches the loss: with
             a torch export's metadata its parameters (and initializers folded from them), never
             buffers or constants; without metadata every float initializer or Constant tensor
-            of rank >= 1 (0-D ones are an exporter's literals). Others stay constants.
+            of rank >= 1 (0-D ones are an exporter's literals). Others stay constants. Named as
+            ``frozen`` names them.
         frozen: Names, globs or module prefixes of parameters not to train, matched against
             initializer names and the torch parameters they were folded from
-            (``parameters.resolve_frozen``).
+            (``parameters.ParameterNames``, the one resolver of every option here that names parameters).
         output: The model output the loss reads (required when the model has several).
         target: Name of the target input the loss compares the prediction with. A loss that
             reads more targets (ctc_loss's lengths, ``Loss.extra_targets``) gets an input per
             target named as torch names it (``signature.extra_targets``).
         extra_outputs: Model outputs to return from the train step too.
-        param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
+        param_groups: Per-group optimizer overrides (e.g. no weight decay on biases); each group's
+            ``params`` named as ``frozen`` names them, among the trained parameters, no parameter in two groups.
         clip_grad_norm: Clip the global gradient norm to this value (torch's clip_grad_norm_).
         clip_norm_type: The norm's type (2.0 or inf).
         clip_grad_value: Clamp every gradient element to ``[-clip_grad_value, clip_grad_value]``
@@ -211,11 +214,15 @@ def build_training_models(
         _warn_dropped(prepared.dropped)
     forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
     params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
+    trained = ParameterNames.of(params, prepared.sources, noun="trained parameter")
+    param_groups = trained.resolve_groups(param_groups)
     emitter = forward.emitter
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
-    backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)
+    backward = build_backward(
+        forward.graph, forward.seed, params, emitter, hints=prepared.control_flow, sources=prepared.sources
+    )
     grad_nodes = emitter.nodes[first_grad_node:]
     update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)
     models = _Assembly(forward, params, update, ir_version, (grad_nodes, backward.gradients))

@@ -347,7 +347,7 @@ def test_initial_state_is_zeros_of_the_param() -> None:
         ),
         (
             lambda: optimizers.resolve_groups(optimizers.SGD(), ["a"], [optimizers.ParamGroup(("c",))]),
-            "'c', which is not among the parameters",
+            r"param_groups\[0\]: 'c' matches no trained parameter of the model\. Its trained parameters are: a\.",
         ),
     ],
 )

@@ -274,7 +274,7 @@ def test_wrongly_declared_output_shape_is_not_trusted(rng: np.random.Generator) 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"requires_grad": ["nope"]}, r"requires_grad: \['nope'\] are not initializers"),
+        ({"requires_grad": ["nope"]}, r"requires_grad: 'nope' matches no parameter of the model\. Its parameters are"),
         ({"requires_grad": []}, r"requires_grad is empty"),
         ({"output": "missing"}, r"output 'missing' is not an output of the model; its outputs are \['logits'\]"),
         ({"target": "x"}, r"target 'x': the model already has a value of that name"),

@@ -23,7 +23,7 @@ from ortlstm.graphs.autodiff.registry import (
     missing_rule_hint,
 )
 from ortlstm.graphs.graph_utils import subgraph_reads
-from ortlstm.graphs.parameters import freeze_hint
+from ortlstm.graphs.parameters import freeze_hint, label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,7 @@ def build_backward(
     *,
     allow_unreachable: bool = False,
     hints: Mapping[str, str] | None = None,
+    sources: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Backward:
     """Emits the gradient of ``loss`` with respect to each value in ``wrt``.
 
@@ -72,6 +73,7 @@ def build_backward(
             instead of refusing them.
         hints: Advice for a node without rule, by the node's first output (what decides an ``If``
             and what to pass instead); it replaces the op type's generic advice in the refusal.
+        sources: Each parameter's torch names (export metadata), for the refusals: ``lstm.weight_ih_l0 (onnx: val_3)``.
 
     Returns:
         The gradient value of each reachable parameter, and the unreachable ones.
@@ -89,13 +91,14 @@ def build_backward(
     active, reaches = _active_nodes(nodes, seeds, depends, emitter)
     unreachable = tuple(name for name in wrt if name not in reaches)
     if unreachable and not allow_unreachable:
+        named = [label(name, sources or {}) for name in unreachable]
         raise ValueError(
-            f"parameters {list(unreachable)} do not reach the loss {loss_label} through differentiable inputs: "
+            f"parameters {named} do not reach the loss {loss_label} through differentiable inputs: "
             "nothing to train. Leave them out of requires_grad (or freeze them)."
         )
     for node in active:
         if gradient_rule(node.domain, node.op_type) is None:
-            raise ValueError(_no_rule_message(node, depends, loss_label, hints))
+            raise ValueError(_no_rule_message(node, depends, loss_label, hints, sources or {}))
     grads: dict[str, list[str]] = {
         name: [seed or _ones_like(name, emitter)] for name, seed in seeds.items() if name in reaches
     }
@@ -171,6 +174,7 @@ def _no_rule_message(
     depends: Mapping[str, frozenset[str]],
     loss_label: str,
     hints: Mapping[str, str] | None,
+    sources: Mapping[str, tuple[str, ...]],
 ) -> str:
     """The refusal for an active node without gradient rule: the parameters that need it, and what to do."""
     reads = [*node.input, *subgraph_reads(node)]
@@ -179,13 +183,13 @@ def _no_rule_message(
         (hints or {}).get(node.output[0] if node.output else "")
         or missing_rule_hint(node.domain, node.op_type)
         or (
-            f"Freeze them ({freeze_hint(needing)} on the Trainer, --frozen on the command line), or register "
+            f"Freeze them ({freeze_hint(needing, sources)} on the Trainer, --frozen on the command line), or register "
             f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
         )
     )
     return (
         f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
-        f"{len(needing)} parameter(s) {needing}. {advice}"
+        f"{len(needing)} parameter(s) {[label(name, sources) for name in needing]}. {advice}"
     )
 
 

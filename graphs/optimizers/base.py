@@ -24,6 +24,7 @@ import onnx
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
 from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value
+from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.ops import schema
 
 Update = tuple[str, dict[str, str]]
@@ -42,7 +43,8 @@ class ParamGroup:
     with a base lr ``b`` is ``ParamGroup(params, lr_scale=x / b)`` fed ``lr = b * schedule``.
 
     Attributes:
-        params: Names of the parameters (graph values) in the group.
+        params: The group's parameters: ONNX or torch names, globs or module prefixes, resolved among
+            the trained parameters as ``requires_grad`` and ``frozen`` are (``parameters.ParameterNames``).
         lr_scale: This group's learning rate is ``lr * lr_scale``.
         weight_decay: Override (e.g. 0.0 for biases and norms).
         momentum: Override (SGD, RMSprop).
@@ -403,21 +405,18 @@ def resolve_groups(
 ) -> dict[str, tuple[Optimizer, float]]:
     """Each parameter's optimizer (its group's overrides applied) and lr scale.
 
-    Parameters in no group use the optimizer as it is, with an lr scale of 1.
+    A group's ``params`` are resolved among ``params`` as every option naming parameters is
+    (``parameters.ParameterNames``: names, globs, module prefixes; ``build_training_models`` has
+    resolved torch names already). Parameters in no group use the optimizer as it is, with an lr scale of 1.
 
     Raises:
         ValueError: A parameter is in two groups, or a group names a parameter not being trained.
     """
-    known = set(params)
+    trained = ParameterNames.of(params, {}, noun="trained parameter")
     resolved: dict[str, tuple[Optimizer, float]] = {}
-    for index, group in enumerate(param_groups):
+    for group in trained.resolve_groups(param_groups):
         group_optimizer = optimizer.with_overrides(group)
-        for name in group.params:
-            if name not in known:
-                raise ValueError(f"parameter group {index} names {name!r}, which is not among the parameters trained")
-            if name in resolved:
-                raise ValueError(f"some parameters appear in more than one parameter group: {name!r}")
-            resolved[name] = (group_optimizer, group.lr_scale)
+        resolved.update(dict.fromkeys(group.params, (group_optimizer, group.lr_scale)))
     return {name: resolved.get(name, (optimizer, 1.0)) for name in params}
 
 

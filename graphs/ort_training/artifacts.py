@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import onnx.numpy_helper
 from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
 from ortlstm.graphs.graph_utils import prune_to_outputs
 from ortlstm.graphs.ort_training.gradient import import_training_runtime, register_gradient
+from ortlstm.graphs.parameters import ParameterNames, torch_sources
 from ortlstm.ops import library_path, schema, session_options
 
 # onnxruntime-training names the gradient node of forward node F "F_Grad/<op>_<k>".
@@ -45,20 +46,20 @@ def _initializer_names(model: onnx.ModelProto) -> list[str]:
     return [init.name for init in model.graph.initializer]
 
 
-def _check_parameter_names(model: onnx.ModelProto, names: Iterable[str], argument: str) -> None:
-    available = set(_initializer_names(model))
-    missing = [name for name in names if name not in available]
-    if missing:
-        float_params = [
-            init.name
-            for init in model.graph.initializer
-            if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and len(init.dims) > 0
-        ]
-        raise ValueError(
-            f"{argument}: {missing} are not initializers of the model, so they cannot be trained or frozen. "
-            f"The model's float initializers are: {float_params}. torch.onnx.export may rename LSTM weights "
-            "(e.g. val_109); ortlstm.graphs.lstm_parameters(model) lists each LSTM's W, R, B."
-        )
+def _resolve_names(
+    model: onnx.ModelProto, converted: onnx.ModelProto, names: Sequence[str], argument: str
+) -> list[str]:
+    """``names`` as initializer names: ONNX or torch names, globs, module prefixes, as the Trainer takes them.
+
+    ``parameters.ParameterNames`` is the one resolver; torch names come from ``model``'s export
+    metadata (``convert`` keeps initializer names). ``torch.onnx.export`` renames LSTM weights
+    (``val_109``); ``ortlstm.graphs.lstm_parameters(model)`` lists each LSTM's W, R, B.
+
+    Raises:
+        ValueError: A name selects no initializer (the refusal lists them), or half of a folded one.
+    """
+    names_of = ParameterNames.of(_initializer_names(converted), torch_sources(model))
+    return names_of.select(argument, names, verb="train" if argument == "requires_grad" else "freeze")
 
 
 def _fix_gradient_nodes(model: onnx.ModelProto) -> None:
@@ -188,11 +189,12 @@ def generate_artifacts(
 
     Args:
         model: The model whose outputs the loss reads.
-        requires_grad: Initializers to train. Default: every float initializer not in
-            ``frozen_params`` and not an LSTM's initial_h / initial_c (exporters write a zero
+        requires_grad: Initializers to train, by ONNX or torch name, glob or module prefix
+            (``parameters.ParameterNames``, as the Trainer takes them). Default: every float
+            initializer not in ``frozen_params`` and not an LSTM's initial_h / initial_c (exporters write a zero
             initial state as an initializer, e.g. torch.onnx.export's dynamo exporter; PyTorch
             does not train it).
-        frozen_params: Initializers kept fixed.
+        frozen_params: Initializers kept fixed (named as ``requires_grad``).
         loss: An ``onnxruntime.training.artifacts.LossType`` or an onnxblock loss block.
         optimizer: An ``onnxruntime.training.artifacts.OptimType`` (None: no optimizer model).
         artifact_directory: Where to write; created if missing.
@@ -211,12 +213,11 @@ def generate_artifacts(
     import_training_runtime()
     artifacts_module = importlib.import_module("onnxruntime.training.artifacts")
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
-    frozen = list(frozen_params or [])
+    frozen = _resolve_names(model, converted, list(frozen_params or []), "frozen_params")
     if requires_grad is None:
         requires_grad = _default_requires_grad(converted, frozen)
-    _check_parameter_names(converted, requires_grad, "requires_grad")
+    requires_grad = _resolve_names(model, converted, requires_grad, "requires_grad")
     _check_trainable(converted, requires_grad)
-    _check_parameter_names(converted, frozen, "frozen_params")
     register_gradient()
 
     directory = Path(artifact_directory)

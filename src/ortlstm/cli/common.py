@@ -176,7 +176,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="default: what torch trains (a torch export's parameters; without metadata, float tensors of rank >= 1)",
+        help="parameters to train, named as --frozen names them; default: what torch trains (a torch export's "
+        "parameters; without metadata, float tensors of rank >= 1)",
     )
     parser.add_argument(
         "--frozen",

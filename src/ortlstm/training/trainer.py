@@ -21,8 +21,7 @@ import onnx
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
 from ortlstm.graphs.convert import MAX_IR_VERSION
-from ortlstm.graphs.export_metadata import read_torch_origins
-from ortlstm.graphs.parameters import TrainedParameter, describe_trained
+from ortlstm.graphs.parameters import TrainedParameter, describe_trained, torch_sources
 from ortlstm.graphs.structure import graph_hash
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
 from ortlstm.ort_training import (
@@ -96,15 +95,15 @@ class Trainer:
             optimizer: The optimizer; its ``lr`` is the learning rate unless ``lr`` is given.
             lr: A constant learning rate, or a schedule ``f(n) -> lr`` called with the number of
                 updates done before the one it serves (0 first), as torch's LR schedulers count.
-            requires_grad: Parameters to train. Default: what torch trains that reaches the loss
+            requires_grad: Parameters to train, named as ``frozen``. Default: what torch trains that reaches the loss
                 (a torch export's parameters by its metadata; without metadata every float
                 tensor of rank >= 1); ``trained`` and ``summary()`` say what was chosen.
-            frozen: Names, globs (``"FeatureExtraction.*"``) or module prefixes of parameters not
-                to train; an initializer folded from torch parameters matches by their names.
+            frozen: Parameters not to train, by ONNX or torch name, glob (``"FeatureExtraction.*"``) or
+                module prefix (as ``requires_grad`` and ``param_groups``' params: ``parameters.ParameterNames``).
             output: The model output the loss reads (needed when the model has several).
             target: Name given to the target input.
             extra_outputs: Model outputs ``step`` returns after the loss.
-            param_groups: Per-group optimizer overrides (e.g. no weight decay on biases).
+            param_groups: Per-group optimizer overrides (no weight decay on ``"*.bias"``); params named as ``frozen``.
             clip_grad_norm: Clip the global gradient norm to this value.
             clip_norm_type: The clipping norm's type (2.0 or inf).
             clip_grad_value: Clamp every gradient element to ``[-clip_grad_value, clip_grad_value]``
@@ -523,8 +522,7 @@ class Trainer:
     @property
     def trained(self) -> tuple[TrainedParameter, ...]:
         """What this trainer trains: each parameter's name, shape, type and the torch parameters it stands for."""
-        origins = read_torch_origins(self._original)
-        sources = origins.sources if origins is not None else {}
+        sources = torch_sources(self._original)
         initial = self._engine.initial
         return tuple(
             TrainedParameter(name, tuple(initial[name].shape), str(initial[name].dtype), sources.get(name, ()))
@@ -533,7 +531,7 @@ class Trainer:
 
     def summary(self) -> str:
         """A table of the trained and frozen parameters, for a reader to check against their torch model."""
-        return describe_trained(self.trained, self.signature.frozen)
+        return describe_trained(self.trained, self.signature.frozen, torch_sources(self._original))
 
     @property
     def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
