@@ -157,3 +157,28 @@ def test_a_mistake_is_one_error_line_never_a_traceback(
         if not line.startswith((prefix, f"ortlstm {command}: warning: ", "usage: ", " "))
     ]
     assert others == [], shown
+
+
+def test_an_unexpected_error_is_named_by_its_type_and_the_variable_shows_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from google.protobuf.message import DecodeError
+
+    from ortlstm import __main__ as cli
+    from ortlstm.cli import models
+
+    def corrupt(args: object) -> int:
+        raise DecodeError("Error parsing message\nwith type 'onnx.ModelProto'")
+
+    monkeypatch.setitem(cli._COMMANDS, "convert", (models.add_convert, corrupt))
+    monkeypatch.delenv(cli.TRACEBACK_VARIABLE, raising=False)
+    assert cli.main(["convert", "in.onnx", "out.onnx"]) == 1
+    assert capsys.readouterr().err == (
+        "ortlstm convert: error: google.protobuf.message.DecodeError: Error parsing message with type "
+        "'onnx.ModelProto' (unexpected here: set ORTLSTM_TRACEBACK=1 to see where it came from, and please report it)\n"
+    )
+    monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")
+    with pytest.raises(DecodeError):
+        cli.main(["convert", "in.onnx", "out.onnx"])
+    assert cli.error_line(PermissionError(13, "Permission denied", "/root/x.onnx")) == "/root/x.onnx: Permission denied"
+    assert cli.error_line(ValueError("a\n  b")) == "a b"
