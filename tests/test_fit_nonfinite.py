@@ -162,6 +162,15 @@ def test_a_refused_update_saves_the_last_kept_one_and_says_so_and_resume_with_sk
     assert resumed_trainer.global_step + resumed_trainer.skipped_steps == 10
 
 
+def test_nan_in_a_float_target_is_refused_naming_the_target() -> None:
+    trainer, model = regression_trainer()
+    data = regression_data()
+    data["target"][[5, 38], 2] = np.nan
+    expected = r"^data: array 'target' holds NaN or inf in 2 of 40 samples \(the first: sample 5\)"
+    with pytest.raises(ValueError, match=expected):
+        fitting.fit(trainer, data, model=model, epochs=1, batch_size=8, log=lambda line: None)
+
+
 def test_without_a_checkpoint_the_refusal_says_nothing_was_saved() -> None:
     trainer, model = regression_trainer()
     with pytest.raises(NonFiniteStepError, match=r"; nothing saved \(no --checkpoint\)\. To skip such batches, pass "

@@ -78,8 +78,8 @@ def check_finite(
     found = []
     for name, array in arrays.items():
         count, first, file = nonfinite_samples(array, specs[name].batch_axis)
-        if count:
-            total = array.shape[specs[name].batch_axis] if not isinstance(array, ConcatenatedRows) else "its"
+        if count:  # a float array holds one entry per sample (only ctc_loss's integer labels come concatenated)
+            total = array.shape[specs[name].batch_axis]
             shard = f" in shard {file}" if file is not None else ""
             found.append(
                 f"array {name!r} holds NaN or inf in {count} of {total} samples (the first: sample {first}{shard})"
