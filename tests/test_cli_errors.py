@@ -70,6 +70,11 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("fit", ["model.onnx", *FIT], r"--data required"),
     (
         "fit",
+        ["model.onnx", "--data", "train.npz", *FIT, "--checkpoint", "not.onnx", "--resume"],
+        r"--resume: not\.onnx is not a safetensors file",
+    ),
+    (
+        "fit",
         ["model.onnx", "--data", "regression.npz", *FIT, "--loss", "mse_loss", "--optimizer", "sgd", "--lr", "1e10",
          "--epochs", "2", "--checkpoint", "run.safetensors"],
         r"epoch 1/2, batch \d of 5: update \d refused, not finite: .*; saved run\.safetensors after the last update "

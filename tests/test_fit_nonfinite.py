@@ -178,7 +178,7 @@ def test_without_a_checkpoint_the_refusal_says_nothing_was_saved() -> None:
         fitting.fit(trainer, regression_data(), model=model, epochs=1, batch_size=8, log=lambda line: None)
 
 
-def test_an_out_or_plot_that_is_a_directory_is_refused_before_training(tmp_path: Path) -> None:
+def test_an_out_or_plot_directory_is_refused_before_training_and_a_missing_folder_is_made(tmp_path: Path) -> None:
     trainer, model = classifier_trainer()
     for option in ("out", "plot"):
         with pytest.raises(ValueError, match=rf"^--{option} {tmp_path}: a directory; pass the file to write"):
@@ -187,3 +187,9 @@ def test_an_out_or_plot_that_is_a_directory_is_refused_before_training(tmp_path:
                 **{option: tmp_path},  # type: ignore[arg-type]
             )  # fmt: skip
     assert trainer.global_step == 0
+    # A folder that does not exist yet is made (as for --checkpoint), not found missing after training.
+    fitting.fit(
+        trainer, rule_data(16, 0), model=model, epochs=1, batch_size=8, log=lambda line: None,
+        out=tmp_path / "new" / "trained.onnx",
+    )  # fmt: skip
+    assert (tmp_path / "new" / "trained.onnx").is_file()

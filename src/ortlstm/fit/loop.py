@@ -433,8 +433,11 @@ def _finish(
     plot: str | Path | None,
     log: Callable[[str], None],
 ) -> FitResult:
-    """What the fit did, after the trained model's export to ``out`` and the curves' plot to ``plot``."""
+    """What the fit did, after the trained model's export to ``out`` and the plot to ``plot`` (folders made)."""
     result = FitResult(trainer, history, resumed_from)
+    for path in (out, plot):  # as for --checkpoint: a folder that does not exist yet is made
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if out is not None:
         result.out = Path(out)
         trainer.export(result.out)
