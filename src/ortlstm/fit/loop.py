@@ -391,9 +391,10 @@ class _Run:
             f"update {trainer.global_step + 1} refused, not finite: {error.reason or error}"
         )
         if self.checkpoint is not None:
+            position = f"batch {state.steps_in_epoch} of" if state.steps_in_epoch else "the start of"
             saved = (
-                f"saved {self.checkpoint} after the last update kept (global step {trainer.global_step}, batch "
-                f"{state.steps_in_epoch} of epoch {state.epoch + 1}). To skip such batches, pass --nonfinite skip "
+                f"saved {self.checkpoint} after the last update kept (global step {trainer.global_step}, {position} "
+                f"epoch {state.epoch + 1}). To skip such batches, pass --nonfinite skip "
                 "(with --resume, the run continues from that checkpoint); if the loss grew before this (the run "
                 "diverged), start a new run with a lower --lr"
             )
