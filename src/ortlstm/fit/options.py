@@ -10,6 +10,7 @@ from typing import Any
 import onnx
 
 from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.model_files import load_model_file
 from ortlstm.training import Trainer
 
 CONFIG_SUFFIXES = (".json", ".toml")
@@ -115,12 +116,13 @@ def build_trainer(
         optimizer: The Trainer's.
         threads: The Trainer's.
         **options: Any other keyword of ``Trainer`` (``TRAINER_OPTIONS``).
+
+    Raises:
+        FileNotFoundError: No model file.
+        ValueError: Not an ONNX model, or its external data missing (``load_model_file``).
     """
     unknown = sorted(set(options) - set(TRAINER_OPTIONS))
     if unknown:
         raise TypeError(f"build_trainer: {unknown} are not Trainer options; they are {sorted(TRAINER_OPTIONS)}")
-    path = Path(model)
-    if not path.is_file():
-        raise FileNotFoundError(f"no model file {str(path)!r}")
-    loaded = onnx.load(str(path))
+    loaded = load_model_file(model)
     return Trainer(loaded, loss=loss, optimizer=optimizer, threads=threads, **options), loaded

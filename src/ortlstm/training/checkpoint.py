@@ -22,6 +22,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.model_files import load_model_file
 from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.engine import MODEL_KINDS
@@ -35,13 +36,10 @@ STATE_FILE = "state.safetensors"
 
 
 def load_model(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
-    """The model itself, or the one in the file ``model``."""
+    """The model itself, or the one in the file ``model`` (``load_model_file``: errors name the file)."""
     if isinstance(model, onnx.ModelProto):
         return model
-    path = Path(model)
-    if not path.is_file():
-        raise FileNotFoundError(f"no model file {str(path)!r}")
-    return onnx.load(str(path))
+    return load_model_file(model)
 
 
 def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray]) -> onnx.ModelProto:
@@ -281,7 +279,7 @@ def export_directory(
         raise FileNotFoundError(
             f"{str(directory)!r} holds no {ORIGINAL_FILE}: is it a directory written by `ortlstm train-step`?"
         )
-    original = onnx.load(str(original_path))
+    original = load_model_file(original_path)
     metadata, tensors = read_checkpoint(checkpoint if checkpoint is not None else directory / STATE_FILE)
     if metadata.get("graph_sha256") != graph_hash(original):
         raise ValueError(f"the checkpoint was saved for another model than {original_path}")

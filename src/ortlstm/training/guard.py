@@ -33,6 +33,8 @@ class NonFiniteStepError(FloatingPointError):
         grad_norm: The total gradient norm when known (the clipped norm, or the 2-norm of the
             diagnosed gradients), else None.
         nonfinite_grads: The parameters whose gradients hold NaN or inf, when known, else None.
+        reason: What was not finite, as the message says it (``the loss is nan; ...``), else None;
+            for a caller that words its own message around it (``ortlstm fit``).
     """
 
     def __init__(
@@ -43,12 +45,14 @@ class NonFiniteStepError(FloatingPointError):
         loss: float | np.ndarray | None = None,
         grad_norm: float | None = None,
         nonfinite_grads: tuple[str, ...] | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.step = step
         self.loss = loss
         self.grad_norm = grad_norm
         self.nonfinite_grads = nonfinite_grads
+        self.reason = reason
 
 
 def check_mode(mode: str) -> str:
@@ -133,4 +137,5 @@ def refusal(
         loss=None if loss is None else loss[1],
         grad_norm=grad_norm,
         nonfinite_grads=nonfinite_grads,
+        reason="; ".join(found),
     )
