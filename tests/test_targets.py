@@ -142,6 +142,17 @@ def test_ctc_labels_and_lengths_of_another_batch_are_refused_as_torch_refuses(ro
         subject.evaluate(x, **lengths)
 
 
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run as a user runs it, in a fresh Python (this folder on its path as argv[1])."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).resolve().parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
 def test_the_readmes_loop_with_a_short_target_fails_by_name_and_onnxruntime_logs_nothing() -> None:
     """The reported case, run as a user runs it: a message naming the target, no red onnxruntime log line."""
     script = """
@@ -160,13 +171,7 @@ for loss, target in [(losses.Loss.cross_entropy(), np.zeros(40, np.int64)), (los
     except ValueError as error:
         print(error)
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).resolve().parent)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    done = run_script(script)
     assert "onnxruntime" not in done.stderr, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 4, done.stdout
@@ -317,3 +322,54 @@ def test_fit_trains_on_class_probabilities_as_the_trainer_does() -> None:
     direct = Trainer(linear_classifier("float64"), loss=loss, optimizer=optimizers.SGD(lr=0.5), threads=1)
     assert fitted.global_step == 2
     assert not np.array_equal(fitted.parameters["W"], direct.parameters["W"])
+
+
+# ---- distributed: the same checks before the loss weight's arithmetic ----------------------------------
+
+
+def test_shards_with_a_broadcast_target_weigh_the_broadcast_elements() -> None:
+    """A [1, 3] target on ragged shards of [7, 3]: the weighted shard gradients are the global batch's."""
+    from ortlstm.distributed import loss_weight, shard
+
+    subject = trainer_for(losses.Loss.mse_loss(), ("batch", 3))
+    x = np.arange(21.0).reshape(7, 3) / 10
+    target = np.array([[0.5, -1.0, 2.0]])
+    with pytest.warns(UserWarning, match="Using a target size"):
+        subject.accumulate(x, target=target)
+    expected = subject.accumulated_gradients["w"]
+    subject.zero_grad()
+    total = np.zeros_like(expected)
+    parts = [shard(len(x), rank, 2) for rank in range(2)]
+    weights = [loss_weight(subject.spec.loss, target, len(x[part]), {}, x[part].shape) for part in parts]
+    assert weights == [12.0, 9.0]  # rows * 3 each, not the target's 3 elements
+    for part, weight in zip(parts, weights, strict=True):
+        with pytest.warns(UserWarning, match="Using a target size"):
+            subject.accumulate(x[part], target=target)
+        total += subject.accumulated_gradients["w"] * weight / sum(weights)
+        subject.zero_grad()
+    np.testing.assert_allclose(total, expected, **FLOAT64)
+
+
+def test_a_distributed_step_refuses_a_bad_target_by_name_before_weighing_it() -> None:
+    """One rank (mpi4py's singleton): an out-of-range class index with class weights failed in NumPy indexing."""
+    pytest.importorskip("mpi4py")
+    script = """
+import numpy as np, sys
+sys.path.insert(0, sys.argv[1])
+from test_targets import passthrough
+from ortlstm.distributed import DistributedTrainer
+from ortlstm.graphs import losses, optimizers
+from ortlstm.training import Trainer
+loss = losses.Loss.cross_entropy(weight=[1.0, 2.0, 3.0])
+subject = DistributedTrainer(Trainer(passthrough(["batch", 3]), loss=loss, optimizer=optimizers.SGD(lr=0.1), threads=1))
+for target in (np.array([0, 1, 2, 5]), np.zeros(2, np.int64)):
+    try:
+        subject.step(np.zeros((4, 3)), target=target)
+    except ValueError as error:
+        print(error)
+"""
+    done = run_script(script)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    assert lines[0].startswith("loss target 'target': class index 5 is out of range for 3 classes")
+    assert lines[1].startswith("step(): loss target 'target': cross_entropy expects class indices int64 [4]")

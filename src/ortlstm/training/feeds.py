@@ -40,6 +40,8 @@ class Feeds:
         carried: The LSTMs whose state is carried (empty unless stateful).
         carried_values: The state the next step starts from, by initial_h/initial_c input
             (None: zeros).
+        prediction: The prediction's type as the last batch's target was checked against (its
+            dims resolved from the batch's inputs where the model says them), or None.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class Feeds:
         self._eval_model = eval_model
         self.carried = carried
         self.carried_values: dict[str, np.ndarray] | None = None
+        self.prediction: ValueType | None = None
         carried_inputs = {name for state in carried for name in (state.initial_h, state.initial_c)}
         self._user_inputs = tuple(name for name in signature.batch_inputs if name not in carried_inputs)
         inputs = {value.name: value_type_of(value) for value in eval_model.graph.input}
@@ -181,7 +184,7 @@ class Feeds:
         target_name = spec.target or "target"
         if target_array.dtype == np.int32:
             target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
-        prediction = self._prediction_type(sizes)
+        prediction = self.prediction = self._prediction_type(sizes)
         target_elem = (
             onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
         )
