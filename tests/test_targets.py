@@ -305,8 +305,13 @@ def test_fit_refuses_float_labels_for_class_indices_up_front_and_says_what_to_pa
         "float64 [6]; pass it as array.astype(np.int64); class probabilities need "
         "Loss.cross_entropy(class_probabilities=True) (--loss-option class_probabilities=true)"
     )
-    with pytest.raises(ValueError, match=r"array 'target' \(cross_entropy's class indices\) must be int64 or int32"):
+    with pytest.raises(ValueError) as raised:
         fit(losses.Loss.cross_entropy(), ARRAYS["float64/target"])
+    assert str(raised.value) == (
+        "data: array 'target' (cross_entropy's class indices) must be int64 or int32 [batch] (batch axis 0), got "
+        "float64 [6, 4]; class probabilities need Loss.cross_entropy(class_probabilities=True) "
+        "(--loss-option class_probabilities=true)"
+    )
     with pytest.raises(ValueError) as raised:
         fit(losses.Loss.cross_entropy(class_probabilities=True), labels.astype(np.int64))
     assert str(raised.value) == (

@@ -163,8 +163,11 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
     for name, array in arrays.items():
         spec = specs[name]
         if array.dtype not in spec.dtypes:
-            # Integers for a float target are the other kind (class indices), never a cast away.
-            other_kind = spec.other and array.dtype.kind in "iu" and spec.dtypes[0].kind == "f"
+            # Integers for a float target, or floats with a class axis for indices, are the other kind of
+            # target (class indices, class probabilities), never a cast away.
+            integers, wants_integers = array.dtype.kind in "iu", spec.dtypes[0].kind in "iu"
+            with_classes = spec.shape is not None and array.ndim == len(spec.shape) + 1
+            other_kind = spec.other and ((integers and not wants_integers) or (wants_integers and with_classes))
             advice = "" if other_kind else f"pass it as array.astype(np.{spec.dtypes[0]})"
             if spec.other:
                 advice = f"{advice}; {spec.other}" if advice else spec.other
