@@ -215,7 +215,7 @@ def test_a_target_with_fewer_axes_broadcasts_as_torchs_does_and_the_gradient_fol
 
 
 def linear_classifier(dtype: str) -> onnx.ModelProto:
-    """logits = x @ W.T + b, W and b as recorded."""
+    """A linear classifier, ``logits = x @ W.T + b``, with W and b as recorded."""
     elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["x", "W", "b"], ["logits"], transB=1)],
@@ -251,7 +251,7 @@ def test_class_probability_targets_train_with_torchs_loss_and_gradients(name: st
 def test_class_probabilities_and_class_indices_are_each_refused_by_the_other_kind_of_trainer() -> None:
     x, probabilities = ARRAYS["float64/x"], ARRAYS["float64/target"]
     indices = Trainer(linear_classifier("float64"), loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=1.0))
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^step\(\): loss target 'target'") as raised:
         indices.step(x, target=probabilities)
     assert str(raised.value) == (
         "step(): loss target 'target': cross_entropy expects class indices int64 or int32 [6], got float64 [6, 4]; "
@@ -262,7 +262,7 @@ def test_class_probabilities_and_class_indices_are_each_refused_by_the_other_kin
         loss=losses.Loss.cross_entropy(class_probabilities=True),
         optimizer=optimizers.SGD(lr=1.0),
     )
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^step\(\): loss target 'target'") as raised:
         soft.step(x, target=np.zeros(6, np.int64))
     assert str(raised.value) == (
         "step(): loss target 'target': cross_entropy(class_probabilities=True) expects class probabilities "
@@ -274,9 +274,7 @@ def test_class_probabilities_and_class_indices_are_each_refused_by_the_other_kin
 
 def test_a_probability_trainer_is_saved_and_rebuilt_with_its_target_kind(tmp_path: Path) -> None:
     model = linear_classifier("float64")
-    subject = Trainer(
-        model, loss=losses.Loss.cross_entropy(class_probabilities=True), optimizer=optimizers.SGD(lr=0.5)
-    )
+    subject = Trainer(model, loss=losses.Loss.cross_entropy(class_probabilities=True), optimizer=optimizers.SGD(lr=0.5))
     subject.step(ARRAYS["float64/x"], target=ARRAYS["float64/target"])
     resumed = Trainer.from_checkpoint(model, subject.save(tmp_path / "run.safetensors"))
     assert resumed.spec.loss.class_probabilities
@@ -298,21 +296,21 @@ def fit(loss: losses.Loss, target: np.ndarray) -> Trainer:
 
 def test_fit_refuses_float_labels_for_class_indices_up_front_and_says_what_to_pass() -> None:
     labels = np.array([0.0, 1.0, 3.0, 2.0, 1.0, 0.0])
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^data: array 'target'") as raised:
         fit(losses.Loss.cross_entropy(), labels)
     assert str(raised.value) == (
         "data: array 'target' (cross_entropy's class indices) must be int64 or int32 [batch] (batch axis 0), got "
         "float64 [6]; pass it as array.astype(np.int64); class probabilities need "
         "Loss.cross_entropy(class_probabilities=True) (--loss-option class_probabilities=true)"
     )
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^data: array 'target'") as raised:
         fit(losses.Loss.cross_entropy(), ARRAYS["float64/target"])
     assert str(raised.value) == (
         "data: array 'target' (cross_entropy's class indices) must be int64 or int32 [batch] (batch axis 0), got "
         "float64 [6, 4]; class probabilities need Loss.cross_entropy(class_probabilities=True) "
         "(--loss-option class_probabilities=true)"
     )
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ValueError, match=r"^data: array 'target'") as raised:
         fit(losses.Loss.cross_entropy(class_probabilities=True), labels.astype(np.int64))
     assert str(raised.value) == (
         "data: array 'target' (cross_entropy's class probabilities) must be float64 [batch, 4] (batch axis 0), got "

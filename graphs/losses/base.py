@@ -362,7 +362,7 @@ def broadcast_problem(
 
 
 def target_size_warning(spec: Loss, prediction: ValueType | None, target: ValueType | None) -> str | None:
-    """torch's UserWarning for a target of another size than the prediction (the ``"warn"`` losses), or None.
+    """The UserWarning torch gives for a target of another size than the prediction (``"warn"`` losses), or None.
 
     Given only when both shapes are static and differ, in torch's words: such a target
     broadcasts, which is rarely what was meant (a ``[N]`` target for a ``[N, 1]`` prediction
@@ -417,9 +417,9 @@ def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None
     pred_shape = prediction.shape if prediction is not None else None
     indices = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
     if entry.declared_target is not None:
-        elem, shape = entry.declared_target(prediction, "")
+        elem, declared = entry.declared_target(prediction, "")
         elems = indices if elem in INDEX_TYPES else (elem,)
-        return TargetFacts("labels", elems, None if shape is None else tuple(shape), "exact")
+        return TargetFacts("labels", elems, None if declared is None else tuple(declared), "exact")
     probabilities = "class_probabilities" in entry.options
     if spec.class_target:
         shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())

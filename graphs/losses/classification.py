@@ -46,7 +46,7 @@ def _validate(spec: Loss) -> None:
 
 
 def _batch_text(pred_shape: tuple[int | str | None, ...] | None, target: ValueType) -> str:
-    """torch's words when the target's first dim is not the prediction's batch size (both static), else ""."""
+    """In torch's words, how the target's first dim is not the prediction's batch size (both static), else ""."""
     if not pred_shape or len(pred_shape) < 2 or not target.shape:
         return ""
     batch, rows = pred_shape[0], target.shape[0]

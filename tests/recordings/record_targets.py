@@ -33,6 +33,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from target_cases import decision_arrays  # noqa: E402
+
 SIZE_WARNING = "Using a target size"
 """The start of torch's warning for a target of another size (other warnings, such as kl_div's
 advice on "batchmean", are not what this recording is about)."""
