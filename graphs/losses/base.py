@@ -337,11 +337,14 @@ def broadcast_problem(
     (and warn that this is likely wrong); a train step takes at most the prediction's axes.
     """
     if broadcast == "exact":
-        return None if not shape_conflict(prediction, target) else "a target of another shape is refused, as torch does"
+        if not shape_conflict(prediction, target):
+            return None
+        return "a target of another shape is refused, as torch refuses it; pass a target of the prediction's shape"
     if len(target) > len(prediction):
+        larger = "would broadcast the loss to a larger shape"
+        verdict = {"warn": f"{larger} with its size warning", "silent": larger, "into": "refuses it too"}[broadcast]
         return (
-            f"it has more axes than the prediction; torch would broadcast the loss to a larger shape "
-            f"({'and warn' if broadcast == 'warn' else 'or refuse it'}), the train step takes at most the "
+            f"it has more axes than the prediction (torch {verdict}); a train step takes at most the "
             f"prediction's {len(prediction)} axes: pass a target of the prediction's shape"
         )
     offset = len(prediction) - len(target)
@@ -350,13 +353,14 @@ def broadcast_problem(
             continue
         if p != 1:
             return (
-                f"axis {axis} is {t}, the prediction's {p} (torch: 'The size of tensor a ({p}) must match the size of "
-                f"tensor b ({t}) at non-singleton dimension {axis}'); pass a target of the prediction's shape"
+                f"aligned from the right as torch broadcasts, its {t} meets the prediction's {p} at axis {axis}, "
+                f"and neither is 1 (torch raises: 'The size of tensor ... must match the size of tensor ... at "
+                f"non-singleton dimension {axis}'); pass a target of the prediction's shape"
             )
         if broadcast == "into":
             return (
-                f"axis {axis} is {t} where the prediction's is 1, and torch writes the loss into a tensor of the "
-                "prediction's shape (it refuses a larger broadcast shape); pass a target of the prediction's shape"
+                f"its {t} at axis {axis} would broadcast the prediction's 1 to a larger loss, which torch refuses "
+                "(it writes the loss into a tensor of the prediction's shape); pass a target of the prediction's shape"
             )
     return None
 
