@@ -37,12 +37,18 @@ FLOAT32 = {"rtol": 1e-5, "atol": 1e-6}
 """float64 to a few roundings; float32 to the usual tolerance (sums in another order)."""
 
 
-def passthrough(dims: list[str | int], dtype: int = TensorProto.DOUBLE, ending: str | None = None) -> onnx.ModelProto:
+def passthrough(
+    dims: list[str | int],
+    dtype: int = TensorProto.DOUBLE,
+    ending: str | None = None,
+    declared: list[str | int] | None = None,
+) -> onnx.ModelProto:
     """``x * w`` (w: ones, the one parameter) reshaped to x's shape: the prediction is the input.
 
     The Reshape by a computed shape makes shape inference lose the batch dim's name (as in a
-    torch.onnx dynamo export of an LSTM: ``[unk__0, 3]``); the declared output says it.
-    ``ending``: an op applied last (LogSoftmax over the classes for ctc_loss).
+    torch.onnx dynamo export of an LSTM: ``[unk__0, 3]``); the declared output says it, unless
+    ``declared`` gives the output other dims. ``ending``: an op applied last (LogSoftmax over
+    the classes for ctc_loss).
     """
     weight = numpy_helper.from_array(np.ones(dims[-1], onnx.helper.tensor_dtype_to_np_dtype(dtype)), "w")
     nodes = [
@@ -56,7 +62,7 @@ def passthrough(dims: list[str | int], dtype: int = TensorProto.DOUBLE, ending: 
         nodes,
         "passthrough",
         [helper.make_tensor_value_info("x", dtype, dims)],
-        [helper.make_tensor_value_info("y", dtype, dims)],
+        [helper.make_tensor_value_info("y", dtype, dims if declared is None else declared)],
         [weight],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
@@ -198,6 +204,18 @@ def test_each_entry_point_checks_before_anything_runs() -> None:
         with pytest.raises(ValueError, match=r"match target batch_size \(16\)"):
             call(x, target=np.zeros(16, np.int64))
     assert subject.global_step == 0
+
+
+def test_the_batch_is_found_by_inference_with_the_batchs_shapes_where_no_dim_name_says_it() -> None:
+    """The declared output's dims name nothing of the input's ("rows"), and inference alone loses them."""
+    model = passthrough(["batch", 3], declared=["rows", 3])
+    subject = Trainer(model, loss=losses.Loss.nll_loss(), optimizer=optimizers.SGD(lr=0.1), threads=1)
+    assert subject._feeds.value_type("y").shape[0] not in ("batch", "rows")  # type: ignore[union-attr]
+    with pytest.raises(
+        ValueError, match=r"\(torch: 'Expected input batch_size \(32\) to match target batch_size \(16\)"
+    ):
+        subject.step(np.zeros((32, 3)), target=np.zeros(16, np.int64))
+    assert np.isfinite(subject.step(np.zeros((32, 3)), target=np.zeros(32, np.int64)))
 
 
 def test_a_target_with_fewer_axes_broadcasts_as_torchs_does_and_the_gradient_follows() -> None:

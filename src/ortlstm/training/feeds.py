@@ -64,6 +64,7 @@ class Feeds:
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
         self._checked_targets: set[tuple[Any, ...]] = set()
+        self._concrete_predictions: dict[tuple[Any, ...], ValueType | None] = {}
         # The prediction as the model declares it: its dim names say which input dims its own are
         # where inference lost them (a torch export's LSTM output becomes [unk__5, C]).
         declared = {value.name: value_type_of(value) for value in (original or eval_model).graph.output}
@@ -97,7 +98,7 @@ class Feeds:
             return feeds
         if target is None:
             raise ValueError(f"{where}: the loss {spec.loss.kind} needs target=... (the labels of this batch)")
-        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where))
+        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where, feeds))
         return feeds
 
     def _inputs(self, batch: Sequence[Any], named: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
@@ -145,12 +146,13 @@ class Feeds:
                     sizes.setdefault(dim, actual)
         return sizes
 
-    def _prediction_type(self, sizes: Mapping[str, int]) -> ValueType | None:
+    def _prediction_type(self, sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray]) -> ValueType | None:
         """The prediction's type with each dim the batch's inputs decide made its size.
 
         An inferred symbolic dim named as an input's dim takes that input's size; where inference
         lost the name, the model's declared output dim (of the same rank) says it, as ``fit``
-        reads it.
+        reads it; where neither does, shape inference with the batch's input shapes (once per
+        shapes).
         """
         prediction = self.value_type(self._spec.prediction)  # type: ignore[arg-type]
         if prediction is None or prediction.shape is None:
@@ -169,10 +171,41 @@ class Feeds:
             return dim
 
         shape = tuple(resolved(dim, named) for dim, named in zip(prediction.shape, declared_shape, strict=True))
+        if not all(_constrains(dim) for dim in shape):
+            concrete = self._inferred_with(inputs)
+            if concrete is not None and concrete.shape is not None and len(concrete.shape) == len(shape):
+                shape = tuple(
+                    dim if _constrains(dim) or not _constrains(known) else known
+                    for dim, known in zip(shape, concrete.shape, strict=True)
+                )
         return ValueType(prediction.elem_type, shape)
 
+    def _inferred_with(self, inputs: Mapping[str, np.ndarray]) -> ValueType | None:
+        """The prediction's type by shape inference of the eval model fed inputs of these shapes (cached)."""
+        key = tuple(sorted((name, value.shape) for name, value in inputs.items()))
+        if key not in self._concrete_predictions:
+            model = onnx.ModelProto()
+            model.CopyFrom(self._eval_model)
+            for value in model.graph.input:
+                if value.name in inputs and value.type.tensor_type.HasField("shape"):
+                    for dim, size in zip(value.type.tensor_type.shape.dim, inputs[value.name].shape, strict=False):
+                        dim.dim_value = int(size)  # replaces a dim_param (one field of a oneof)
+            try:
+                found = infer_value_types(model).get(self._spec.prediction)  # type: ignore[arg-type]
+            except onnx.shape_inference.InferenceError:
+                found = None
+            if len(self._concrete_predictions) >= 16:  # a loop feeds a few shapes; bound what is kept
+                self._concrete_predictions.clear()
+            self._concrete_predictions[key] = found
+        return self._concrete_predictions[key]
+
     def _target_feeds(
-        self, target_array: np.ndarray, extra_given: Mapping[str, Any], sizes: Mapping[str, int], where: str
+        self,
+        target_array: np.ndarray,
+        extra_given: Mapping[str, Any],
+        sizes: Mapping[str, int],
+        where: str,
+        inputs: Mapping[str, np.ndarray],
     ) -> dict[str, np.ndarray]:
         """The target and the loss's other targets, checked against the prediction (its batch too) before running.
 
@@ -184,7 +217,7 @@ class Feeds:
         target_name = spec.target or "target"
         if target_array.dtype == np.int32:
             target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
-        prediction = self.prediction = self._prediction_type(sizes)
+        prediction = self.prediction = self._prediction_type(sizes, inputs)
         target_elem = (
             onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
         )
