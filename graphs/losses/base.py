@@ -329,12 +329,13 @@ def check_like_prediction(
 def broadcast_problem(
     broadcast: str, prediction: Sequence[int | str | None], target: Sequence[int | str | None]
 ) -> str | None:
-    """Why torch refuses a target of shape ``target`` for a prediction of shape ``prediction``, or None.
+    """Why a target of shape ``target`` is refused for a prediction of shape ``prediction``, or None.
 
-    ``broadcast`` is the loss's rule (``BROADCASTS``). Dims are aligned from the right (NumPy's
-    and torch's broadcasting); unknown and symbolic dims pass. A target with more axes than
-    the prediction is refused by every rule: torch would broadcast the loss to a larger shape
-    (and warn that this is likely wrong); a train step takes at most the prediction's axes.
+    ``broadcast`` is the loss's rule (``BROADCASTS``): what torch refuses is refused. Dims are
+    aligned from the right (NumPy's and torch's broadcasting); unknown and symbolic dims pass. A
+    target with more axes than the prediction is refused by every rule, also where torch would
+    broadcast the loss to a larger shape: a train step declares the target's rank (the
+    prediction's).
     """
     if broadcast == "exact":
         if not shape_conflict(prediction, target):
