@@ -64,27 +64,21 @@ def _model_outputs(model: onnx.ModelProto) -> list[str]:
 
 
 def _target_elem_type(loss: losses_module.Loss, prediction: object) -> int:
-    """Class indices (int64) for cross-entropy and NLL, else the prediction's float type."""
-    declared = losses_module.LOSSES[loss.kind].declared_target
-    if declared is not None:
-        return declared(prediction, "")[0]  # type: ignore[arg-type]
-    if loss.class_target:
-        return onnx.TensorProto.INT64
-    elem_type = getattr(prediction, "elem_type", 0)
-    return elem_type or onnx.TensorProto.FLOAT
+    """The first type ``losses.target_facts`` accepts: class indices (int64), else the prediction's float type."""
+    facts = losses_module.target_facts(loss, prediction)  # type: ignore[arg-type]
+    assert facts is not None
+    return facts.elem_types[0]
 
 
 def _target_shape(loss: losses_module.Loss, prediction: object, name: str) -> list[str] | None:
-    """Symbolic dims of the target: the prediction's rank, less the class axis for class indices."""
+    """Symbolic dims of the target: the rank ``losses.target_facts`` says (the prediction's, less a class axis)."""
     declared = losses_module.LOSSES[loss.kind].declared_target
     if declared is not None:
         return declared(prediction, name)[1]  # type: ignore[arg-type]
-    rank = getattr(prediction, "rank", None)
-    if rank is None:
+    facts = losses_module.target_facts(loss, prediction)  # type: ignore[arg-type]
+    if facts is None or facts.shape is None:
         return None
-    if loss.class_target:
-        rank = max(rank - 1, 0)
-    return [f"{name}_dim{axis}" for axis in range(rank)]
+    return [f"{name}_dim{axis}" for axis in range(len(facts.shape))]
 
 
 def _select_prediction(model: onnx.ModelProto, output: str | None) -> str:

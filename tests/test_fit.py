@@ -173,7 +173,8 @@ def test_bad_schedules_are_refused() -> None:
         ),
         (
             lambda d: d.update(target=d["target"].astype(np.float64)),
-            r"array 'target' .* must be int64 or int32 or float32 .*got float64",
+            r"array 'target' \(cross_entropy's class indices\) must be int64 or int32 \[batch\] \(batch axis 0\), "
+            r"got float64 \[40\]; pass it as array.astype\(np.int64\); class probabilities need",
         ),
         (
             lambda d: d.update(target=d["target"][:39]),

@@ -7,7 +7,8 @@ of ``loss.sum()``, as recorded; binary_cross_entropy's torch backward seeds the 
 onnxruntime. binary_cross_entropy's seed is also checked against float64 central differences of
 its loss where torch's backward is the derivative (probabilities away from 0 and 1), and the
 losses of ``FINITE_DIFFERENCE_CASES`` are, where torch's recording cannot reach (margins beyond
-exp's range, where torch's soft_margin_loss overflows).
+exp's range, where torch's soft_margin_loss overflows), and cross_entropy on class probabilities
+as a train step declares them (``class_probabilities=True``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,25 @@ FINITE_DIFFERENCE_CASES = [
         ("far", np.array([[-800.0, -30.0], [40.0, 900.0]]), np.array([[1.0, -1.0], [0.5, -1.0]]), 1e-3),
     )
     for reduction in ("mean", "sum", "none")
+]
+_PROBABILITY_RNG = np.random.default_rng(20261127)
+_LOGITS = _PROBABILITY_RNG.standard_normal((3, 4, 2))
+_SOFT = np.exp(_PROBABILITY_RNG.standard_normal((3, 4, 2)))
+FINITE_DIFFERENCE_CASES += [
+    # cross_entropy with class probabilities (rows summing to 1, and not: torch takes both), as a train step takes them.
+    (
+        f"cross_entropy_probabilities_{name}",
+        losses.Loss.cross_entropy(class_probabilities=True, **kwargs),
+        _LOGITS[..., 0] if flat else _LOGITS,
+        (_SOFT / _SOFT.sum(axis=1, keepdims=True))[..., 0] if flat else _SOFT,
+        1e-6,
+    )
+    for name, flat, kwargs in (
+        ("2d_mean", True, {}),
+        ("2d_smoothed_weighted_mean", True, {"label_smoothing": 0.3, "weight": [0.5, 2.0, 1.0, 1.5]}),
+        ("3d_unnormalized_smoothed_sum", False, {"label_smoothing": 0.1, "reduction": "sum"}),
+        ("3d_weighted_none", False, {"weight": [1.5, 0.5, 1.0, 2.0], "reduction": "none"}),
+    )
 ]
 
 

@@ -87,7 +87,7 @@ def build_loss_model(
     loss = losses.add_loss(emitter, spec, "input", "target")
     if spec.reduction != "none":
         loss_shape: list[int | str] = []
-    elif spec.class_target:
+    elif losses.LOSSES[spec.kind].class_target:  # class indices or probabilities: a loss per position
         loss_shape = dims(input_value)[:1] + dims(input_value)[2:] if input_value.ndim > 1 else []
     else:
         loss_shape = dims(input_value)

@@ -10,7 +10,9 @@ and the command line read.
 ``add_loss(emitter, spec, prediction, target)`` emits it and returns the loss value's name (a
 loss that reads more than one target, ctc_loss, also takes ``{name: value}`` of its
 ``Loss.extra_targets``);
-``check_target`` refuses a target of the wrong element type or shape before anything is built,
+``check_target`` refuses a target of the wrong element type or shape before anything is built
+(``target_facts`` says what a train step's target may be, ``check_target_type`` refuses another
+type, ``target_size_warning`` is torch's warning for a target that broadcasts),
 ``check_target_values`` target values torch refuses; ``gradient_seed`` says where the backward
 starts. Each loss function also works on its own: ``cross_entropy(emitter, input, target, ...)``
 with torch's arguments (after the emitter) and defaults. A new loss is one registered function in
@@ -23,6 +25,7 @@ import importlib
 from collections.abc import Callable
 
 from ortlstm.graphs.losses.base import (
+    BROADCASTS,
     INDEX_TYPES,
     KL_DIV_REDUCTIONS,
     LOSSES,
@@ -30,11 +33,15 @@ from ortlstm.graphs.losses.base import (
     ExtraTarget,
     Loss,
     LossDef,
+    TargetFacts,
     add_loss,
     check_target,
+    check_target_type,
     check_target_values,
     gradient_seed,
     register_loss,
+    target_facts,
+    target_size_warning,
 )
 
 FAMILIES = ("classification", "regression", "divergence", "binary", "sequence", "output")
@@ -59,6 +66,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "BROADCASTS",
     "FAMILIES",
     "INDEX_TYPES",
     "KINDS",
@@ -68,9 +76,13 @@ __all__ = [
     "ExtraTarget",
     "Loss",
     "LossDef",
+    "TargetFacts",
     "add_loss",
     "check_target",
+    "check_target_type",
     "check_target_values",
     "gradient_seed",
     "register_loss",
+    "target_facts",
+    "target_size_warning",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,12 @@ KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
 """kl_div also takes torch's "batchmean": the sum divided by the input's first dim."""
 INDEX_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 """Element types accepted for class indices (int32 is cast to int64, torch's type)."""
+BROADCASTS = ("exact", "warn", "silent", "into")
+"""How a loss takes a target of another shape than the prediction, as torch does (``LossDef.broadcast``):
+``exact`` refuses it (binary_cross_entropy and its logits form raise); ``warn`` broadcasts with torch's
+UserWarning (mse_loss, l1_loss, smooth_l1_loss, huber_loss); ``silent`` broadcasts without one
+(kl_div); ``into`` broadcasts without one where the broadcast shape is the prediction's
+(soft_margin_loss writes into a tensor of the input's shape)."""
 
 LossFunction = Callable[..., str]
 """``loss(emitter, input, target, **torch_keyword_arguments) -> the loss value's name``."""
@@ -87,6 +94,8 @@ class LossDef:
         check_extra_targets: Refuses types/shapes of the extra targets, or None.
         declared_target: The target input's declared type, when it is not what ``class_target``
             says (class indices or the prediction's type), or None.
+        broadcast: How a target of another shape than the prediction is taken (``BROADCASTS``),
+            for the losses whose target is shaped like the prediction.
     """
 
     name: str
@@ -103,6 +112,7 @@ class LossDef:
     extra_targets: tuple[ExtraTarget, ...] = ()
     check_extra_targets: ExtraTargetsCheck | None = None
     declared_target: DeclaredTarget | None = None
+    broadcast: str = "exact"
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -188,6 +198,11 @@ class Loss(metaclass=_LossConstructors):
             ``"probs"`` (a Log is inserted) or ``"logits"`` (a LogSoftmax over the classes).
         batch_first: ctc_loss: the prediction is batch-major ``(N, T, C)`` (a Transpose is
             inserted), not torch's time-major ``(T, N, C)``.
+        class_probabilities: cross_entropy: the target holds class probabilities (a float of
+            the prediction's type and shape) rather than class indices. torch decides by the
+            target's dtype at each call; a train step declares its target input's type once,
+            when it is built, so the Trainer, ``fit`` and ``train-step`` need it said (the loss
+            function alone still decides by the target value's type, as torch does).
     """
 
     kind: str
@@ -203,6 +218,7 @@ class Loss(metaclass=_LossConstructors):
     zero_infinity: bool = False
     input: str = "log_probs"
     batch_first: bool = False
+    class_probabilities: bool = False
 
     def __post_init__(self) -> None:
         entry = LOSSES.get(self.kind)
@@ -235,7 +251,7 @@ class Loss(metaclass=_LossConstructors):
     @property
     def class_target(self) -> bool:
         """Whether the target holds class indices (int64, the prediction without its class axis)."""
-        return LOSSES[self.kind].class_target
+        return LOSSES[self.kind].class_target and not self.class_probabilities
 
     @property
     def options(self) -> dict[str, Any]:
@@ -285,7 +301,10 @@ def described(value_type: ValueType | None) -> str:
 def check_like_prediction(
     spec: Loss, prediction: ValueType | None, target: ValueType | None, prediction_name: str, target_name: str
 ) -> None:
-    """The element-wise losses' target: a float of the prediction's type and shape."""
+    """The element-wise losses' target: a float of the prediction's type, its shape or one torch broadcasts to it.
+
+    Which other shapes are taken is the loss's ``broadcast`` (see ``BROADCASTS``); unknown dims pass.
+    """
     del prediction_name
     if target is None:
         return
@@ -297,11 +316,145 @@ def check_like_prediction(
             f"{type_name(pred_elem) if pred_elem else 'a float type'} {shape_text(pred_shape)} "
             f"(the prediction's type and shape), {described(target)}"
         )
-    if pred_shape is not None and target.shape is not None and shape_conflict(pred_shape, target.shape):
+    if pred_shape is None or target.shape is None:
+        return
+    problem = broadcast_problem(LOSSES[spec.kind].broadcast, pred_shape, target.shape)
+    if problem is not None:
         raise ValueError(
             f"loss target {target_name!r}: {spec.kind} expects the prediction's shape {shape_text(pred_shape)}, "
-            f"{described(target)}"
+            f"{described(target)}: {problem}"
         )
+
+
+def broadcast_problem(
+    broadcast: str, prediction: Sequence[int | str | None], target: Sequence[int | str | None]
+) -> str | None:
+    """Why a target of shape ``target`` is refused for a prediction of shape ``prediction``, or None.
+
+    ``broadcast`` is the loss's rule (``BROADCASTS``): what torch refuses is refused. Dims are
+    aligned from the right (NumPy's and torch's broadcasting); unknown and symbolic dims pass. A
+    target with more axes than the prediction is refused by every rule, also where torch would
+    broadcast the loss to a larger shape: a train step declares the target's rank (the
+    prediction's).
+    """
+    if broadcast == "exact":
+        if not shape_conflict(prediction, target):
+            return None
+        return "a target of another shape is refused, as torch refuses it; pass a target of the prediction's shape"
+    if len(target) > len(prediction):
+        larger = "would broadcast the loss to a larger shape"
+        verdict = {"warn": f"{larger} with its size warning", "silent": larger, "into": "refuses it too"}[broadcast]
+        return (
+            f"it has more axes than the prediction (torch {verdict}); a train step takes at most the "
+            f"prediction's {len(prediction)} axes: pass a target of the prediction's shape"
+        )
+    offset = len(prediction) - len(target)
+    for axis, (p, t) in enumerate(zip(prediction[offset:], target, strict=True), start=offset):
+        if not (isinstance(p, int) and isinstance(t, int)) or p == t or t == 1:
+            continue
+        if p != 1:
+            return (
+                f"aligned from the right as torch broadcasts, its {t} meets the prediction's {p} at axis {axis}, "
+                f"and neither is 1 (torch raises: 'The size of tensor ... must match the size of tensor ... at "
+                f"non-singleton dimension {axis}'); pass a target of the prediction's shape"
+            )
+        if broadcast == "into":
+            return (
+                f"its {t} at axis {axis} would broadcast the prediction's 1 to a larger loss, which torch refuses "
+                "(it writes the loss into a tensor of the prediction's shape); pass a target of the prediction's shape"
+            )
+    return None
+
+
+def target_size_warning(spec: Loss, prediction: ValueType | None, target: ValueType | None) -> str | None:
+    """The UserWarning torch gives for a target of another size than the prediction (``"warn"`` losses), or None.
+
+    Given only when both shapes are static and differ, in torch's words: such a target
+    broadcasts, which is rarely what was meant (a ``[N]`` target for a ``[N, 1]`` prediction
+    gives an ``[N, N]`` loss).
+    """
+    if LOSSES[spec.kind].broadcast != "warn" or prediction is None or target is None:
+        return None
+    expected, actual = prediction.static_shape, target.static_shape
+    if expected is None or actual is None or expected == actual:
+        return None
+    return (
+        f"Using a target size (torch.Size({list(actual)})) that is different to the input size "
+        f"(torch.Size({list(expected)})). This will likely lead to incorrect results due to broadcasting. "
+        "Please ensure they have the same size."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetFacts:
+    """What a loss's target may be for a prediction: the one source the train step, the Trainer and fit read.
+
+    The train step declares its target input from it (the first element type and the rank), the
+    Trainer checks each batch's target against it before running, and ``fit`` its label array
+    before training, so that the three agree.
+
+    Attributes:
+        what: What the target holds, for messages.
+        elem_types: The accepted element types; the first is the one the train step declares.
+        shape: The expected shape: the prediction's, less its class axis for class indices; None
+            for any rank (ctc_loss's padded or concatenated labels).
+        broadcast: How a target of another shape is taken (``BROADCASTS``).
+        other: How to build the loss for the other kind of target it could hold, or "".
+    """
+
+    what: str
+    elem_types: tuple[int, ...]
+    shape: tuple[int | str | None, ...] | None
+    broadcast: str
+    other: str = ""
+
+    def expected(self) -> str:
+        """``int64 or int32 [32]`` for messages."""
+        return f"{' or '.join(type_name(elem) for elem in self.elem_types)} {shape_text(self.shape)}"
+
+
+def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None:
+    """What the target of ``spec`` may be for ``prediction`` (None: the loss reads no target)."""
+    entry = LOSSES[spec.kind]
+    if not entry.needs_target:
+        return None
+    pred_elem = prediction.elem_type if prediction is not None else 0
+    pred_shape = prediction.shape if prediction is not None else None
+    indices = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    if entry.declared_target is not None:
+        elem, declared = entry.declared_target(prediction, "")
+        elems = indices if elem in INDEX_TYPES else (elem,)
+        return TargetFacts("labels", elems, None if declared is None else tuple(declared), "exact")
+    probabilities = "class_probabilities" in entry.options
+    if spec.class_target:
+        shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())
+        other = f"class probabilities need Loss.{spec.kind}(class_probabilities=True)" if probabilities else ""
+        return TargetFacts("class indices", indices, shape, "exact", other)
+    floats = (pred_elem,) if pred_elem else (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+    if entry.class_target:
+        other = f"class indices need Loss.{spec.kind}() (class_probabilities=False)"
+        return TargetFacts("class probabilities", floats, pred_shape, "exact", other)
+    return TargetFacts("target", floats, pred_shape, entry.broadcast)
+
+
+def check_target_type(spec: Loss, prediction: ValueType | None, target: ValueType, *, target_name: str) -> None:
+    """Refuses a target whose element type is not one a train step of ``spec`` takes (``target_facts``).
+
+    Stricter than ``check_target``, which takes what the loss function takes (cross_entropy's
+    class indices or probabilities, decided by the target's type as torch decides): a train step
+    declared its target input's type when it was built.
+
+    Raises:
+        ValueError: Naming the target, the expected and actual type and shape, and how to build
+            the loss for the target given, where it takes that kind.
+    """
+    facts = target_facts(spec, prediction)
+    if facts is None or not target.elem_type or target.elem_type in facts.elem_types:
+        return
+    other = f"; {facts.other}" if facts.other else ""
+    raise ValueError(
+        f"loss target {target_name!r}: {spec.kind} expects {facts.what} {facts.expected()}, {described(target)}{other}"
+    )
 
 
 # ---- registration ------------------------------------------------------------------------------
@@ -320,6 +473,7 @@ def register_loss(
     extra_targets: tuple[ExtraTarget, ...] = (),
     check_extra_targets: ExtraTargetsCheck | None = None,
     declared_target: DeclaredTarget | None = None,
+    broadcast: str = "exact",
 ) -> Callable[[LossFunction], LossFunction]:
     """Adds the decorated loss function to ``LOSSES`` (see ``LossDef`` for the arguments).
 
@@ -331,13 +485,15 @@ def register_loss(
 
     Raises:
         TypeError: An argument that is no ``Loss`` field, or a default that is not the field's.
-        ValueError: A name registered twice.
+        ValueError: A name registered twice, or an unknown ``broadcast``.
     """
 
     def register(function: LossFunction) -> LossFunction:
         kind = name or function.__name__
         if kind in LOSSES:
             raise ValueError(f"loss {kind!r} is registered twice")
+        if broadcast not in BROADCASTS:
+            raise ValueError(f"{kind}: broadcast must be one of {BROADCASTS}, got {broadcast!r}")
         every = list(inspect.signature(function).parameters.values())
         extra_names = tuple(extra.name for extra in extra_targets)
         if tuple(parameter.name for parameter in every[3 : 3 + len(extra_names)]) != extra_names:
@@ -374,6 +530,7 @@ def register_loss(
             extra_targets,
             check_extra_targets,
             declared_target,
+            broadcast,
         )
         return checked
 
@@ -476,6 +633,10 @@ def add_loss(
         target_name=target or "",
         extra_types={name: emitter.value_type(value) for name, value in given.items() if value},
     )
+    if target is not None:
+        warning = target_size_warning(spec, emitter.value_type(prediction), emitter.value_type(target))
+        if warning is not None:
+            warnings.warn(warning, UserWarning, stacklevel=2)
     extras = [given.get(name) or None for name in names]
     return entry.body(emitter, prediction, target, *extras, **spec.options)
 

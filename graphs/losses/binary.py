@@ -188,7 +188,7 @@ def _softplus(emitter: GraphEmitter, t: str) -> str:
     return emitter.op("Where", [non_negative, positive, log1p_exp(t_neg)])
 
 
-@register_loss()
+@register_loss(broadcast="into")
 def soft_margin_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean") -> str:
     """torch.nn.functional.soft_margin_loss: ``l = log(1 + exp(-y * x))``, then mean (default), sum or none.
 

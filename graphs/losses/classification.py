@@ -45,6 +45,19 @@ def _validate(spec: Loss) -> None:
         raise ValueError(f"{spec.kind} weight must be 1-D (one weight per class), got shape {spec.weight.shape}")
 
 
+def _batch_text(pred_shape: tuple[int | str | None, ...] | None, target: ValueType) -> str:
+    """In torch's words, how the target's first dim is not the prediction's batch size (both static), else ""."""
+    if not pred_shape or len(pred_shape) < 2 or not target.shape:
+        return ""
+    batch, rows = pred_shape[0], target.shape[0]
+    if not isinstance(batch, int) or not isinstance(rows, int) or batch == rows:
+        return ""
+    return (
+        f" (torch: 'Expected input batch_size ({batch}) to match target batch_size ({rows}).'); "
+        "pass one target per sample of the batch"
+    )
+
+
 def _check_class_target(
     spec: Loss,
     prediction: ValueType | None,
@@ -56,6 +69,8 @@ def _check_class_target(
     """Class indices ``[N, d1, ...]`` (0-D for a ``[C]`` input), or with ``probabilities`` also a float target.
 
     Class weights must have C entries; probabilities are a float of the prediction's type and shape.
+    A float target is taken as probabilities (torch decides by the target's type) unless the loss
+    says ``class_probabilities=True``, which takes only those.
     """
     pred_shape = prediction.shape if prediction is not None else None
     pred_elem = prediction.elem_type if prediction is not None else 0
@@ -70,6 +85,13 @@ def _check_class_target(
             f"loss {spec.kind}: weight has {spec.weight.shape[0]} entries but {prediction_name!r} has {classes} classes"
         )
     index_shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())
+    batch = _batch_text(pred_shape, target)
+    if spec.class_probabilities and target.elem_type and target.elem_type not in FLOAT_TYPES:
+        raise ValueError(
+            f"loss target {target_name!r}: {spec.kind}(class_probabilities=True) expects class probabilities "
+            f"{type_name(pred_elem) if pred_elem else 'float'} {shape_text(pred_shape)} (the prediction's type and "
+            f"shape), {got}; class indices need Loss.{spec.kind}() (class_probabilities=False)"
+        )
     if target.elem_type in FLOAT_TYPES and probabilities:
         if pred_elem and target.elem_type != pred_elem:
             raise ValueError(
@@ -78,10 +100,12 @@ def _check_class_target(
                 f"class indices must be int64 {shape_text(index_shape)}"
             )
         if pred_shape is not None and target.shape is not None and shape_conflict(pred_shape, target.shape):
+            indices = "" if spec.class_probabilities else f"class indices (int64 {shape_text(index_shape)}) or "
+            labels = index_shape is not None and not shape_conflict(index_shape, target.shape)
+            advice = "; class indices stored as floats need labels.astype(np.int64)" if labels and indices else ""
             raise ValueError(
-                f"loss target {target_name!r}: {spec.kind} expects class indices (int64 "
-                f"{shape_text(index_shape)}) or class probabilities "
-                f"({type_name(pred_elem) if pred_elem else 'float'} {shape_text(pred_shape)}), {got}"
+                f"loss target {target_name!r}: {spec.kind} expects {indices}class probabilities "
+                f"({type_name(pred_elem) if pred_elem else 'float'} {shape_text(pred_shape)}), {got}{batch}{advice}"
             )
         return
     if target.elem_type and target.elem_type not in INDEX_TYPES:
@@ -93,7 +117,7 @@ def _check_class_target(
     if index_shape is not None and target.shape is not None and shape_conflict(index_shape, target.shape):
         raise ValueError(
             f"loss target {target_name!r}: {spec.kind} expects class indices int64 {shape_text(index_shape)} "
-            f"(the prediction {prediction_name!r} {shape_text(pred_shape)} without its class axis), {got}"
+            f"(the prediction {prediction_name!r} {shape_text(pred_shape)} without its class axis), {got}{batch}"
         )
 
 
@@ -212,6 +236,7 @@ def cross_entropy(
     ignore_index: int = -100,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
+    class_probabilities: bool = False,
 ) -> str:
     """torch.nn.functional.cross_entropy: log_softmax over the class axis, then NLL, optionally smoothed.
 
@@ -231,7 +256,10 @@ def cross_entropy(
         ignore_index: Index targets with this value contribute nothing.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         label_smoothing: Amount of smoothing in [0, 1].
+        class_probabilities: The target must hold class probabilities (what a train step declares;
+            see ``Loss``); without it the target's type decides, as in torch.
     """
+    del class_probabilities  # checked with the target (_check_class_target); the type decides below
     assert weight is None or isinstance(weight, np.ndarray)
     rank = _rank(emitter, input, "input", "cross_entropy")
     probabilities = emitter.elem_type(target) in FLOAT_TYPES

@@ -6,7 +6,7 @@ from ortlstm.graphs.autodiff.emitter import GraphEmitter
 from ortlstm.graphs.losses.base import KL_DIV_REDUCTIONS, float_constant, reduce, register_loss
 
 
-@register_loss(reductions=KL_DIV_REDUCTIONS)
+@register_loss(reductions=KL_DIV_REDUCTIONS, broadcast="silent")
 def kl_div(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", log_target: bool = False) -> str:
     """torch.nn.functional.kl_div: ``input`` holds log-probabilities (a LogSoftmax's output).
 

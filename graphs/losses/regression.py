@@ -1,7 +1,8 @@
 """Regression losses: torch.nn.functional.mse_loss, l1_loss, smooth_l1_loss and huber_loss.
 
-Element-wise on a float prediction and a target of its type and shape, then torch's reduction
-(mean by default, sum or none), in torch's order of operations.
+Element-wise on a float prediction and a target of its type and shape (or one that broadcasts to
+it, with torch's warning), then torch's reduction (mean by default, sum or none), in torch's order
+of operations.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from ortlstm.graphs.autodiff.emitter import GraphEmitter
 from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
 
 
-@register_loss()
+@register_loss(broadcast="warn")
 def mse_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean") -> str:
     """torch.nn.functional.mse_loss: ``l = (x - y)^2``, then mean (default), sum or none."""
     diff = emitter.op("Sub", [input, target])
     return reduce(emitter, emitter.op("Mul", [diff, diff]), reduction)
 
 
-@register_loss()
+@register_loss(broadcast="warn")
 def l1_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean") -> str:
     """torch.nn.functional.l1_loss: ``l = |x - y|``, then mean (default), sum or none."""
     return reduce(emitter, emitter.op("Abs", [emitter.op("Sub", [input, target])]), reduction)
@@ -28,7 +29,7 @@ def _validate_beta(spec: Loss) -> None:
         raise ValueError(f"smooth_l1_loss does not support negative values for beta, got {spec.beta}")
 
 
-@register_loss(validate=_validate_beta)
+@register_loss(validate=_validate_beta, broadcast="warn")
 def smooth_l1_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", beta: float = 1.0) -> str:
     """torch.nn.functional.smooth_l1_loss, then mean (default), sum or none.
 
@@ -52,7 +53,7 @@ def _validate_delta(spec: Loss) -> None:
         raise ValueError(f"huber_loss does not support non-positive values for delta, got {spec.delta}")
 
 
-@register_loss(validate=_validate_delta)
+@register_loss(validate=_validate_delta, broadcast="warn")
 def huber_loss(emitter: GraphEmitter, input: str, target: str, reduction: str = "mean", delta: float = 1.0) -> str:
     """torch.nn.functional.huber_loss, then mean (default), sum or none.
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -84,7 +85,13 @@ def epoch_batches(
     return [order[start : min(start + batch_size, stop)] for start in range(0, stop, batch_size)]
 
 
-def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: Mapping[str, Any]) -> float:
+def loss_weight(
+    loss: losses.Loss,
+    target: Any,
+    batch_size: int,
+    extra_targets: Mapping[str, Any],
+    prediction_shape: Sequence[int] | None = None,
+) -> float:
     """The denominator of the loss's ``'mean'`` on this batch: the share a rank's mean gradient carries.
 
     One process on the global batch divides the summed per-element losses by the global
@@ -92,7 +99,9 @@ def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: 
     before summing gives the global mean. The denominators follow torch: the non-ignored
     targets' class weights (cross_entropy, nll_loss with class indices), the samples (ctc_loss,
     kl_div ``'batchmean'``, ``Loss.output()``: ``batch_size``), else the target's elements (only
-    the ratio between ranks matters, so class probabilities need not divide by the classes).
+    the ratio between ranks matters, so class probabilities need not divide by the classes), or,
+    given the prediction's shape, the elements of the shape the target broadcasts to with it (a
+    ``[1, C]`` target for a ``[rows, C]`` prediction counts ``rows * C``, as torch's mean does).
 
     Returns:
         1.0 for ``'sum'`` and ``'none'`` (their gradients add up across ranks unscaled).
@@ -109,6 +118,8 @@ def loss_weight(loss: losses.Loss, target: Any, batch_size: int, extra_targets: 
         if loss.weight is None:
             return float(kept.size)
         return float(np.sum(np.asarray(loss.weight, np.float64)[kept]))
+    if prediction_shape is not None:
+        return float(np.prod(np.broadcast_shapes(tuple(prediction_shape), target.shape)))
     return float(target.size)
 
 
@@ -296,7 +307,7 @@ class DistributedTrainer:
         """
         trainer = self.trainer
         loss = trainer.spec.loss
-        weight = self._weight(batch, target, named) if weight is None else weight
+        weight = self._weight(batch, target, named, "step()") if weight is None else weight
         local: Any = None
         if weight > 0:
             local = trainer.accumulate(*batch, target=target, **named)
@@ -330,14 +341,24 @@ class DistributedTrainer:
             self.check_state()
         return self._result(global_loss, local)
 
-    def _weight(self, batch: Sequence[Any], target: Any, named: Mapping[str, Any]) -> float:
-        """``loss_weight`` of this rank's shard; 0 for an empty one."""
+    def _weight(self, batch: Sequence[Any], target: Any, named: Mapping[str, Any], where: str) -> float:
+        """``loss_weight`` of this rank's shard; 0 for an empty one.
+
+        The shard is checked first, as the Trainer checks it (a target torch refuses fails here by
+        name, not in the weight's arithmetic), and the prediction's shape it resolves weighs a
+        target that broadcasts.
+        """
         rows = _batch_rows(batch, named)
         if rows == 0:
             return 0.0
+        feeds = self.trainer._feeds  # the Trainer's own checks of a batch
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the accumulate() that follows gives torch's warning once
+            feeds.batch(batch, named, target, where)
+        prediction = feeds.prediction.static_shape if feeds.prediction is not None else None
         ports = self.trainer.signature.extra_targets
         extras = {port: named[name] for port, name in ports.items() if name in named}
-        return loss_weight(self.trainer.spec.loss, target, rows or 0, extras)
+        return loss_weight(self.trainer.spec.loss, target, rows or 0, extras, prediction)
 
     def _waiting(self, what: str) -> contextlib.AbstractContextManager[None]:
         """Guards a collective with the watchdog (``collective_timeout``), if there is one."""
@@ -373,7 +394,7 @@ class DistributedTrainer:
         """The global batch's loss, this rank passing its shard (a collective; no update)."""
         trainer = self.trainer
         loss = trainer.spec.loss
-        weight = self._weight(batch, target, named) if weight is None else weight
+        weight = self._weight(batch, target, named, "evaluate()") if weight is None else weight
         local = trainer.evaluate(*batch, target=target, outputs=[], **named) if weight > 0 else 0.0
         mean = loss.reduction not in ("sum", "none")
         totals = np.array([weight, float(np.sum(local)) * (weight if mean else 1.0)], np.float64)

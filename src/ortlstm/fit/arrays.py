@@ -34,6 +34,8 @@ class ArraySpec:
         required: False for an optional extra target (ctc_loss's input_lengths).
         lengths: The array of per-sample lengths when this one may also come concatenated as
             ``[sum(lengths)]`` (ctc_loss's labels beside ``target_lengths``), else None.
+        other: How to take the other kind of target the loss could read (cross_entropy's class
+            probabilities or indices), for messages, or "".
     """
 
     name: str
@@ -43,6 +45,7 @@ class ArraySpec:
     batch_axis: int
     required: bool = True
     lengths: str | None = None
+    other: str = ""
 
     def expected(self) -> str:
         """``float32 [batch, 8, 8] (batch axis 0)`` for messages."""
@@ -130,22 +133,18 @@ def data_specs(
 
 
 def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, batch_dim: str | None) -> ArraySpec:
-    pred_shape = prediction.shape if prediction is not None else None
-    pred_dtype = (
-        np.dtype(onnx.helper.tensor_dtype_to_np_dtype(prediction.elem_type)) if prediction else np.dtype(np.float32)
-    )
-    integers = (np.dtype(np.int64), np.dtype(np.int32))
+    """The target array: what ``losses.target_facts`` says a train step of ``loss`` takes (the Trainer's check too)."""
+    facts = losses.target_facts(loss, prediction)
+    assert facts is not None
+    dtypes = tuple(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)) for elem in facts.elem_types)
     if loss.kind == "ctc_loss":
         return ArraySpec(
-            name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", integers, None, 0
+            name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", dtypes, None, 0
         )
-    if loss.class_target:
-        shape = None if pred_shape is None else tuple(d for axis, d in enumerate(pred_shape) if axis != 1)
-        dtypes = (*integers, pred_dtype) if loss.kind == "cross_entropy" else integers
-        return ArraySpec(name, f"{loss.kind}'s class indices", dtypes, shape, declared_batch_axis(shape, batch_dim))
-    return ArraySpec(
-        name, f"{loss.kind}'s target", (pred_dtype,), pred_shape, declared_batch_axis(pred_shape, batch_dim)
-    )
+    option = f"--loss-option class_probabilities={str(not loss.class_probabilities).lower()}"
+    other = f"{facts.other} ({option})" if facts.other else ""
+    axis = declared_batch_axis(facts.shape, batch_dim)
+    return ArraySpec(name, f"{loss.kind}'s {facts.what}", dtypes, facts.shape, axis, other=other)
 
 
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
@@ -164,9 +163,17 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
     for name, array in arrays.items():
         spec = specs[name]
         if array.dtype not in spec.dtypes:
+            # Integers for a float target, or floats with a class axis for indices, are the other kind of
+            # target (class indices, class probabilities), never a cast away.
+            integers, wants_integers = array.dtype.kind in "iu", spec.dtypes[0].kind in "iu"
+            with_classes = spec.shape is not None and array.ndim == len(spec.shape) + 1
+            other_kind = spec.other and ((integers and not wants_integers) or (wants_integers and with_classes))
+            advice = "" if other_kind else f"pass it as array.astype(np.{spec.dtypes[0]})"
+            if spec.other:
+                advice = f"{advice}; {spec.other}" if advice else spec.other
             raise ValueError(
                 f"{where}: array {name!r} ({spec.role}) must be {spec.expected()}, got {array.dtype} "
-                f"{list(array.shape)}; pass it as array.astype(np.{spec.dtypes[0]})"
+                f"{list(array.shape)}; {advice}"
             )
         if spec.lengths is not None and array.ndim not in (1, 2):
             raise ValueError(

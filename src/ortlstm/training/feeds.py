@@ -7,6 +7,7 @@ once per shape), and a stateful trainer's LSTMs get their carried state (or zero
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,8 @@ class Feeds:
         carried: The LSTMs whose state is carried (empty unless stateful).
         carried_values: The state the next step starts from, by initial_h/initial_c input
             (None: zeros).
+        prediction: The prediction's type as the last batch's target was checked against (its
+            dims resolved from the batch's inputs where the model says them), or None.
     """
 
     def __init__(
@@ -47,18 +50,25 @@ class Feeds:
         spec: TrainingSpec,
         carried: tuple[CarriedState, ...],
         eval_model: onnx.ModelProto,
+        original: onnx.ModelProto | None = None,
     ) -> None:
         self._signature = signature
         self._spec = spec  # only what decides the graphs is read: loss, prediction, target
         self._eval_model = eval_model
         self.carried = carried
         self.carried_values: dict[str, np.ndarray] | None = None
+        self.prediction: ValueType | None = None
         carried_inputs = {name for state in carried for name in (state.initial_h, state.initial_c)}
         self._user_inputs = tuple(name for name in signature.batch_inputs if name not in carried_inputs)
         inputs = {value.name: value_type_of(value) for value in eval_model.graph.input}
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
         self._checked_targets: set[tuple[Any, ...]] = set()
+        self._concrete_predictions: dict[tuple[Any, ...], ValueType | None] = {}
+        # The prediction as the model declares it: its dim names say which input dims its own are
+        # where inference lost them (a torch export's LSTM output becomes [unk__5, C]).
+        declared = {value.name: value_type_of(value) for value in (original or eval_model).graph.output}
+        self._declared_prediction = declared.get(spec.prediction) if spec.prediction is not None else None
         self._expected_dtypes = {
             name: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type))
             for name, value in self._batch_types.items()
@@ -88,7 +98,7 @@ class Feeds:
             return feeds
         if target is None:
             raise ValueError(f"{where}: the loss {spec.loss.kind} needs target=... (the labels of this batch)")
-        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where))
+        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where, feeds))
         return feeds
 
     def _inputs(self, batch: Sequence[Any], named: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
@@ -136,40 +146,112 @@ class Feeds:
                     sizes.setdefault(dim, actual)
         return sizes
 
+    def _prediction_type(self, sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray]) -> ValueType | None:
+        """The prediction's type with each dim the batch's inputs decide made its size.
+
+        An inferred symbolic dim named as an input's dim takes that input's size; where inference
+        lost the name, the model's declared output dim (of the same rank) says it, as ``fit``
+        reads it; where neither does, shape inference with the batch's input shapes (once per
+        shapes).
+        """
+        prediction = self.value_type(self._spec.prediction)  # type: ignore[arg-type]
+        if prediction is None or prediction.shape is None:
+            return prediction
+        declared = self._declared_prediction
+        declared_shape = declared.shape if declared is not None else None
+        if declared_shape is None or len(declared_shape) != len(prediction.shape):
+            declared_shape = (None,) * len(prediction.shape)
+
+        def resolved(dim: int | str | None, named: int | str | None) -> int | str | None:
+            for candidate in (dim, named):
+                if _constrains(candidate):
+                    return candidate
+                if isinstance(candidate, str) and candidate in sizes:
+                    return sizes[candidate]
+            return dim
+
+        shape = tuple(resolved(dim, named) for dim, named in zip(prediction.shape, declared_shape, strict=True))
+        if not all(_constrains(dim) for dim in shape):
+            concrete = self._inferred_with(inputs)
+            if concrete is not None and concrete.shape is not None and len(concrete.shape) == len(shape):
+                shape = tuple(
+                    dim if _constrains(dim) or not _constrains(known) else known
+                    for dim, known in zip(shape, concrete.shape, strict=True)
+                )
+        return ValueType(prediction.elem_type, shape)
+
+    def _inferred_with(self, inputs: Mapping[str, np.ndarray]) -> ValueType | None:
+        """The prediction's type by shape inference of the eval model fed inputs of these shapes (cached)."""
+        key = tuple(sorted((name, value.shape) for name, value in inputs.items()))
+        if key not in self._concrete_predictions:
+            model = onnx.ModelProto()
+            model.CopyFrom(self._eval_model)
+            for value in model.graph.input:
+                if value.name in inputs and value.type.tensor_type.HasField("shape"):
+                    for dim, size in zip(value.type.tensor_type.shape.dim, inputs[value.name].shape, strict=False):
+                        dim.dim_value = int(size)  # replaces a dim_param (one field of a oneof)
+            try:
+                found = infer_value_types(model).get(self._spec.prediction)  # type: ignore[arg-type]
+            except onnx.shape_inference.InferenceError:
+                found = None
+            if len(self._concrete_predictions) >= 16:  # a loop feeds a few shapes; bound what is kept
+                self._concrete_predictions.clear()
+            self._concrete_predictions[key] = found
+        return self._concrete_predictions[key]
+
     def _target_feeds(
-        self, target_array: np.ndarray, extra_given: Mapping[str, Any], sizes: Mapping[str, int], where: str
+        self,
+        target_array: np.ndarray,
+        extra_given: Mapping[str, Any],
+        sizes: Mapping[str, int],
+        where: str,
+        inputs: Mapping[str, np.ndarray],
     ) -> dict[str, np.ndarray]:
-        """The target and the loss's other targets, checked against the prediction."""
+        """The target and the loss's other targets, checked against the prediction (its batch too) before running.
+
+        A target of fewer axes than the prediction that the loss broadcasts (torch's rule, see
+        ``losses.BROADCASTS``) gets leading axes of 1, as broadcasting reads it; one of another
+        size than the prediction gets torch's warning where torch gives it.
+        """
         spec = self._spec
+        target_name = spec.target or "target"
         if target_array.dtype == np.int32:
             target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
-        prediction = self.value_type(spec.prediction)  # type: ignore[arg-type]
-        if prediction is not None and prediction.shape is not None:
-            prediction = ValueType(
-                prediction.elem_type, tuple(sizes.get(d, d) if isinstance(d, str) else d for d in prediction.shape)
-            )
+        prediction = self.prediction = self._prediction_type(sizes, inputs)
         target_elem = (
             onnx.helper.np_dtype_to_tensor_dtype(target_array.dtype) if target_array.dtype.kind in "iufb" else 0
         )
-        target_type = ValueType(target_elem, tuple(target_array.shape))
+        given_type = ValueType(target_elem, tuple(target_array.shape))
         extra_feeds = self._extra_target_feeds(extra_given, where)
         extra_types = {
             port: ValueType(onnx.TensorProto.INT64, tuple(value.shape))
             for port, value in extra_feeds.items()
             if value.size or port in extra_given
         }
-        key = (prediction, target_type, tuple(sorted(extra_types.items())))
+        key = (prediction, given_type, tuple(sorted(extra_types.items())))
         if key not in self._checked_targets:  # a loop feeds the same shapes
-            losses.check_target(
-                spec.loss,
-                prediction,
-                target_type,
-                prediction_name=spec.prediction,
-                target_name=spec.target or "target",
-                extra_types=extra_types,
-            )
+            try:
+                losses.check_target(
+                    spec.loss,
+                    prediction,
+                    given_type,
+                    prediction_name=spec.prediction,
+                    target_name=target_name,
+                    extra_types=extra_types,
+                )
+                # What the loss takes that this train step does not (cross_entropy's other kind of target).
+                losses.check_target_type(spec.loss, prediction, given_type, target_name=target_name)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
             self._checked_targets.add(key)
-        losses.check_target_values(spec.loss, prediction, target_array, target_name=spec.target or "target")
+        warning = losses.target_size_warning(spec.loss, prediction, given_type)
+        if warning is not None:
+            warnings.warn(warning, UserWarning, stacklevel=4)  # at the caller of step/accumulate/evaluate
+        losses.check_target_values(spec.loss, prediction, target_array, target_name=target_name)
+        facts = losses.target_facts(spec.loss, prediction)
+        if facts is not None and facts.shape is not None and target_array.ndim < len(facts.shape):
+            # Only a broadcasting loss got here with fewer axes: broadcasting reads them as leading 1s.
+            target_array = target_array.reshape((1,) * (len(facts.shape) - target_array.ndim) + target_array.shape)
         feeds = {spec.target: target_array}
         feeds.update({self._signature.extra_targets[port]: value for port, value in extra_feeds.items()})
         return feeds  # type: ignore[return-value]

@@ -192,7 +192,7 @@ class Trainer:
         self._original = original
         self._graph_hash = graph_hash(original)
         self._engine = Engine(models, signature, values, spec.threads)
-        self._feeds = Feeds(signature, spec, carried, self._engine.models["eval"])
+        self._feeds = Feeds(signature, spec, carried, self._engine.models["eval"], original)
         self._accumulator = Accumulator()
         self.skipped_steps = 0
         self.last_grad_norm: float | None = None
