@@ -22,6 +22,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.prepare.torch_folds import restructure_for_export
 from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.engine import MODEL_KINDS
@@ -56,7 +57,9 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
         ValueError: A parameter is found nowhere in the model, or its shape or type differs.
     """
     result = onnx.ModelProto()
-    result.CopyFrom(original)
+    # Parameters an exporter merged are untied, and tensors it folded from trained ones recomputed,
+    # as in the train step (prepare.torch_folds): the trained copies need places of their own.
+    result.CopyFrom(restructure_for_export(original, params))
     places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
     for graph in walk_graphs(result.graph):
         for init in graph.initializer:
