@@ -227,6 +227,7 @@ def test_conv_batchnorm_fused_by_torchscript_is_warned():
     run, caught = build("conv_bn", "torchscript")
     assert len(caught) == 1
     assert caught[0].startswith("Conv weights ['onnx::Conv_17'] are not torch parameters of the TorchScript export")
+    assert "do_constant_folding=False" in caught[0]
     assert "model.train()" in caught[0] and "TrainingMode.TRAINING" in caught[0]
     assert "conv.weight" not in run.summary()
 

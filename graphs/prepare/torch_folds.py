@@ -362,8 +362,9 @@ def warn_fused_batchnorms(state: Preparation) -> None:
             f"Conv weights {folded} are not torch parameters of the TorchScript export but tensors it computed: "
             "exported in eval mode, torch.onnx.export folds each BatchNorm into the Conv before it, so one "
             "tensor stands for the Conv's and the BatchNorm's parameters and does not train as torch's do. To "
-            "train those, export after model.train() with torch.onnx.export(..., "
-            "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False."
+            "train those, export with torch.onnx.export(..., do_constant_folding=False) (BatchNorm on its running "
+            "statistics, as exported), or after model.train() with training=torch.onnx.TrainingMode.TRAINING "
+            "(on batch statistics, as torch trains)."
         )
         state.notes.update(dict.fromkeys(folded, message))
 
