@@ -37,7 +37,7 @@ from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.prepare import prepare_model
-from ortlstm.graphs.prepare.torch_folds import warn_trained, zero_padding_gradients
+from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
 from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
 
@@ -212,7 +212,7 @@ def build_training_models(
         _warn_dropped(prepared.dropped)
     forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
     params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
-    warn_trained(prepared.notes, params)  # what the exporter folded into a trained tensor
+    check_trained(prepared.notes, prepared.refusals, params)  # what the exporter folded into a trained tensor
     emitter = forward.emitter
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
     # Backward (rules may name outputs of forward nodes in forward_and_loss).

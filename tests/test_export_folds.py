@@ -146,6 +146,14 @@ def test_folded_initializer_of_another_value_is_refused_with_the_export_option(t
     assert "initializer 'linear_1' [1, 2, 4] was folded by the exporter's optimizer from torch parameters " in message
     assert "['rnn.bias_hh_l0', 'rnn.weight_hh_l0']" in message
     assert "optimize=False" in message and "dynamic batch" in message
+    # Fine-tuning the head alone trains nothing the fold touches.
+    head = Trainer(
+        model,
+        loss=losses.Loss.mse_loss(),
+        optimizer=optimizers.optimizer_from_torch("SGD", lr=0.1),
+        frozen=["rnn", "linear_1"],
+    )
+    assert sorted(head.parameters) == ["head.bias", "head.weight"]
 
 
 # ---- 2. nn.Embedding(padding_idx=0) ------------------------------------------------------------------

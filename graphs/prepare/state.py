@@ -39,6 +39,8 @@ class PreparedModel:
             torch's embedding backward); from a dynamo export's metadata.
         notes: Each candidate whose training differs from torch's in a way the export hides (a
             fused Conv+BatchNorm) -> the warning the train step gives when it trains it.
+        refusals: Each candidate that cannot train as torch's parameters do (it shares them with a
+            folded tensor that cannot be recomputed) -> the error the train step raises if trained.
     """
 
     model: onnx.ModelProto
@@ -51,6 +53,7 @@ class PreparedModel:
     control_flow: Mapping[str, str] = dataclasses.field(default_factory=dict)
     padding_rows: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -71,6 +74,7 @@ class Preparation:
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
         padding_rows: Each embedding table -> its ``padding_idx`` rows (``torch_folds``).
         notes: Each candidate -> the warning training it deserves (``torch_folds``).
+        refusals: Each candidate -> the error training it raises (``torch_folds``).
     """
 
     source: onnx.ModelProto
@@ -86,6 +90,7 @@ class Preparation:
     converted: tuple[str, ...] = ()
     padding_rows: dict[str, set[int]] = dataclasses.field(default_factory=dict)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    refusals: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -128,4 +133,5 @@ class Preparation:
                 name: tuple(sorted(rows)) for name, rows in self.padding_rows.items() if name in self.candidates
             },
             notes={name: note for name, note in self.notes.items() if name in self.candidates},
+            refusals=dict(self.refusals),
         )

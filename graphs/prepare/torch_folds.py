@@ -160,22 +160,24 @@ def _copy_of(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
 def rebuild_folded_parameters(state: Preparation) -> None:
     """Recomputes in the graph each initializer folded from parameters the graph also trains elsewhere.
 
-    Raises:
-        ValueError: Such an initializer's value is not a broadcast, transpose or reshape of one of
-            its sources (the refusal names the export option that keeps the computation).
+    One whose value is not a broadcast, transpose or reshape of one of its sources stays, with a
+    refusal (``Preparation.refusals``) that the train step raises if it trains that tensor or one
+    sharing its sources (a model whose head alone is fine-tuned still trains).
     """
     if state.origins is None:
         return
-    rebuilt = rebuild_folded(state.model, state.origins, state.candidates, keep=state.kept)
+    rebuilt, refusals = rebuild_folded(state.model, state.origins, state.candidates, keep=state.kept)
     state.candidates -= rebuilt
+    state.refusals.update(refusals)
 
 
 def rebuild_folded(
     model: onnx.ModelProto, origins: TorchOrigins, candidates: Collection[str], keep: Collection[str] = ()
-) -> set[str]:
-    """Replaces (in place) each folded initializer among ``candidates`` that shares a source; returns them.
+) -> tuple[set[str], dict[str, str]]:
+    """Replaces (in place) each folded initializer among ``candidates`` that shares a source.
 
-    Those in ``keep`` (named in ``requires_grad``) stay initializers.
+    Those in ``keep`` (named in ``requires_grad``) stay initializers. Returns the names replaced,
+    and for those that cannot be, each tensor involved -> the refusal to raise if it is trained.
     """
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
@@ -186,6 +188,7 @@ def rebuild_folded(
             users.setdefault(parameter, []).append(name)
     taken = used_names(graph)
     rebuilt: set[str] = set()
+    refusals: dict[str, str] = {}
     nodes: list[onnx.NodeProto] = []
     constants: list[onnx.TensorProto] = []
     # Folds of several parameters first: once rebuilt, a re-layout of one of them (W_hh^T) is its only user.
@@ -197,13 +200,15 @@ def rebuild_folded(
         relation = _as_function_of(value, parameters, initializers)
         if relation is None:
             elsewhere = sorted({user for parameter in shared for user in users[parameter]} - {name})
-            raise ValueError(
+            message = (
                 f"initializer {name!r} {list(value.shape)} was folded by the exporter's optimizer from torch "
                 f"parameters {list(parameters)}, and {shared} are also trained as {elsewhere}; its value is not a "
                 "copy, broadcast or transpose of one of them, so training it as a tensor of its own would train "
                 f"torch's parameters twice, and their gradients would miss its part. To train it as torch does, "
-                f"{_FOLDED_EXPORT_ADVICE}."
+                f"{_FOLDED_EXPORT_ADVICE}; or freeze all of {[name, *elsewhere]}."
             )
+            refusals.update(dict.fromkeys([name, *elsewhere], message))
+            continue
         for parameter in parameters:
             users[parameter].remove(name)
         node, shape = _recompute(name, value.shape, relation, taken)
@@ -217,7 +222,7 @@ def rebuild_folded(
         existing = list(graph.node)
         del graph.node[:]
         graph.node.extend([*nodes, *existing])
-    return rebuilt
+    return rebuilt, refusals
 
 
 def _as_function_of(
@@ -267,7 +272,7 @@ def restructure_for_export(model: onnx.ModelProto, trained: Collection[str] = ()
     origins = read_torch_origins(model)
     result = copy.deepcopy(model)
     untied, origins = untie_merged(result, origins)
-    rebuilt = rebuild_folded(result, origins, set(origins.sources), keep=trained) if origins is not None else set()
+    rebuilt = rebuild_folded(result, origins, set(origins.sources), keep=trained)[0] if origins is not None else set()
     return result if untied or rebuilt else model
 
 
@@ -369,7 +374,14 @@ def warn_fused_batchnorms(state: Preparation) -> None:
         state.notes.update(dict.fromkeys(folded, message))
 
 
-def warn_trained(notes: Mapping[str, str], params: Collection[str]) -> None:
-    """Warns what the export folded into the parameters that are trained (each message once)."""
+def check_trained(notes: Mapping[str, str], refusals: Mapping[str, str], params: Collection[str]) -> None:
+    """Refuses, or warns (each message once), what the export folded into the parameters that are trained.
+
+    Raises:
+        ValueError: A trained tensor shares torch parameters with a folded one that cannot be recomputed.
+    """
+    refused = next((refusals[name] for name in params if name in refusals), None)
+    if refused is not None:
+        raise ValueError(refused)
     for message in dict.fromkeys(notes[name] for name in params if name in notes):
         warnings.warn(message, stacklevel=3)
