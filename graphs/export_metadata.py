@@ -53,12 +53,16 @@ class TorchOrigins:
             optimizer removed them (a zero bias) or merged them into an equal initializer.
         placeholders: Each placeholder of the exported program (``p_ln2_weight``, as the nodes'
             ``fx_call`` args name them) -> its torch target (``ln2.weight``).
+        tied: Torch parameters without a tensor of their own that no node's torch call names:
+            torch.export reads a parameter tied to another (``head.weight = emb.weight``) through
+            the other's placeholder, so it is trained as that one (not in ``dropped``).
     """
 
     kinds: dict[str, str]
     sources: dict[str, tuple[str, ...]]
     dropped: tuple[str, ...]
     placeholders: dict[str, str] = dataclasses.field(default_factory=dict)
+    tied: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +155,14 @@ def read_torch_origins(model: onnx.ModelProto) -> TorchOrigins | None:
     for init_name, parameters in fused_batchnorms(graph, placeholders, kinds).items():
         sources[init_name] = (*sources.get(init_name, ()), *parameters)
     covered = {name for names in sources.values() for name in names}
-    dropped = tuple(name for name, kind in kinds.items() if kind == PARAMETER and name not in covered)
-    return TorchOrigins(kinds, sources, dropped, placeholders)
+    missing = [name for name, kind in kinds.items() if kind == PARAMETER and name not in covered]
+    # A removed zero bias is still named by its node's call (aten.linear(%x, %p_w, %p_b)); a tied
+    # parameter by none, when the calls are recorded at all.
+    calls = [call for call in map(fx_call, graph.node) if call is not None]
+    named = {placeholders.get(name) for call in calls for name in call.placeholders()}
+    tied = tuple(name for name in missing if calls and name not in named)
+    dropped = tuple(name for name in missing if name not in tied)
+    return TorchOrigins(kinds, sources, dropped, placeholders, tied)
 
 
 def fused_batchnorms(

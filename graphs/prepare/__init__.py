@@ -26,7 +26,8 @@ own on one ``state.Preparation``, in this order:
   zero state to expand);
 - what torch's exporters fold away (``torch_folds``): ``untie_merged_parameters`` (equal-valued
   parameters an exporter merged into one tensor get one trained copy each), ``rebuild_folded_parameters``
-  (an initializer folded from parameters the graph also trains is recomputed from them, or refused),
+  (an initializer folded from parameters the graph also trains is recomputed from them, or refused;
+  TorchScript's folded transpose of a tied weight too),
   ``read_padding_rows`` (an embedding's ``padding_idx`` from dynamo's metadata; its row gets no
   gradient), ``warn_fused_batchnorms`` (a BatchNorm folded into its Conv is warned about);
 - ``fold_constants`` (``folding``): float ``Constant`` tensors are initializers, so they can be

@@ -165,6 +165,7 @@ def rebuild_folded_parameters(state: Preparation) -> None:
     sharing its sources (a model whose head alone is fine-tuned still trains).
     """
     if state.origins is None:
+        state.candidates -= rebuild_torchscript_folds(state.model, state.candidates, keep=state.kept)
         return
     rebuilt, refusals = rebuild_folded(state.model, state.origins, state.candidates, keep=state.kept)
     state.candidates -= rebuilt
@@ -186,11 +187,8 @@ def rebuild_folded(
     for name, parameters in sources.items():
         for parameter in parameters:
             users.setdefault(parameter, []).append(name)
-    taken = used_names(graph)
-    rebuilt: set[str] = set()
+    rebuilt: dict[str, tuple[tuple[int, ...], tuple[str, str]]] = {}
     refusals: dict[str, str] = {}
-    nodes: list[onnx.NodeProto] = []
-    constants: list[onnx.TensorProto] = []
     # Folds of several parameters first: once rebuilt, a re-layout of one of them (W_hh^T) is its only user.
     for name, parameters in sorted(sources.items(), key=lambda item: (-len(item[1]), item[0])):
         shared = [parameter for parameter in parameters if len(users[parameter]) > 1]
@@ -211,18 +209,58 @@ def rebuild_folded(
             continue
         for parameter in parameters:
             users[parameter].remove(name)
-        node, shape = _recompute(name, value.shape, relation, taken)
+        rebuilt[name] = (value.shape, relation)
+    _recompute_all(graph, rebuilt)
+    return set(rebuilt), refusals
+
+
+def rebuild_torchscript_folds(
+    model: onnx.ModelProto, candidates: Collection[str], keep: Collection[str] = ()
+) -> set[str]:
+    """Recomputes (in place) TorchScript's folded copies of parameters the graph also reads as themselves.
+
+    TorchScript's constant folding writes ``W^T`` of a Linear on 3-D inputs as an initializer
+    ``onnx::MatMul_<n>``; when ``W`` is tied to another module (an Embedding's table, read as
+    itself), training both as tensors of their own would untie them. An ``onnx::`` initializer
+    that is a transpose or reshape of another candidate, of more than one distinct value (equal
+    fresh ones or zeros prove nothing), is recomputed from it. Returns the names replaced.
+    """
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    names = [name for name in sorted(candidates) if name in initializers]
+    sources = tuple(name for name in names if not name.startswith("onnx::"))
+    rebuilt: dict[str, tuple[tuple[int, ...], tuple[str, str]]] = {}
+    for name in names:
+        if not name.startswith("onnx::") or name in keep:
+            continue
+        value = onnx.numpy_helper.to_array(initializers[name])
+        if np.unique(value).size < 2:
+            continue
+        same_size = tuple(source for source in sources if int(np.prod(initializers[source].dims)) == value.size)
+        relation = _as_function_of(value, same_size, initializers)
+        if relation is not None:
+            rebuilt[name] = (value.shape, relation)
+    _recompute_all(graph, rebuilt)
+    return set(rebuilt)
+
+
+def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int, ...], tuple[str, str]]]) -> None:
+    """Replaces each initializer named in ``rebuilt`` by the node computing it from its source."""
+    if not rebuilt:
+        return
+    taken = used_names(graph)
+    nodes: list[onnx.NodeProto] = []
+    constants: list[onnx.TensorProto] = []
+    for name, (shape, relation) in rebuilt.items():
+        node, shape_constant = _recompute(name, shape, relation, taken)
         nodes.append(node)
-        constants.extend(shape)
-        rebuilt.add(name)
-    if rebuilt:
-        kept = [init for init in graph.initializer if init.name not in rebuilt]
-        del graph.initializer[:]
-        graph.initializer.extend([*kept, *constants])
-        existing = list(graph.node)
-        del graph.node[:]
-        graph.node.extend([*nodes, *existing])
-    return rebuilt, refusals
+        constants.extend(shape_constant)
+    kept = [init for init in graph.initializer if init.name not in rebuilt]
+    del graph.initializer[:]
+    graph.initializer.extend([*kept, *constants])
+    existing = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *existing])
 
 
 def _as_function_of(
@@ -272,7 +310,11 @@ def restructure_for_export(model: onnx.ModelProto, trained: Collection[str] = ()
     origins = read_torch_origins(model)
     result = copy.deepcopy(model)
     untied, origins = untie_merged(result, origins)
-    rebuilt = rebuild_folded(result, origins, set(origins.sources), keep=trained)[0] if origins is not None else set()
+    if origins is not None:
+        rebuilt = rebuild_folded(result, origins, set(origins.sources), keep=trained)[0]
+    else:  # choose_candidates' rule without metadata: float initializers of rank >= 1
+        floats = {init.name for init in result.graph.initializer if init.data_type in FLOAT_TYPES and init.dims}
+        rebuilt = rebuild_torchscript_folds(result, floats, keep=trained)
     return result if untied or rebuilt else model
 
 

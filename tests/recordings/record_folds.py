@@ -17,7 +17,9 @@ optimize=True; ``dynamo_unoptimized``: optimize=False; ``torchscript``: dynamo=F
 - ``conv_bn``: ``Conv2d`` -> ``BatchNorm2d`` (eval mode: running statistics) -> mean -> ``Linear``:
   TorchScript and dynamo's optimizer fold the BatchNorm into the Conv;
 - ``merged_norms``: two fresh ``LayerNorm(4)`` (equal weights and biases): dynamo's optimizer
-  merges them into one tensor, TorchScript writes ``Identity(a) -> b``.
+  merges them into one tensor, TorchScript writes ``Identity(a) -> b``;
+- ``tied_embedding``: an ``Embedding`` whose table is the output ``Linear``'s weight (one
+  parameter): TorchScript folds ``W^T`` into an initializer of its own, dynamo's optimizer too.
 
 Seeded: a rerun with the same torch writes the same arrays.
 """
@@ -93,6 +95,8 @@ class MergedNorms(nn.Module):
 def batch(case: str, generator: torch.Generator) -> torch.Tensor:
     if case == "rnn_fold":
         return torch.randn(BATCH, 5, 3, generator=generator)
+    if case == "tied_embedding":
+        return torch.randint(0, 6, (BATCH, 3), generator=generator)
     if case == "embedding_pad":
         tokens = torch.randint(1, 6, (BATCH, 4), generator=generator)
         tokens[:, -1] = 0  # padding at the end of every sequence, and once in the middle
@@ -103,7 +107,25 @@ def batch(case: str, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(BATCH, 4, generator=generator)
 
 
-CASES = {"rnn_fold": RnnLast, "embedding_pad": EmbeddingPad, "conv_bn": ConvBn, "merged_norms": MergedNorms}
+class TiedEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(6, 4)
+        self.head = nn.Linear(4, 6, bias=False)
+        self.head.weight = self.emb.weight
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.head(self.emb(x)).mean(dim=1))
+
+
+CASES = {
+    "rnn_fold": RnnLast,
+    "embedding_pad": EmbeddingPad,
+    "conv_bn": ConvBn,
+    "merged_norms": MergedNorms,
+    "tied_embedding": TiedEmbedding,
+}
 OPTIMIZERS = {
     "Adam": ("Adam", {"lr": 0.05}),
     "SGD": ("SGD", {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.1}),
@@ -114,6 +136,7 @@ RECORDED = {
     "embedding_pad": ("Adam", "SGD", "AdamW"),
     "conv_bn": ("Adam",),
     "merged_norms": ("Adam",),
+    "tied_embedding": ("SGD",),
 }
 
 
