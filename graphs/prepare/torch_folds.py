@@ -228,20 +228,31 @@ def rebuild_torchscript_folds(
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     names = [name for name in sorted(candidates) if name in initializers]
-    sources = tuple(name for name in names if not name.startswith("onnx::"))
-    rebuilt: dict[str, tuple[tuple[int, ...], tuple[str, str]]] = {}
+    folded = [name for name in names if name.startswith("onnx::") and name not in keep]
+    if not folded:
+        return set()
+    # Values that a transpose or reshape keeps (size, extremes, signs): only a match is compared in full.
+    by_fingerprint: dict[tuple[object, ...], list[str]] = {}
     for name in names:
-        if not name.startswith("onnx::") or name in keep:
-            continue
+        if not name.startswith("onnx::"):
+            by_fingerprint.setdefault(_fingerprint(onnx.numpy_helper.to_array(initializers[name])), []).append(name)
+    rebuilt: dict[str, tuple[tuple[int, ...], tuple[str, str]]] = {}
+    for name in folded:
         value = onnx.numpy_helper.to_array(initializers[name])
-        if np.unique(value).size < 2:
+        sources = tuple(by_fingerprint.get(_fingerprint(value), ()))
+        if not sources or np.unique(value).size < 2:
             continue
-        same_size = tuple(source for source in sources if int(np.prod(initializers[source].dims)) == value.size)
-        relation = _as_function_of(value, same_size, initializers)
+        relation = _as_function_of(value, sources, initializers)
         if relation is not None:
             rebuilt[name] = (value.shape, relation)
     _recompute_all(graph, rebuilt)
     return set(rebuilt)
+
+
+def _fingerprint(value: np.ndarray) -> tuple[object, ...]:
+    if value.size == 0:
+        return (value.dtype.str, 0)
+    return (value.dtype.str, value.size, value.min().item(), value.max().item(), int(np.count_nonzero(value > 0)))
 
 
 def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int, ...], tuple[str, str]]]) -> None:
