@@ -49,7 +49,9 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
     """The original model with the trained values: standard ops only, no ortlstm needed to run it.
 
     The graph is the one given, as shipped: its opset and IR version stay even when training
-    converted an old opset up (``prepare_model``), and only tensor values change. Each parameter
+    converted an old opset up (``prepare_model``), and only tensor values change, except where the
+    exporter merged or folded torch parameters: those are untied or recomputed as training had them
+    (``prepare.torch_folds.restructure_for_export``). Each parameter
     goes back where preparation found it: an initializer of the main graph or of a subgraph (a
     specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
 
