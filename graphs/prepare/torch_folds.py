@@ -198,12 +198,19 @@ def rebuild_folded(
         relation = _as_function_of(value, parameters, initializers)
         if relation is None:
             elsewhere = sorted({user for parameter in shared for user in users[parameter]} - {name})
+            repeated = [axis for axis, size in enumerate(value.shape) if size > 1 and _repeats_along(value, axis)]
             message = (
                 f"initializer {name!r} {list(value.shape)} was folded by the exporter's optimizer from torch "
-                f"parameters {list(parameters)}, and {shared} are also trained as {elsewhere}; its value is not a "
-                "copy, broadcast or transpose of one of them, so training it as a tensor of its own would train "
-                f"torch's parameters twice, and their gradients would miss its part. To train it as torch does, "
-                f"{_FOLDED_EXPORT_ADVICE}; or freeze all of {[name, *elsewhere]}."
+                f"parameters {list(parameters)}, and {shared} are also trained as {elsewhere}"
+                + (
+                    f"; its value repeats along axis {repeated[0]} (size {value.shape[repeated[0]]}): a parameter "
+                    "expanded over a static batch, whose copies torch trains as one"
+                    if repeated
+                    else ""
+                )
+                + "; it is not a copy, broadcast or transpose of a tensor of the model, so training it as a tensor "
+                "of its own would train torch's parameters twice, and their gradients would miss its part. To train "
+                f"it as torch does, {_FOLDED_EXPORT_ADVICE}; or freeze all of {[name, *elsewhere]}."
             )
             refusals.update(dict.fromkeys([name, *elsewhere], message))
             continue
@@ -272,6 +279,12 @@ def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int
     existing = list(graph.node)
     del graph.node[:]
     graph.node.extend([*nodes, *existing])
+
+
+def _repeats_along(value: np.ndarray, axis: int) -> bool:
+    """Whether every slice of ``value`` along ``axis`` equals the first (an Expand folded over that axis)."""
+    first = np.take(value, [0], axis=axis)
+    return bool(np.array_equal(np.broadcast_to(first, value.shape), value))
 
 
 def _as_function_of(

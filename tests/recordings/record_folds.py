@@ -19,7 +19,9 @@ optimize=True; ``dynamo_unoptimized``: optimize=False; ``torchscript``: dynamo=F
 - ``merged_norms``: two fresh ``LayerNorm(4)`` (equal weights and biases): dynamo's optimizer
   merges them into one tensor, TorchScript writes ``Identity(a) -> b``;
 - ``tied_embedding``: an ``Embedding`` whose table is the output ``Linear``'s weight (one
-  parameter): TorchScript folds ``W^T`` into an initializer of its own, dynamo's optimizer too.
+  parameter): TorchScript folds ``W^T`` into an initializer of its own, dynamo's optimizer too;
+- ``lstm_state``: an ``nn.LSTM`` whose initial state is a parameter expanded to the batch: with a
+  static batch, dynamo's optimizer folds the expanded state into a ``[1, N, H]`` tensor.
 
 Seeded: a rerun with the same torch writes the same arrays.
 """
@@ -93,7 +95,7 @@ class MergedNorms(nn.Module):
 
 
 def batch(case: str, generator: torch.Generator) -> torch.Tensor:
-    if case == "rnn_fold":
+    if case in ("rnn_fold", "lstm_state"):
         return torch.randn(BATCH, 5, 3, generator=generator)
     if case == "tied_embedding":
         return torch.randint(0, 6, (BATCH, 3), generator=generator)
@@ -119,12 +121,27 @@ class TiedEmbedding(nn.Module):
         return self.out(self.head(self.emb(x)).mean(dim=1))
 
 
+class LstmState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True)
+        self.head = nn.Linear(4, 2)
+        self.h0 = nn.Parameter(0.3 * torch.randn(1, 1, 4))
+        self.c0 = nn.Parameter(0.3 * torch.randn(1, 1, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = (self.h0.expand(-1, x.shape[0], -1), self.c0.expand(-1, x.shape[0], -1))
+        out, _ = self.lstm(x, state)
+        return self.head(out[:, -1])
+
+
 CASES = {
     "rnn_fold": RnnLast,
     "embedding_pad": EmbeddingPad,
     "conv_bn": ConvBn,
     "merged_norms": MergedNorms,
     "tied_embedding": TiedEmbedding,
+    "lstm_state": LstmState,
 }
 OPTIMIZERS = {
     "Adam": ("Adam", {"lr": 0.05}),
@@ -137,6 +154,7 @@ RECORDED = {
     "conv_bn": ("Adam",),
     "merged_norms": ("Adam",),
     "tied_embedding": ("SGD",),
+    "lstm_state": ("Adam",),
 }
 
 
