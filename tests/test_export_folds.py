@@ -314,3 +314,20 @@ def test_lstm_initial_state_folded_over_a_static_batch_is_refused():
     assert message.startswith("initializer 'val_14' [1, 2, 4] was folded by the exporter's optimizer from torch ")
     assert "its value repeats along axis 1 (size 2): a parameter expanded over a static batch" in message
     assert "optimize=False" in message and "dynamic batch (dynamic_shapes=...)" in message
+
+
+def test_parameter_expanded_over_a_static_batch_alone_is_refused():
+    """c0 folded into val_15 [1, 2, 4] shares no parameter; its copies would still train apart."""
+    with pytest.raises(ValueError) as refusal:
+        Trainer(
+            str(DATA / "lstm_state-dynamo.onnx"),
+            loss=losses.Loss.mse_loss(),
+            optimizer=optimizers.optimizer_from_torch("Adam", lr=0.05),
+            frozen=["h0", "val_39", "val_40", "val_62"],
+        )
+    message = str(refusal.value)
+    assert message.startswith(
+        "initializer 'val_15' [1, 2, 4] was folded by the exporter's optimizer from torch parameters ['c0']; its value "
+        "repeats along axis 1 (size 2)"
+    )
+    assert message.endswith("(dynamic_shapes=...), which keep that computation in the graph; or freeze 'val_15'.")

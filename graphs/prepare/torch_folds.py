@@ -191,28 +191,17 @@ def rebuild_folded(
     refusals: dict[str, str] = {}
     # Folds of several parameters first: once rebuilt, a re-layout of one of them (W_hh^T) is its only user.
     for name, parameters in sorted(sources.items(), key=lambda item: (-len(item[1]), item[0])):
-        shared = [parameter for parameter in parameters if len(users[parameter]) > 1]
-        if origins.kinds.get(name) == PARAMETER or not shared or name in keep:
+        if origins.kinds.get(name) == PARAMETER or name in keep:
             continue
+        shared = [parameter for parameter in parameters if len(users[parameter]) > 1]
         value = onnx.numpy_helper.to_array(initializers[name])
-        relation = _as_function_of(value, parameters, initializers)
+        repeated = _repeated_axis(value)
+        if not shared and repeated is None:
+            continue  # a re-layout of parameters trained nowhere else (an LSTM's stacked W)
+        relation = _as_function_of(value, parameters, initializers) if shared else None
         if relation is None:
             elsewhere = sorted({user for parameter in shared for user in users[parameter]} - {name})
-            repeated = [axis for axis, size in enumerate(value.shape) if size > 1 and _repeats_along(value, axis)]
-            message = (
-                f"initializer {name!r} {list(value.shape)} was folded by the exporter's optimizer from torch "
-                f"parameters {list(parameters)}, and {shared} are also trained as {elsewhere}"
-                + (
-                    f"; its value repeats along axis {repeated[0]} (size {value.shape[repeated[0]]}): a parameter "
-                    "expanded over a static batch, whose copies torch trains as one"
-                    if repeated
-                    else ""
-                )
-                + "; it is not a copy, broadcast or transpose of a tensor of the model, so training it as a tensor "
-                "of its own would train torch's parameters twice, and their gradients would miss its part. To train "
-                f"it as torch does, {_FOLDED_EXPORT_ADVICE}; or freeze all of {[name, *elsewhere]}."
-            )
-            refusals.update(dict.fromkeys([name, *elsewhere], message))
+            refusals.update(dict.fromkeys([name, *elsewhere], _folded_refusal(name, value, parameters, elsewhere)))
             continue
         for parameter in parameters:
             users[parameter].remove(name)
@@ -281,10 +270,36 @@ def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int
     graph.node.extend([*nodes, *existing])
 
 
-def _repeats_along(value: np.ndarray, axis: int) -> bool:
-    """Whether every slice of ``value`` along ``axis`` equals the first (an Expand folded over that axis)."""
-    first = np.take(value, [0], axis=axis)
-    return bool(np.array_equal(np.broadcast_to(first, value.shape), value))
+def _folded_refusal(name: str, value: np.ndarray, parameters: tuple[str, ...], elsewhere: list[str]) -> str:
+    """Why a folded initializer cannot be trained as torch's parameters, and the export that keeps them."""
+    repeated = _repeated_axis(value)
+    also = f", which the model also trains as {elsewhere}" if elsewhere else ""
+    reasons = [
+        f"initializer {name!r} {list(value.shape)} was folded by the exporter's optimizer from torch parameters "
+        f"{list(parameters)}{also}"
+    ]
+    if repeated is not None:
+        reasons.append(
+            f"its value repeats along axis {repeated} (size {value.shape[repeated]}): a parameter expanded over a "
+            "static batch, whose copies torch trains as one"
+        )
+    return (
+        "; ".join(reasons) + "; it is not a copy, broadcast or transpose of a tensor of the model, so training it as "
+        "a tensor of its own would not train torch's parameters (their copies would drift apart, and their "
+        f"gradients would miss its part). To train it as torch does, {_FOLDED_EXPORT_ADVICE}; or freeze "
+        f"{'all of ' + str([name, *elsewhere]) if elsewhere else repr(name)}."
+    )
+
+
+def _repeated_axis(value: np.ndarray) -> int | None:
+    """An axis (size > 1) along which every slice equals the first: an Expand folded over it.
+
+    None for a tensor of one value (a zero bias), which repeats along every axis and proves nothing.
+    """
+    for axis, size in enumerate(value.shape):
+        if size > 1 and np.array_equal(np.broadcast_to(np.take(value, [0], axis=axis), value.shape), value):
+            return axis if np.unique(value).size > 1 else None
+    return None
 
 
 def _as_function_of(
