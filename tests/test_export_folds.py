@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.helper
+import onnx.numpy_helper
 import pytest
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.export_metadata import FxCall, fx_call
