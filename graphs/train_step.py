@@ -212,17 +212,19 @@ def build_training_models(
         _warn_dropped(prepared.dropped)
     forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
     params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
-    check_trained(prepared.notes, prepared.refusals, params)  # what the exporter folded into a trained tensor
     emitter = forward.emitter
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
+    check_trained(prepared.notes, prepared.refusals, params)  # what the exporter folded into a trained tensor
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
     backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)
-    # torch's embedding backward gives an nn.Embedding's padding_idx row no gradient.
-    initializers = {init.name: init for init in forward.model.graph.initializer}
-    gradients = zero_padding_gradients(emitter, backward.gradients, prepared.padding_rows, initializers)
     grad_nodes = emitter.nodes[first_grad_node:]
     update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)
+    # torch's embedding backward gives an nn.Embedding's padding_idx row no gradient (nodes after the update's,
+    # read by the links to it).
+    first_mask_node = len(emitter.nodes)
+    gradients = zero_padding_gradients(emitter, backward.gradients, prepared.padding_rows, forward.model.graph)
+    grad_nodes = [*grad_nodes, *emitter.nodes[first_mask_node:]]
     models = _Assembly(forward, params, update, ir_version, (grad_nodes, gradients))
     signature = _signature(forward, params, update, models.batch_inputs, default_requires_grad(prepared))
     initial_params = {name: onnx.numpy_helper.to_array(models.initializers[name]) for name in params}

@@ -400,13 +400,14 @@ def zero_padding_gradients(
     emitter: GraphEmitter,
     gradients: Mapping[str, str],
     padding_rows: Mapping[str, tuple[int, ...]],
-    initializers: Mapping[str, onnx.TensorProto],
+    graph: onnx.GraphProto,
 ) -> dict[str, str]:
     """Each embedding's gradient with its padding rows zeroed (torch's embedding backward skips them).
 
     ``Where`` rather than a product: a non-finite gradient elsewhere never reaches the row.
     """
     result = dict(gradients)
+    initializers = {init.name: init for init in graph.initializer if init.name in padding_rows}
     for name, rows in padding_rows.items():
         if name not in result:
             continue
