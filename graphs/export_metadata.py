@@ -11,6 +11,12 @@ was folded from (``pkg.onnxscript.optimizer.folded_from``): an LSTM layer's W li
 state lists intermediates only. Read together they say which initializers torch trains, and which
 torch parameters the optimizer dropped (a zero-valued bias is removed as an addition of zeros).
 
+Each node also records the torch call it was translated from (``pkg.torch.onnx.fx_node``, e.g.
+``call_function[target=torch.ops.aten.embedding.default](args = (%p_emb_weight, %x, 0), ...)``):
+``fx_call`` reads it, so the rewrites can tell which torch parameters a node stands for (two
+LayerNorms that read one merged tensor still name their own parameters), an embedding's
+``padding_idx``, and a Conv whose call is the BatchNorm folded into it.
+
 Protos only. Models without this metadata (TorchScript exports, paddle2onnx, spox) get None.
 """
 
@@ -25,10 +31,13 @@ import onnx
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 FOLDED_FROM_KEY = "pkg.onnxscript.optimizer.folded_from"
+FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 PARAMETER = "PARAMETER"
 
 # "p_lstm_weight_ih_l0: PARAMETER target='lstm.weight_ih_l0'" (USER_INPUT lines have no target).
 _SIGNATURE_LINE = re.compile(r"^\s*(?P<node>[\w.]+): (?P<kind>[A-Z_]+)(?: target='(?P<target>[^']*)')?")
+# "... = call_function[target=torch.ops.aten.embedding.default](args = (%p_emb_weight, %x, 0), kwargs = {})"
+_FX_CALL = re.compile(r"call_function\[target=(?P<target>[\w.]+)\]\(args = \((?P<args>.*)\), kwargs = ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,21 +51,72 @@ class TorchOrigins:
             parameters' names (an unfolded parameter: its own name).
         dropped: Torch parameters that no initializer is or was folded from: the exporter's
             optimizer removed them (a zero bias) or merged them into an equal initializer.
+        placeholders: Each placeholder of the exported program (``p_ln2_weight``, as the nodes'
+            ``fx_call`` args name them) -> its torch target (``ln2.weight``).
+        tied: Torch parameters without a tensor of their own that no node's torch call names:
+            torch.export reads a parameter tied to another (``head.weight = emb.weight``) through
+            the other's placeholder, so it is trained as that one (not in ``dropped``).
     """
 
     kinds: dict[str, str]
     sources: dict[str, tuple[str, ...]]
     dropped: tuple[str, ...]
+    placeholders: dict[str, str] = dataclasses.field(default_factory=dict)
+    tied: tuple[str, ...] = ()
 
 
-def _signature_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+@dataclasses.dataclass(frozen=True)
+class FxCall:
+    """The torch call an exported node was translated from (its ``pkg.torch.onnx.fx_node``).
+
+    Attributes:
+        target: The aten op, e.g. ``torch.ops.aten.embedding.default``.
+        args: The call's positional arguments as written (``%p_emb_weight``, ``0``, ``[4]``).
+    """
+
+    target: str
+    args: tuple[str, ...]
+
+    def placeholders(self) -> tuple[str, ...]:
+        """The placeholders (``p_ln2_weight``, ``b_bn_running_mean``) the call reads, in order."""
+        return tuple(arg[1:] for arg in self.args if arg.startswith("%"))
+
+
+def fx_call(node: onnx.NodeProto) -> FxCall | None:
+    """The torch call recorded on ``node`` by torch's dynamo exporter, or None."""
+    text = next((prop.value for prop in node.metadata_props if prop.key == FX_NODE_KEY), "")
+    match = _FX_CALL.search(text)
+    if match is None:
+        return None
+    return FxCall(match["target"], tuple(_split_args(match["args"])))
+
+
+def _split_args(text: str) -> list[str]:
+    """Splits ``a, [1, 2], b`` at the commas outside brackets."""
+    args: list[str] = []
+    depth, start = 0, 0
+    for position, char in enumerate(text):
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if char == "," and depth == 0:
+            args.append(text[start:position].strip())
+            start = position + 1
+    if text[start:].strip():
+        args.append(text[start:].strip())
+    return args
+
+
+def _signature_kinds(graph: onnx.GraphProto) -> tuple[dict[str, str], dict[str, str]]:
+    """Each torch target -> its kind, and each placeholder -> its target, from the graph signature."""
     text = next((prop.value for prop in graph.metadata_props if prop.key == SIGNATURE_KEY), "")
     kinds: dict[str, str] = {}
+    placeholders: dict[str, str] = {}
     for line in text.split("# outputs", 1)[0].splitlines():
         match = _SIGNATURE_LINE.match(line)
         if match and match["target"]:
             kinds[match["target"]] = match["kind"]
-    return kinds
+            placeholders[match["node"]] = match["target"]
+    return kinds, placeholders
 
 
 def _metadata(value: onnx.ValueInfoProto | onnx.TensorProto) -> dict[str, str]:
@@ -74,7 +134,7 @@ def _folded_from(text: str) -> list[str]:
 def read_torch_origins(model: onnx.ModelProto) -> TorchOrigins | None:
     """The torch origins of ``model``'s initializers, or None when the export records none."""
     graph = model.graph
-    kinds = _signature_kinds(graph)
+    kinds, placeholders = _signature_kinds(graph)
     described = {value.name: _metadata(value) for value in [*graph.value_info, *graph.input]}
     for init in graph.initializer:
         described.setdefault(init.name, {}).update(_metadata(init))
@@ -92,6 +152,37 @@ def read_torch_origins(model: onnx.ModelProto) -> TorchOrigins | None:
         parameters = tuple(sorted(name for name in folded if kinds.get(name) == PARAMETER))
         if parameters:
             sources[init.name] = parameters
+    for init_name, parameters in fused_batchnorms(graph, placeholders, kinds).items():
+        sources[init_name] = (*sources.get(init_name, ()), *parameters)
     covered = {name for names in sources.values() for name in names}
-    dropped = tuple(name for name, kind in kinds.items() if kind == PARAMETER and name not in covered)
-    return TorchOrigins(kinds, sources, dropped)
+    missing = [name for name, kind in kinds.items() if kind == PARAMETER and name not in covered]
+    # A removed zero bias is still named by its node's call (aten.linear(%x, %p_w, %p_b)); a tied
+    # parameter by none, when the calls are recorded at all.
+    calls = [call for call in map(fx_call, graph.node) if call is not None]
+    named = {placeholders.get(name) for call in calls for name in call.placeholders()}
+    tied = tuple(name for name in missing if calls and name not in named)
+    dropped = tuple(name for name in missing if name not in tied)
+    return TorchOrigins(kinds, sources, dropped, placeholders, tied)
+
+
+def fused_batchnorms(
+    graph: onnx.GraphProto, placeholders: dict[str, str], kinds: dict[str, str]
+) -> dict[str, tuple[str, ...]]:
+    """Each Conv weight or bias a BatchNorm was folded into -> the BatchNorm's torch parameters.
+
+    onnxscript's optimizer fuses ``Conv`` + ``BatchNormalization`` (eval mode) into one Conv that
+    keeps the Conv's initializer names and records the BatchNorm's call on the node: such a
+    tensor is ``conv.weight * bn.weight / sqrt(bn.running_var + eps)``, not torch's ``conv.weight``.
+    """
+    fused: dict[str, tuple[str, ...]] = {}
+    for node in graph.node:
+        call = fx_call(node) if node.op_type == "Conv" and node.domain in ("", "ai.onnx") else None
+        if call is None or "batch_norm" not in call.target:
+            continue
+        parameters = tuple(
+            placeholders[name] for name in call.placeholders() if kinds.get(placeholders.get(name, "")) == PARAMETER
+        )
+        for init_name in node.input[1:3]:
+            if init_name:
+                fused[init_name] = parameters
+    return fused

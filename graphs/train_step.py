@@ -38,6 +38,7 @@ from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import prepare_model
+from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
 from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
 
@@ -212,6 +213,7 @@ def build_training_models(
     param_groups = trained.resolve_groups(param_groups)
     emitter = forward.emitter
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
+    check_trained(prepared.notes, prepared.refusals, params)  # what the exporter folded into a trained tensor
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
     backward = build_backward(
@@ -219,7 +221,12 @@ def build_training_models(
     )
     grad_nodes = emitter.nodes[first_grad_node:]
     update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)
-    models = _Assembly(forward, params, update, ir_version, (grad_nodes, backward.gradients))
+    # torch's embedding backward gives an nn.Embedding's padding_idx row no gradient (nodes after the update's,
+    # read by the links to it).
+    first_mask_node = len(emitter.nodes)
+    gradients = zero_padding_gradients(emitter, backward.gradients, prepared.padding_rows, forward.model.graph)
+    grad_nodes = [*grad_nodes, *emitter.nodes[first_mask_node:]]
+    models = _Assembly(forward, params, update, ir_version, (grad_nodes, gradients))
     signature = _signature(forward, params, update, models.batch_inputs, default_requires_grad(prepared))
     initial_params = {name: onnx.numpy_helper.to_array(models.initializers[name]) for name in params}
     initial_state = update.initial_state(initial_params)

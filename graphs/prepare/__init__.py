@@ -24,6 +24,12 @@ own on one ``state.Preparation``, in this order:
   (``export_metadata``), never buffers or an exporter's constants (a zero initial state); without
   it, the float initializers of rank >= 1 (0-D ones are an exporter's literals, an epsilon or a
   zero state to expand);
+- what torch's exporters fold away (``torch_folds``): ``untie_merged_parameters`` (equal-valued
+  parameters an exporter merged into one tensor get one trained copy each), ``rebuild_folded_parameters``
+  (an initializer folded from parameters the graph also trains is recomputed from them, or refused;
+  TorchScript's folded transpose of a tied weight too),
+  ``read_padding_rows`` (an embedding's ``padding_idx`` from dynamo's metadata; its row gets no
+  gradient), ``warn_fused_batchnorms`` (a BatchNorm folded into its Conv is warned about);
 - ``fold_constants`` (``folding``): float ``Constant`` tensors are initializers, so they can be
   trained like any other (candidates when of rank >= 1 and not many elements of one value:
   TorchScript's and paddle2onnx's zero initial states); ``If`` nodes whose condition is constant

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ortlstm.graphs.prepare import folding, rewrites
+from ortlstm.graphs.prepare import folding, rewrites, torch_folds
 from ortlstm.graphs.prepare.advice import ControlFlowAdvice
 from ortlstm.graphs.prepare.state import Preparation, PreparedModel
 
@@ -20,6 +20,10 @@ REWRITES: tuple[Rewrite, ...] = (
     rewrites.fix_inputs,
     rewrites.drop_declared_shapes,
     rewrites.choose_candidates,
+    torch_folds.untie_merged_parameters,
+    torch_folds.rebuild_folded_parameters,
+    torch_folds.read_padding_rows,
+    torch_folds.warn_fused_batchnorms,
     folding.fold_constants,
     rewrites.resolve_sequences,
     rewrites.drop_dead_values,

@@ -35,6 +35,12 @@ class PreparedModel:
         dropped: Torch parameters the export lost (see ``export_metadata.TorchOrigins``).
         control_flow: For each remaining ``If``, by its first output: what decides it and what to
             pass to fix it, in words (the advice of a refusal that meets it).
+        padding_rows: Each embedding table -> its ``padding_idx`` rows, which get no gradient (as
+            torch's embedding backward); from a dynamo export's metadata.
+        notes: Each candidate whose training differs from torch's in a way the export hides (a
+            fused Conv+BatchNorm) -> the warning the train step gives when it trains it.
+        refusals: Each candidate that cannot train as torch's parameters do (it shares them with a
+            folded tensor that cannot be recomputed) -> the error the train step raises if trained.
     """
 
     model: onnx.ModelProto
@@ -45,6 +51,9 @@ class PreparedModel:
     sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     dropped: tuple[str, ...] = ()
     control_flow: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    padding_rows: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -63,6 +72,9 @@ class Preparation:
         constants: Every value known to be constant, by name.
         specialized: Names of the ``If`` nodes replaced by a branch so far.
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
+        padding_rows: Each embedding table -> its ``padding_idx`` rows (``torch_folds``).
+        notes: Each candidate -> the warning training it deserves (``torch_folds``).
+        refusals: Each candidate -> the error training it raises (``torch_folds``).
     """
 
     source: onnx.ModelProto
@@ -76,6 +88,9 @@ class Preparation:
     constants: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     specialized: list[str] = dataclasses.field(default_factory=list)
     converted: tuple[str, ...] = ()
+    padding_rows: dict[str, set[int]] = dataclasses.field(default_factory=dict)
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    refusals: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -114,4 +129,9 @@ class Preparation:
             self.remaining_ifs(),
             sources,
             origins.dropped if origins else (),
+            padding_rows={
+                name: tuple(sorted(rows)) for name, rows in self.padding_rows.items() if name in self.candidates
+            },
+            notes={name: note for name, note in self.notes.items() if name in self.candidates},
+            refusals=dict(self.refusals),
         )

@@ -23,6 +23,7 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.graph_utils import walk_graphs
 from ortlstm.graphs.model_files import load_model_file
+from ortlstm.graphs.prepare.torch_folds import restructure_for_export
 from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.engine import MODEL_KINDS
@@ -46,7 +47,9 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
     """The original model with the trained values: standard ops only, no ortlstm needed to run it.
 
     The graph is the one given, as shipped: its opset and IR version stay even when training
-    converted an old opset up (``prepare_model``), and only tensor values change. Each parameter
+    converted an old opset up (``prepare_model``), and only tensor values change, except where the
+    exporter merged or folded torch parameters: those are untied or recomputed as training had them
+    (``prepare.torch_folds.restructure_for_export``). Each parameter
     goes back where preparation found it: an initializer of the main graph or of a subgraph (a
     specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
 
@@ -54,7 +57,9 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
         ValueError: A parameter is found nowhere in the model, or its shape or type differs.
     """
     result = onnx.ModelProto()
-    result.CopyFrom(original)
+    # Parameters an exporter merged are untied, and tensors it folded from trained ones recomputed,
+    # as in the train step (prepare.torch_folds): the trained copies need places of their own.
+    result.CopyFrom(restructure_for_export(original, params))
     places: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
     for graph in walk_graphs(result.graph):
         for init in graph.initializer:
