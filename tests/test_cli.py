@@ -10,6 +10,7 @@ the four files with it) and ``demo`` (one short epoch: the torch-free default, a
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import re
@@ -134,20 +135,34 @@ OLD_SPELLINGS = [
       "--optimizer AdamW is deprecated; use --optimizer adamw"]),
     (["artifacts", "m.onnx", "d", "--loss", "MSELoss", "--optimizer", "SGD"], {"loss": "mse_loss", "optimizer": "sgd"},
      ["--loss MSELoss is deprecated; use --loss mse_loss", "--optimizer SGD is deprecated; use --optimizer sgd"]),
-    (["artifacts", "m.onnx", "d", "--loss", "BCEWithLogitsLoss"], {"loss": "binary_cross_entropy_with_logits"},
+    (["artifacts", "m.onnx", "d", "--loss", "BCEWithLogitsLoss", "--optimizer", "sgd"],
+     {"loss": "binary_cross_entropy_with_logits"},
      ["--loss BCEWithLogitsLoss is deprecated; use --loss binary_cross_entropy_with_logits"]),
-    (["artifacts", "m.onnx", "d", "--loss", "L1Loss"], {"loss": "l1_loss"},
+    (["artifacts", "m.onnx", "d", "--loss", "L1Loss", "--optimizer", "adamw"], {"loss": "l1_loss"},
      ["--loss L1Loss is deprecated; use --loss l1_loss"]),
     (["demo", "--learning-rate", "0.02"], {"lr": 0.02}, ["--learning-rate is deprecated; use --lr"]),
     (["demo-chars", "--learning-rate", "0.001"], {"lr": 0.001}, ["--learning-rate is deprecated; use --lr"]),
+    # --out is what a command writes, in every command; --output the model output the loss reads.
+    (["demo", "--output", "m.onnx"], {"out": Path("m.onnx")}, ["--output is deprecated; use --out"]),
+    (["demo-chars", "--output", "c.onnx"], {"out": Path("c.onnx")}, ["--output is deprecated; use --out"]),
+    (["demo-ocr", "--output", "o.onnx"], {"out": Path("o.onnx")}, ["--output is deprecated; use --out"]),
 ]  # fmt: skip
 NEW_SPELLINGS = [
     (["train-step", "m.onnx", "d", "--loss", "binary_cross_entropy", "--optimizer", "sgd", "--lr", "0.1"],
      {"loss": "binary_cross_entropy", "optimizer": "sgd", "lr": 0.1}),
     (["artifacts", "m.onnx", "d", "--loss", "mse_loss", "--optimizer", "sgd"],
      {"loss": "mse_loss", "optimizer": "sgd"}),
-    (["artifacts", "m.onnx", "d"], {"loss": "cross_entropy", "optimizer": "adamw"}),
+    (["artifacts", "m.onnx", "--out", "d", "--loss", "cross_entropy", "--optimizer", "adamw"],
+     {"loss": "cross_entropy", "optimizer": "adamw", "out": Path("d")}),
     (["demo", "--lr", "0.02"], {"lr": 0.02}),
+    (["demo", "--out", "m.onnx"], {"out": Path("m.onnx")}),
+    (["demo"], {"out": Path("ortlstm_demo.onnx")}),
+    (["demo-ocr", "--out", "o.onnx"], {"out": Path("o.onnx")}),
+    (["fit", "m.onnx", "--out", "t.onnx", "--output", "logits"], {"out": Path("t.onnx"), "output": "logits"}),
+    (["train-step", "m.onnx", "--out", "d", "--loss", "mse_loss", "--optimizer", "sgd", "--output", "y"],
+     {"out": Path("d"), "output": "y"}),
+    (["convert", "a.onnx", "--out", "b.onnx"], {"input": Path("a.onnx"), "out": Path("b.onnx")}),
+    (["export", "d", "--out", "t.onnx"], {"directory": Path("d"), "out": Path("t.onnx")}),
     (["demo"], {"lr": 0.01}),
     (["demo-chars", "--lr", "0.001"], {"lr": 0.001}),
     (["demo-chars"], {"lr": 0.005}),
@@ -218,6 +233,77 @@ def test_help_shows_torch_names_only(command: str, shown: list[str], hidden: lis
         assert name not in text, f"{name} in {command} --help:\n{result.stdout}"
 
 
+def sub_parsers() -> dict[str, argparse.ArgumentParser]:
+    from ortlstm.__main__ import _parser
+
+    (commands,) = [action for action in _parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def defaults_of(name: str, parser: argparse.ArgumentParser) -> dict[str, object]:
+    """Each option's default; fit's from a parser of its options alone (its own hides them, for --config)."""
+    if name == "fit":
+        from ortlstm.cli.fit import add_fit_arguments
+
+        parser = argparse.ArgumentParser()
+        add_fit_arguments(parser)
+    defaults: dict[str, object] = {}
+    for action in parser._actions:
+        defaults.setdefault(action.dest, action.default)  # the option's, not an old spelling's of the same dest
+    return defaults
+
+
+def test_every_sub_command_has_a_description_and_its_help_shows_each_default() -> None:
+    from ortlstm.__main__ import _COMMANDS
+
+    parsers = sub_parsers()
+    assert sorted(parsers) == sorted(_COMMANDS)
+    for name, parser in parsers.items():
+        help_text = " ".join(parser.format_help().split()).replace("- ", "-")  # argparse wraps after a hyphen
+        description = " ".join((parser.description or "").split())
+        assert len(description) > 80, f"{name}: no description"
+        assert description in help_text, name
+        defaults = defaults_of(name, parser)
+        shown = 0
+        for action in parser._actions:
+            default = defaults[action.dest]
+            flag = isinstance(action, (argparse._StoreConstAction, argparse._HelpAction))
+            if action.help == argparse.SUPPRESS or flag or default is None or default == []:
+                continue
+            option = action.option_strings[0] if action.option_strings else action.dest
+            words = " ".join((action.help or "").replace("%%", "%").split())
+            expected = "(default: 1/3)" if option == "--start-factor" else f"(default: {default})"
+            assert expected in words, f"{name} {option}: {action.help!r}"
+            assert words.replace("- ", "-") in help_text, f"{name} {option}"
+            shown += 1
+        assert shown >= {"demo": 9, "fit": 12, "train-step": 3}.get(name, 0), name
+    # Not vacuous: what a user reads.
+    assert "--epochs EPOCHS passes over the training digits (default: 12)" in " ".join(
+        parsers["demo"].format_help().split()
+    )
+    assert "--gamma GAMMA step: StepLR's gamma (default: 0.1)" in " ".join(parsers["fit"].format_help().split())
+
+
+def test_artifacts_needs_a_loss_and_an_optimizer_as_fit_does(tmp_path: Path) -> None:
+    result = ortlstm_cli("artifacts", "model.onnx", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2, describe(result)
+    assert "error: the following arguments are required: --loss, --optimizer" in result.stderr, describe(result)
+
+
+def test_a_command_writes_to_out_or_the_older_positional_and_says_what_is_missing(tmp_path: Path) -> None:
+    lstm_model(tmp_path / "in.onnx", np.random.default_rng(7))
+    result = ortlstm_cli("convert", "in.onnx", cwd=tmp_path)
+    assert result.returncode == 1, describe(result)
+    assert result.stderr == "ortlstm convert: error: where to write is missing: pass --out PATH\n", describe(result)
+    result = ortlstm_cli("convert", "in.onnx", "a.onnx", "--out", "b.onnx", cwd=tmp_path)
+    assert result.returncode == 1, describe(result)
+    assert result.stderr == "ortlstm convert: error: two outputs, a.onnx and --out b.onnx: give one\n"
+    assert not (tmp_path / "a.onnx").exists() and not (tmp_path / "b.onnx").exists()
+    result = ortlstm_cli("convert", "in.onnx", "a.onnx", "--out", "a.onnx", cwd=tmp_path)
+    assert result.returncode == 0, describe(result)
+    assert (tmp_path / "a.onnx").is_file()
+
+
 # ---------------------------------------------------------------------------------------------
 # convert
 
@@ -225,7 +311,7 @@ def test_help_shows_torch_names_only(command: str, shown: list[str], hidden: lis
 def test_convert_writes_a_model_that_runs(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     original = lstm_model(tmp_path / "in.onnx", rng)
-    result = ortlstm_cli("convert", "in.onnx", "out.onnx", cwd=tmp_path)
+    result = ortlstm_cli("convert", "in.onnx", "--out", "out.onnx", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     assert "out.onnx: 1 LSTM node(s)" in result.stdout
 
@@ -271,7 +357,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     rng = np.random.default_rng(7)
     lstm_model(tmp_path / "model.onnx", rng)
     result = ortlstm_cli(
-        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "adamw", "--lr", "0.05",
+        "train-step", "model.onnx", "--out", "run", "--loss", "mse_loss", "--optimizer", "adamw", "--lr", "0.05",
         "--weight-decay", "0", "--requires-grad", "W", "R", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
@@ -279,6 +365,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     assert re.search(r"\n  W +float32 \[2, 20, 4\] +160\n", result.stdout), describe(result)
     assert "frozen (constants): B" in result.stdout, describe(result)
     assert "batch feeds: X, target; AdamW lr 0.05" in result.stdout, describe(result)
+    assert "export: ortlstm export run --out OUT.onnx" in result.stdout, describe(result)
     names = ("train_step", "eval", "gradients", "apply", "model")
     for name in names:
         assert (tmp_path / "run" / f"{name}.onnx").is_file(), name
@@ -294,7 +381,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     assert last < first
     trainer.save(tmp_path / "run" / "state.safetensors")
 
-    result = ortlstm_cli("export", "run", "trained.onnx", cwd=tmp_path)
+    result = ortlstm_cli("export", "run", "--out", "trained.onnx", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     assert result.stdout.startswith("trained.onnx: the original model with the trained parameters")
     trained = onnx.load(str(tmp_path / "trained.onnx"))
@@ -484,7 +571,7 @@ _WITHOUT_TRAINING = (
 
 def test_artifacts_without_training_build_says_what_to_install(tmp_path: Path) -> None:
     lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
-    args = ["artifacts", "model.onnx", "out", "--loss", "mse_loss"]
+    args = ["artifacts", "model.onnx", "--out", "out", "--loss", "mse_loss", "--optimizer", "sgd"]
     if HAS_TRAINING:
         command = [sys.executable, "-c", _WITHOUT_TRAINING, *args]
         result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
@@ -496,6 +583,59 @@ def test_artifacts_without_training_build_says_what_to_install(tmp_path: Path) -
     assert "pip install 'ortlstm[train]'" in result.stderr, describe(result)
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch parameters \\['extra.bias'\\] are not in the export")
+def test_artifacts_trains_what_the_trainer_trains_by_default() -> None:
+    """A torch export's parameters, never its buffers (the old default, every float, trained bn.running_var)."""
+    from ortlstm.cli.models import artifact_parameters
+    from ortlstm.graphs import losses, optimizers
+    from test_default_parameters import dynamo_like_model
+
+    from ortlstm.training import Trainer
+
+    model = dynamo_like_model()
+
+    def trained_by_the_trainer(**options: object) -> list[str]:
+        loss, optimizer = losses.Loss.mse_loss(), optimizers.SGD(lr=0.1)
+        trainer = Trainer(model, loss=loss, optimizer=optimizer, **options)  # type: ignore[arg-type]
+        return sorted(trainer.signature.params)
+
+    requires_grad, frozen = artifact_parameters(model, None, [])
+    assert sorted(requires_grad or []) == trained_by_the_trainer() and frozen == []
+    assert "bn.running_var" not in (requires_grad or [])
+    float_initializers = [init.name for init in model.graph.initializer if init.data_type == TensorProto.FLOAT]
+    assert "bn.running_var" in float_initializers
+    # --frozen as fit reads it: a torch module prefix freezes the initializers folded from its parameters.
+    requires_grad, frozen = artifact_parameters(model, None, ["lstm"])
+    assert sorted(requires_grad or []) == trained_by_the_trainer(frozen=["lstm"])
+    assert frozen == ["val_3", "val_4", "val_5"]
+    assert artifact_parameters(model, ["val_9"], []) == (["val_9"], [])
+    with pytest.raises(ValueError, match=r"frozen: \['decoder'\] match no parameter of the model"):
+        artifact_parameters(model, None, ["decoder"])
+    # Without the metadata: generate_artifacts' own default (float initializers of rank >= 1).
+    assert artifact_parameters(dynamo_like_model(with_metadata=False), None, ["bn.weight"]) == (None, ["bn.weight"])
+
+
+@needs_training
+def test_artifacts_of_a_torch_export_trains_its_parameters_not_its_buffers(tmp_path: Path) -> None:
+    from onnxruntime.training.api import CheckpointState
+    from test_default_parameters import dynamo_like_model
+
+    onnx.save(dynamo_like_model(), str(tmp_path / "model.onnx"))
+    result = ortlstm_cli(
+        "artifacts", "model.onnx", "--out", "out", "--loss", "mse_loss", "--optimizer", "sgd", "--frozen", "head",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    training = onnx.load(str(tmp_path / "out" / "training_model.onnx"))
+    suffix = "_grad.accumulation.buffer"
+    trained = sorted(value.name.removesuffix(suffix) for value in training.graph.input if value.name.endswith(suffix))
+    assert trained == ["bn.bias", "bn.weight", "val_3", "val_4", "val_5"]  # head.* frozen, bn.running_var a buffer
+    state = CheckpointState.load_checkpoint(str(tmp_path / "out" / "checkpoint"))
+    assert not state.parameters["val_9"].requires_grad
+    with pytest.raises(KeyError, match="bn.running_var"):
+        state.parameters["bn.running_var"]
 
 
 @needs_training
@@ -540,7 +680,7 @@ def test_demo_one_epoch(tmp_path: Path) -> None:
     # torch made unimportable: the default path must never need it, even where it is installed.
     command = [
         sys.executable, "-c", _WITHOUT_TORCH,
-        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", str(plot), "--output", str(model),
+        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", str(plot), "--out", str(model),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
     assert result.returncode == 0, describe(result)
@@ -563,7 +703,7 @@ def test_demo_chars_trains_statefully_and_samples(tmp_path: Path) -> None:
     pytest.importorskip("tqdm", reason="the demo's dependencies: pip install 'ortlstm[demo]'")
     result = ortlstm_cli(
         "demo-chars", "--steps", "12", "--hidden-size", "16", "--seq-length", "8", "--streams", "4",
-        "--output", "chars.onnx", cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+        "--out", "chars.onnx", cwd=tmp_path, timeout=COMMAND_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
     assert "stateful truncated BPTT" in result.stdout
