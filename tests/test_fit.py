@@ -452,14 +452,15 @@ def test_a_resume_with_other_settings_names_only_the_options_that_differ(tmp_pat
 def test_resuming_a_finished_run_says_so_trains_nothing_and_still_exports(tmp_path: Path) -> None:
     checkpoint = tmp_path / "run.safetensors"
     first = run(tmp_path, epochs=2, checkpoint=checkpoint, out=tmp_path / "first.onnx")
+    finished = f"{checkpoint}: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further"
     lines: list[str] = []
     again = run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, out=tmp_path / "again.onnx", log=lines.append)
-    assert lines == [f"{checkpoint}: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further"]
+    assert lines == [finished]
     assert again.trainer.global_step == first.trainer.global_step == 12
     assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "first.onnx").read_bytes()
     lines.clear()
     run(tmp_path, epochs=1, checkpoint=checkpoint, resume=True, log=lines.append)  # fewer epochs than done
-    assert lines == [f"{checkpoint}: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further"]
+    assert lines == [finished]
     cosine = tmp_path / "cosine.safetensors"
     run(tmp_path, epochs=1, checkpoint=cosine, schedule=fitting.Schedule("cosine", 0.02))
     lines.clear()
@@ -575,6 +576,28 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
 
     with safe_open(str(path), framework="numpy") as reader:
         return dict(reader.metadata())
+
+
+def test_cli_resume_of_another_lr_or_of_a_finished_run_says_what_to_do(tmp_path: Path) -> None:
+    onnx.save(build_classifier(HIDDEN, seed=0), str(tmp_path / "model.onnx"))
+    np.savez(tmp_path / "train.npz", **rule_data(64, 0))
+    common = ["fit", "model.onnx", "--data", "train.npz", "--loss", "cross_entropy", "--optimizer", "adamw",
+              "--epochs", "2", "--batch-size", "32", "--threads", "1", "--checkpoint", "run.safetensors"]  # fmt: skip
+    first = cli(*common, "--lr", "0.01", "--out", "first.onnx", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = cli(*common, "--lr", "0.001", "--resume", cwd=tmp_path)
+    assert other.returncode == 1
+    assert other.stderr == (
+        "ortlstm fit: error: --resume: the checkpoint run.safetensors was trained with lr=0.01, this run has "
+        "lr=0.001 (pass the same option, or start a new run without --resume)\n"
+    )
+    done = cli(*common, "--lr", "0.01", "--resume", "--out", "again.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "run.safetensors: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further\n"
+        "trained model: again.onnx\n"
+    )
+    assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "first.onnx").read_bytes()
 
 
 def test_cli_refuses_bad_data_naming_the_array(tmp_path: Path) -> None:
