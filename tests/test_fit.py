@@ -425,15 +425,15 @@ def test_a_resume_with_other_settings_names_only_the_options_that_differ(tmp_pat
     constant = fitting.Schedule("constant", 0.02)
     run(tmp_path, epochs=1, checkpoint=checkpoint, schedule=constant)
 
-    def refusal(before: str, now: str, options: str = "option") -> str:
+    def refusal(before: str, now: str, same: str = "the same option") -> str:
         return re.escape(
-            f"--resume: the checkpoint {checkpoint} was trained with {before}, this run has {now} (pass the same "
-            f"{options}, or start a new run without --resume)"
+            f"--resume: the checkpoint {checkpoint} was trained with {before}, this run has {now} (pass {same}, or "
+            "start a new run without --resume)"
         )
 
     with pytest.raises(ValueError, match=refusal("lr=0.02", "lr=0.01")):
         run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, schedule=fitting.Schedule("constant", 0.01))
-    with pytest.raises(ValueError, match=refusal("seed=3 and lr=0.02", "seed=4 and lr=0.01", "options")):
+    with pytest.raises(ValueError, match=refusal("seed=3 and lr=0.02", "seed=4 and lr=0.01", "the same options")):
         run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, seed=4, schedule=fitting.Schedule("constant", 0.01))
     model = build_classifier(HIDDEN, seed=0)
     trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(weight_decay=0.1), threads=1)
@@ -441,6 +441,18 @@ def test_a_resume_with_other_settings_names_only_the_options_that_differ(tmp_pat
         fitting.fit(
             trainer, rule_data(90, 0), model=model, epochs=2, batch_size=16, seed=3, schedule=constant,
             checkpoint=checkpoint, resume=True, log=lambda line: None,
+        )  # fmt: skip
+    run_on_fewer = classifier_trainer()
+    with pytest.raises(ValueError, match=refusal("samples=90", "samples=80", "the same data")):
+        fitting.fit(
+            run_on_fewer[0], rule_data(80, 0), model=run_on_fewer[1], epochs=2, batch_size=16, seed=3,
+            schedule=constant, checkpoint=checkpoint, resume=True, log=lambda line: None,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=refusal("seed=3 and samples=90", "seed=5 and samples=80",
+                                                 "the same option and the same data")):  # fmt: skip
+        fitting.fit(
+            run_on_fewer[0], rule_data(80, 0), model=run_on_fewer[1], epochs=2, batch_size=16, seed=5,
+            schedule=constant, checkpoint=checkpoint, resume=True, log=lambda line: None,
         )  # fmt: skip
     # A cosine schedule spans the run: its epochs are named, not its length in updates.
     cosine = tmp_path / "cosine.safetensors"

@@ -110,6 +110,9 @@ _OPTION_NAMES = {
 }
 """A setting of fit's config or the Trainer's spec -> the option that sets it (else the name after ``schedule.``)."""
 
+_DATA_SETTINGS = ("samples", "arrays", "shards")
+"""fit's config settings that the data decides, not an option."""
+
 
 def _schedule_epochs(schedule: Any) -> int | None:
     """The epochs a bound schedule's ``total`` stands for (its length, which a cosine schedule records)."""
@@ -175,10 +178,12 @@ def check_resumable(
         ]
     if differing:
         before, now = settings_text(differing)
-        options = "option" if len(differing) == 1 else "options"
+        options = sum(name not in _DATA_SETTINGS for name, _, _ in differing)
+        same = [f"the same option{'s' if options > 1 else ''}"] if options else []
+        same += ["the same data"] if options < len(differing) else []
         raise ValueError(
-            f"--resume: the checkpoint {path} was trained with {before}, this run has {now} (pass the same "
-            f"{options}, or start a new run without --resume)"
+            f"--resume: the checkpoint {path} was trained with {before}, this run has {now} (pass "
+            f"{' and '.join(same)}, or start a new run without --resume)"
         )
 
 
