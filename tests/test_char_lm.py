@@ -36,7 +36,7 @@ def test_a_short_run_learns_and_the_exported_model_samples(tmp_path: Path) -> No
 def test_the_command_prints_the_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = tmp_path / "chars.onnx"
     args = ["demo-chars", "--steps", "3", "--seq-length", "8", "--streams", "4", "--hidden-size", "8"]
-    assert main([*args, "--output", str(output)]) == 0
+    assert main([*args, "--out", str(output)]) == 0
     printed = capsys.readouterr().out
     assert printed.count("--- sample") == 2
     assert f"trained model: {output}" in printed

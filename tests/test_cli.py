@@ -134,20 +134,34 @@ OLD_SPELLINGS = [
       "--optimizer AdamW is deprecated; use --optimizer adamw"]),
     (["artifacts", "m.onnx", "d", "--loss", "MSELoss", "--optimizer", "SGD"], {"loss": "mse_loss", "optimizer": "sgd"},
      ["--loss MSELoss is deprecated; use --loss mse_loss", "--optimizer SGD is deprecated; use --optimizer sgd"]),
-    (["artifacts", "m.onnx", "d", "--loss", "BCEWithLogitsLoss"], {"loss": "binary_cross_entropy_with_logits"},
+    (["artifacts", "m.onnx", "d", "--loss", "BCEWithLogitsLoss", "--optimizer", "sgd"],
+     {"loss": "binary_cross_entropy_with_logits"},
      ["--loss BCEWithLogitsLoss is deprecated; use --loss binary_cross_entropy_with_logits"]),
-    (["artifacts", "m.onnx", "d", "--loss", "L1Loss"], {"loss": "l1_loss"},
+    (["artifacts", "m.onnx", "d", "--loss", "L1Loss", "--optimizer", "adamw"], {"loss": "l1_loss"},
      ["--loss L1Loss is deprecated; use --loss l1_loss"]),
     (["demo", "--learning-rate", "0.02"], {"lr": 0.02}, ["--learning-rate is deprecated; use --lr"]),
     (["demo-chars", "--learning-rate", "0.001"], {"lr": 0.001}, ["--learning-rate is deprecated; use --lr"]),
+    # --out is what a command writes, in every command; --output the model output the loss reads.
+    (["demo", "--output", "m.onnx"], {"out": Path("m.onnx")}, ["--output is deprecated; use --out"]),
+    (["demo-chars", "--output", "c.onnx"], {"out": Path("c.onnx")}, ["--output is deprecated; use --out"]),
+    (["demo-ocr", "--output", "o.onnx"], {"out": Path("o.onnx")}, ["--output is deprecated; use --out"]),
 ]  # fmt: skip
 NEW_SPELLINGS = [
     (["train-step", "m.onnx", "d", "--loss", "binary_cross_entropy", "--optimizer", "sgd", "--lr", "0.1"],
      {"loss": "binary_cross_entropy", "optimizer": "sgd", "lr": 0.1}),
     (["artifacts", "m.onnx", "d", "--loss", "mse_loss", "--optimizer", "sgd"],
      {"loss": "mse_loss", "optimizer": "sgd"}),
-    (["artifacts", "m.onnx", "d"], {"loss": "cross_entropy", "optimizer": "adamw"}),
+    (["artifacts", "m.onnx", "--out", "d", "--loss", "cross_entropy", "--optimizer", "adamw"],
+     {"loss": "cross_entropy", "optimizer": "adamw", "out": Path("d")}),
     (["demo", "--lr", "0.02"], {"lr": 0.02}),
+    (["demo", "--out", "m.onnx"], {"out": Path("m.onnx")}),
+    (["demo"], {"out": Path("ortlstm_demo.onnx")}),
+    (["demo-ocr", "--out", "o.onnx"], {"out": Path("o.onnx")}),
+    (["fit", "m.onnx", "--out", "t.onnx", "--output", "logits"], {"out": Path("t.onnx"), "output": "logits"}),
+    (["train-step", "m.onnx", "--out", "d", "--loss", "mse_loss", "--optimizer", "sgd", "--output", "y"],
+     {"out": Path("d"), "output": "y"}),
+    (["convert", "a.onnx", "--out", "b.onnx"], {"input": Path("a.onnx"), "out": Path("b.onnx")}),
+    (["export", "d", "--out", "t.onnx"], {"directory": Path("d"), "out": Path("t.onnx")}),
     (["demo"], {"lr": 0.01}),
     (["demo-chars", "--lr", "0.001"], {"lr": 0.001}),
     (["demo-chars"], {"lr": 0.005}),
@@ -225,7 +239,7 @@ def test_help_shows_torch_names_only(command: str, shown: list[str], hidden: lis
 def test_convert_writes_a_model_that_runs(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     original = lstm_model(tmp_path / "in.onnx", rng)
-    result = ortlstm_cli("convert", "in.onnx", "out.onnx", cwd=tmp_path)
+    result = ortlstm_cli("convert", "in.onnx", "--out", "out.onnx", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     assert "out.onnx: 1 LSTM node(s)" in result.stdout
 
@@ -271,7 +285,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     rng = np.random.default_rng(7)
     lstm_model(tmp_path / "model.onnx", rng)
     result = ortlstm_cli(
-        "train-step", "model.onnx", "run", "--loss", "mse_loss", "--optimizer", "adamw", "--lr", "0.05",
+        "train-step", "model.onnx", "--out", "run", "--loss", "mse_loss", "--optimizer", "adamw", "--lr", "0.05",
         "--weight-decay", "0", "--requires-grad", "W", "R", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
@@ -279,6 +293,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     assert re.search(r"\n  W +float32 \[2, 20, 4\] +160\n", result.stdout), describe(result)
     assert "frozen (constants): B" in result.stdout, describe(result)
     assert "batch feeds: X, target; AdamW lr 0.05" in result.stdout, describe(result)
+    assert "export: ortlstm export run --out OUT.onnx" in result.stdout, describe(result)
     names = ("train_step", "eval", "gradients", "apply", "model")
     for name in names:
         assert (tmp_path / "run" / f"{name}.onnx").is_file(), name
@@ -294,7 +309,7 @@ def test_train_step_writes_a_directory_the_trainer_trains_and_export_writes(tmp_
     assert last < first
     trainer.save(tmp_path / "run" / "state.safetensors")
 
-    result = ortlstm_cli("export", "run", "trained.onnx", cwd=tmp_path)
+    result = ortlstm_cli("export", "run", "--out", "trained.onnx", cwd=tmp_path)
     assert result.returncode == 0, describe(result)
     assert result.stdout.startswith("trained.onnx: the original model with the trained parameters")
     trained = onnx.load(str(tmp_path / "trained.onnx"))
@@ -484,7 +499,7 @@ _WITHOUT_TRAINING = (
 
 def test_artifacts_without_training_build_says_what_to_install(tmp_path: Path) -> None:
     lstm_model(tmp_path / "model.onnx", np.random.default_rng(7))
-    args = ["artifacts", "model.onnx", "out", "--loss", "mse_loss"]
+    args = ["artifacts", "model.onnx", "--out", "out", "--loss", "mse_loss", "--optimizer", "sgd"]
     if HAS_TRAINING:
         command = [sys.executable, "-c", _WITHOUT_TRAINING, *args]
         result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
@@ -540,7 +555,7 @@ def test_demo_one_epoch(tmp_path: Path) -> None:
     # torch made unimportable: the default path must never need it, even where it is installed.
     command = [
         sys.executable, "-c", _WITHOUT_TORCH,
-        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", str(plot), "--output", str(model),
+        "demo", "--epochs", "1", "--hidden-size", "16", "--plot", str(plot), "--out", str(model),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
     assert result.returncode == 0, describe(result)
@@ -563,7 +578,7 @@ def test_demo_chars_trains_statefully_and_samples(tmp_path: Path) -> None:
     pytest.importorskip("tqdm", reason="the demo's dependencies: pip install 'ortlstm[demo]'")
     result = ortlstm_cli(
         "demo-chars", "--steps", "12", "--hidden-size", "16", "--seq-length", "8", "--streams", "4",
-        "--output", "chars.onnx", cwd=tmp_path, timeout=COMMAND_TIMEOUT,
+        "--out", "chars.onnx", cwd=tmp_path, timeout=COMMAND_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
     assert "stateful truncated BPTT" in result.stdout

@@ -123,7 +123,7 @@ def test_ctc_steps_lower_the_loss_and_the_export_runs_without_ortlstm_and_matche
 
 
 def test_demo_ocr_command_runs_end_to_end(wheel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    files = {"--output": tmp_path / "ocr.onnx", "--plot": tmp_path / "ocr.png", "--samples": tmp_path / "samples.png"}
+    files = {"--out": tmp_path / "ocr.onnx", "--plot": tmp_path / "ocr.png", "--samples": tmp_path / "samples.png"}
     argv = ["demo-ocr", "--model-wheel", str(wheel), "--steps", "2", "--batch-size", "4", "--held-out", "3"]
     argv += ["--eval-every", "1", *(item for option, path in files.items() for item in (option, str(path)))]
     assert main(argv) == 0

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -63,10 +64,8 @@ def run(
         model=model,
         epochs=epochs,
         batch_size=16,
-        seed=3,
         schedule=schedule,
-        log=lambda line: None,
-        **options,  # type: ignore[arg-type]
+        **{"seed": 3, "log": lambda line: None, **options},  # type: ignore[arg-type]
     )
 
 
@@ -418,8 +417,103 @@ def test_k_epochs_then_resumed_to_n_equals_n_epochs_straight(tmp_path: Path) -> 
         assert np.array_equal(params(resumed.trainer)[name], value), name
     with pytest.raises(ValueError, match=r"exists: pass --resume to continue that run"):
         run(tmp_path, epochs=4, checkpoint=checkpoint)
-    with pytest.raises(ValueError, match=r"other settings \(schedule: saved"):
+    with pytest.raises(ValueError, match=r"was trained with schedule=None, this run has schedule=cosine \(pass"):
         run(tmp_path, epochs=6, checkpoint=checkpoint, resume=True, schedule=fitting.Schedule("cosine", 0.02))
+
+
+def test_a_resume_with_other_settings_names_only_the_options_that_differ(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "run.safetensors"
+    constant = fitting.Schedule("constant", 0.02)
+    run(tmp_path, epochs=1, checkpoint=checkpoint, schedule=constant)
+
+    def refusal(before: str, now: str, same: str = "the same option") -> str:
+        return re.escape(
+            f"--resume: the checkpoint {checkpoint} was trained with {before}, this run has {now} (pass {same}, or "
+            "start a new run without --resume)"
+        )
+
+    with pytest.raises(ValueError, match=refusal("lr=0.02", "lr=0.01")):
+        run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, schedule=fitting.Schedule("constant", 0.01))
+    with pytest.raises(ValueError, match=refusal("seed=3 and lr=0.02", "seed=4 and lr=0.01", "the same options")):
+        run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, seed=4, schedule=fitting.Schedule("constant", 0.01))
+    model = build_classifier(HIDDEN, seed=0)
+    trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(weight_decay=0.1), threads=1)
+    with pytest.raises(ValueError, match=refusal("weight_decay=0.01", "weight_decay=0.1")):
+        fitting.fit(
+            trainer, rule_data(90, 0), model=model, epochs=2, batch_size=16, seed=3, schedule=constant,
+            checkpoint=checkpoint, resume=True, log=lambda line: None,
+        )  # fmt: skip
+    run_on_fewer = classifier_trainer()
+    with pytest.raises(ValueError, match=refusal("samples=90", "samples=80", "the same data")):
+        fitting.fit(
+            run_on_fewer[0], rule_data(80, 0), model=run_on_fewer[1], epochs=2, batch_size=16, seed=3,
+            schedule=constant, checkpoint=checkpoint, resume=True, log=lambda line: None,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=refusal("seed=3 and samples=90", "seed=5 and samples=80",
+                                                 "the same option and the same data")):  # fmt: skip
+        fitting.fit(
+            run_on_fewer[0], rule_data(80, 0), model=run_on_fewer[1], epochs=2, batch_size=16, seed=5,
+            schedule=constant, checkpoint=checkpoint, resume=True, log=lambda line: None,
+        )  # fmt: skip
+    # A cosine schedule spans the run: its epochs are named, not its length in updates.
+    cosine = tmp_path / "cosine.safetensors"
+    run(tmp_path, epochs=1, checkpoint=cosine, schedule=fitting.Schedule("cosine", 0.02))
+    with pytest.raises(ValueError, match=re.escape("was trained with epochs=1, this run has epochs=2 (pass the same")):
+        run(tmp_path, epochs=2, checkpoint=cosine, resume=True, schedule=fitting.Schedule("cosine", 0.02))
+
+
+def test_resuming_a_finished_run_says_so_trains_nothing_and_still_exports(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "run.safetensors"
+    first = run(tmp_path, epochs=2, checkpoint=checkpoint, out=tmp_path / "first.onnx")
+    finished = f"{checkpoint}: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further"
+    lines: list[str] = []
+    again = run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True, out=tmp_path / "again.onnx", log=lines.append)
+    assert lines == [finished]
+    assert again.trainer.global_step == first.trainer.global_step == 12
+    assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "first.onnx").read_bytes()
+    lines.clear()
+    run(tmp_path, epochs=1, checkpoint=checkpoint, resume=True, log=lines.append)  # fewer epochs than done
+    assert lines == [finished]
+    cosine = tmp_path / "cosine.safetensors"
+    run(tmp_path, epochs=1, checkpoint=cosine, schedule=fitting.Schedule("cosine", 0.02))
+    lines.clear()
+    run(tmp_path, epochs=1, checkpoint=cosine, resume=True, schedule=fitting.Schedule("cosine", 0.02), log=lines.append)
+    assert lines == [f"{cosine}: the run already finished its 1 epoch; its schedule ends there (start a new run to "
+                     "train further)"]  # fmt: skip
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    before = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_checkpoints_get_the_mode_open_gives_not_mkstemps_0600(tmp_path: Path) -> None:
+    """fit's checkpoint, Trainer.save and a training directory: 0o666 less the umask, as any file the user writes."""
+    for mask, expected in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        folder = tmp_path / f"umask{mask:03o}"
+        folder.mkdir()
+        with umask(mask):
+            result = run(tmp_path, epochs=1, checkpoint=folder / "run.safetensors")
+            result.trainer.save(folder / "trainer.safetensors")
+            result.trainer.write(folder / "directory")
+            reference = folder / "open.txt"
+            reference.write_text("")
+        files = [folder / "run.safetensors", folder / "trainer.safetensors", *(folder / "directory").iterdir()]
+        assert {path.name: oct(path.stat().st_mode & 0o777) for path in files} == {
+            path.name: oct(expected) for path in files
+        }, f"umask {mask:03o}"
+        assert reference.stat().st_mode & 0o777 == expected
+    # A file that exists keeps its own mode, as open() keeps it.
+    checkpoint = tmp_path / "umask022" / "run.safetensors"
+    checkpoint.chmod(0o640)
+    with umask(0o022):
+        run(tmp_path, epochs=2, checkpoint=checkpoint, resume=True)
+    assert checkpoint.stat().st_mode & 0o777 == 0o640
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_whole(
@@ -495,6 +589,28 @@ def checkpoint_metadata(path: Path) -> dict[str, str]:
 
     with safe_open(str(path), framework="numpy") as reader:
         return dict(reader.metadata())
+
+
+def test_cli_resume_of_another_lr_or_of_a_finished_run_says_what_to_do(tmp_path: Path) -> None:
+    onnx.save(build_classifier(HIDDEN, seed=0), str(tmp_path / "model.onnx"))
+    np.savez(tmp_path / "train.npz", **rule_data(64, 0))
+    common = ["fit", "model.onnx", "--data", "train.npz", "--loss", "cross_entropy", "--optimizer", "adamw",
+              "--epochs", "2", "--batch-size", "32", "--threads", "1", "--checkpoint", "run.safetensors"]  # fmt: skip
+    first = cli(*common, "--lr", "0.01", "--out", "first.onnx", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = cli(*common, "--lr", "0.001", "--resume", cwd=tmp_path)
+    assert other.returncode == 1
+    assert other.stderr == (
+        "ortlstm fit: error: --resume: the checkpoint run.safetensors was trained with lr=0.01, this run has "
+        "lr=0.001 (pass the same option, or start a new run without --resume)\n"
+    )
+    done = cli(*common, "--lr", "0.01", "--resume", "--out", "again.onnx", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        "run.safetensors: the run already finished its 2 epochs; pass --epochs N with N > 2 to train further\n"
+        "trained model: again.onnx\n"
+    )
+    assert (tmp_path / "again.onnx").read_bytes() == (tmp_path / "first.onnx").read_bytes()
 
 
 def test_cli_refuses_bad_data_naming_the_array(tmp_path: Path) -> None:
@@ -781,7 +897,8 @@ def test_an_interrupted_run_over_shards_resumes_bitwise(tmp_path: Path) -> None:
     # Other shards (the same rows cut differently) are another run.
     (directory / "train-00002.npz").unlink()
     np.savez(directory / "train-00001.npz", **{name: value[40:] for name, value in data.items()})
-    with pytest.raises(ValueError, match=r"other settings \(shards: saved \[\['train-00000.npz', 40\], "):
+    other_shards = r"trained with shards=\[\['train-00000.npz', 40\], \['train-00001.npz', 25\], \["
+    with pytest.raises(ValueError, match=other_shards):
         sharded(resume=True)
 
 

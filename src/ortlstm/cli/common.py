@@ -16,6 +16,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 # Old spellings, still accepted with a deprecation message on stderr: old -> new.
@@ -68,8 +69,64 @@ class _RenamedOption(argparse.Action):
 
 def add_lr(parser: argparse.ArgumentParser, default: float) -> None:
     """``--lr`` (torch's name), and the old ``--learning-rate``."""
-    parser.add_argument("--lr", type=float, default=default, help=f"learning rate (default {default})")
+    parser.add_argument("--lr", type=float, default=default, help="learning rate")
     parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
+
+
+def add_out(
+    parser: argparse.ArgumentParser, help: str, *, default: Path | None = None, positional: bool = False
+) -> None:
+    """``--out``: what a command writes (a model, a directory), one word in every command.
+
+    ``--output`` is the model output the loss reads (fit, train-step); the demos' old ``--output``
+    for their trained model still works, with a deprecation message. With ``positional``, the
+    command's older form ``COMMAND INPUT OUT`` still works too: ``output_path`` reads either.
+    """
+    parser.add_argument("--out", type=Path, default=default, metavar="PATH", help=help)
+    if positional:
+        # Its own dest: train-step's --output is the model output the loss reads.
+        parser.add_argument(
+            "out_positional", type=Path, nargs="?", default=None, metavar="OUT", help="the same as --out"
+        )
+    else:
+        parser.add_argument("--output", dest="out", type=Path, action=_RenamedOption, new="--out")
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """What ``add_out(..., positional=True)`` read: ``--out PATH`` or the positional ``OUT``.
+
+    Raises:
+        ValueError: Neither is given, or both and they differ.
+    """
+    if args.out is not None and args.out_positional is not None and args.out != args.out_positional:
+        raise ValueError(f"two outputs, {args.out_positional} and --out {args.out}: give one")
+    out = args.out if args.out is not None else args.out_positional
+    if out is None:
+        raise ValueError("where to write is missing: pass --out PATH")
+    return Path(out)
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Appends ``(default: VALUE)`` to the help of each option that has a default, as users expect of --help.
+
+    argparse's ArgumentDefaultsHelpFormatter shows nothing for an option without help text, and
+    ``fit`` hides its defaults from the parser (so that ``--config`` can fill them in): the values
+    are written into the help texts here, once, when the parser is built. Flags (store_true),
+    hidden old spellings and defaults of None (the help says what absent means) are left alone.
+    """
+    for action in parser._actions:  # argparse lists a parser's actions nowhere public
+        default = action.default
+        if (
+            action.help == argparse.SUPPRESS
+            or default in (None, argparse.SUPPRESS)
+            or default == []
+            or isinstance(action, (argparse._StoreConstAction, argparse._HelpAction, argparse._VersionAction))
+            or (not action.option_strings and action.nargs not in ("?", "*"))
+            or "(default: " in (action.help or "")
+        ):
+            continue
+        shown = str(default).replace("%", "%%")
+        action.help = f"{action.help} (default: {shown})" if action.help else f"(default: {shown})"
 
 
 def _named_value(text: str) -> tuple[str, object]:
@@ -159,11 +216,19 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
         "batch_first=true for a batch-major output of logits); repeat for several",
     )
-    parser.add_argument("--optimizer", choices=tuple(_train_optimizers()), required=True)
+    parser.add_argument(
+        "--optimizer", choices=tuple(_train_optimizers()), required=True, help="a torch.optim optimizer, in lower case"
+    )
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
     parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
-    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="MAX_NORM")
-    parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf (default 2)")
+    parser.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        default=None,
+        metavar="MAX_NORM",
+        help="scale the gradients to a total norm of at most MAX_NORM (torch's clip_grad_norm_)",
+    )
+    parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf")
     parser.add_argument(
         "--clip-grad-value",
         type=float,
@@ -186,7 +251,9 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
     )
-    parser.add_argument("--output", default=None, metavar="NAME", help="the model output the loss reads")
+    parser.add_argument(
+        "--output", default=None, metavar="NAME", help="the model output the loss reads (default: its only output)"
+    )
     parser.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
     parser.add_argument(
         "--fixed-input",
@@ -266,10 +333,10 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
             "--nonfinite",
             choices=NONFINITE_MODES,
             default="raise",
-            help="a NaN or inf loss or gradient: raise (stop, default) or skip the update (counted per epoch)",
+            help="a NaN or inf loss or gradient: raise (stop) or skip the update (counted per epoch)",
         )
     parser.add_argument(
-        "--ir-version", type=int, default=MAX_IR_VERSION, help=f"the training models' (default {MAX_IR_VERSION})"
+        "--ir-version", type=int, default=MAX_IR_VERSION, help="the training models' IR version"
     )
 
 

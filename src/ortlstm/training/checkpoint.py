@@ -11,8 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +97,45 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
 # ---- checkpoint files ---------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (``/proc/self/status``)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: set and restored at once (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+    """Calls ``write(temporary)`` for a file beside ``path``, then moves it over ``path`` in one step.
+
+    A reader sees the old file or the new one, never a partial one, and a failed write leaves the
+    old file as it was. The file gets the mode ``open()`` would give it: an existing file's own
+    mode, else 0o666 less the umask (0644 with umask 022), not ``mkstemp``'s private 0600, so that
+    a checkpoint is as readable as any other file the user writes.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    os.close(handle)
+    try:
+        write(temporary)
+        with open(temporary, "rb") as written:
+            os.fsync(written.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+    return path
+
+
 def write_checkpoint(
     path: str | Path,
     *,
@@ -106,7 +149,7 @@ def write_checkpoint(
     spec: TrainingSpec,
     graph_sha256: str,
 ) -> Path:
-    """Writes a checkpoint (the module docstring lists its tensors and metadata); returns its path."""
+    """Writes a checkpoint (the module docstring lists its tensors and metadata) atomically; returns its path."""
     from safetensors.numpy import save_file
 
     tensors = {f"param/{name}": value for name, value in parameters.items()}
@@ -123,13 +166,9 @@ def write_checkpoint(
         "spec": json.dumps(spec.to_json()),
         "graph_sha256": graph_sha256,
     }
-    path = Path(path)
-    save_file(
-        {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()},  # 0-D stays
-        str(path),
-        metadata=metadata,
-    )
-    return path
+    # reshape: np.ascontiguousarray turns a 0-D array into a 1-D one; the tensor keeps its shape.
+    contiguous = {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()}
+    return atomic_write(path, lambda temporary: save_file(contiguous, temporary, metadata=metadata))
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
@@ -170,6 +209,50 @@ def check_values(where: str, values: Mapping[str, np.ndarray], expected: Mapping
             )
 
 
+Difference = tuple[str, Any, Any]
+"""One setting that differs: its dotted name (``optimizer.betas``), the saved value, the current one."""
+
+
+def differing_settings(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[Difference]:
+    """Each setting whose value differs, nested objects walked down to the field (``optimizer.betas``).
+
+    A refusal then names the one field that differs, not two whole dicts of settings. A key that
+    one side lacks has the value None there.
+    """
+    differing: list[Difference] = []
+    for key in [*current, *(key for key in saved if key not in current)]:
+        old, new, name = saved.get(key), current.get(key), f"{prefix}{key}"
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            differing += differing_settings(old, new, f"{name}.")
+        elif old != new:
+            differing.append((name, old, new))
+    return differing
+
+
+def settings_text(differing: Sequence[Difference]) -> tuple[str, str]:
+    """The saved and the current values as ``lr=0.01 and batch_size=32``, ``lr=0.001 and batch_size=16``."""
+
+    def shown(value: Any) -> str:
+        return value if isinstance(value, str) else repr(value)
+
+    return (
+        " and ".join(f"{name}={shown(old)}" for name, old, _ in differing),
+        " and ".join(f"{name}={shown(new)}" for name, _, new in differing),
+    )
+
+
+def saved_spec(path: str | Path, metadata: Mapping[str, str]) -> TrainingSpec:
+    """The training spec a checkpoint's metadata records (fields added since it was written at their defaults).
+
+    Raises:
+        ValueError: The spec cannot be read.
+    """
+    try:
+        return TrainingSpec.from_json(json.loads(metadata["spec"]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: the checkpoint's training spec cannot be read ({error})") from error
+
+
 def checkpoint_values(
     path: str | Path,
     metadata: Mapping[str, str],
@@ -182,16 +265,16 @@ def checkpoint_values(
     """A checkpoint's parameters and optimizer state by input name, checked against this trainer's.
 
     Raises:
-        ValueError: The checkpoint was saved with another spec (``TrainingSpec.graph_json``), or a
-            tensor is missing or of another shape or type.
+        ValueError: The checkpoint was saved with another spec (``TrainingSpec.graph_json``; the
+            message names each field that differs), or a tensor is missing or of another shape or type.
     """
-    # The saved spec is read back first, so fields added since it was written take their defaults.
-    try:
-        differing = spec.differences(TrainingSpec.from_json(json.loads(metadata["spec"])))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: the checkpoint's training spec cannot be read ({error})") from error
+    differing = differing_settings(saved_spec(path, metadata).graph_json(), spec.graph_json())
     if differing:
-        raise ValueError(f"{path}: the checkpoint was saved with another training spec ({'; '.join(differing)})")
+        saved, here = settings_text(differing)
+        raise ValueError(
+            f"{path}: the checkpoint was saved with {saved}, this trainer has {here} (build the Trainer with the "
+            "same options, or rebuild the saved one with Trainer.from_checkpoint(model, path))"
+        )
     values: dict[str, Any] = {}
     for name in signature.params:
         values[name] = tensors.get(f"param/{name}")
