@@ -117,7 +117,7 @@ def test_artifacts_trains_what_the_trainer_trains_by_default() -> None:
     assert sorted(requires_grad or []) == trained_by_the_trainer(frozen=["lstm"])
     assert frozen == ["val_3", "val_4", "val_5"]
     assert artifact_parameters(model, ["val_9"], []) == (["val_9"], [])
-    with pytest.raises(ValueError, match=r"frozen: \['decoder'\] match no parameter of the model"):
+    with pytest.raises(ValueError, match=r"frozen: 'decoder' matches no parameter of the model. Its parameters are: lstm.weight_ih_l0"):
         artifact_parameters(model, None, ["decoder"])
     # Without the metadata: generate_artifacts' own default (float initializers of rank >= 1).
     assert artifact_parameters(dynamo_like_model(with_metadata=False), None, ["bn.weight"]) == (None, ["bn.weight"])
