@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from ortlstm.graphs.export_metadata import TorchOrigins
+
+if TYPE_CHECKING:
+    from ortlstm.graphs.prepare.fixed_dims import ExportDim
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -35,6 +39,8 @@ class PreparedModel:
         dropped: Torch parameters the export lost (see ``export_metadata.TorchOrigins``).
         control_flow: For each remaining ``If``, by its first output: what decides it and what to
             pass to fix it, in words (the advice of a refusal that meets it).
+        export_dims: The batch and sequence dims the export fixed, each freed or kept with the
+            node that depends on it (``fixed_dims``).
     """
 
     model: onnx.ModelProto
@@ -45,6 +51,7 @@ class PreparedModel:
     sources: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     dropped: tuple[str, ...] = ()
     control_flow: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    export_dims: tuple[ExportDim, ...] = ()
 
 
 @dataclasses.dataclass
@@ -63,6 +70,7 @@ class Preparation:
         constants: Every value known to be constant, by name.
         specialized: Names of the ``If`` nodes replaced by a branch so far.
         converted: Names of the ``LSTMTraining`` nodes that replaced ONNX ``LSTM`` nodes.
+        export_dims: The dims the export fixed, freed or kept (``fixed_dims.free_export_dims``).
     """
 
     source: onnx.ModelProto
@@ -76,6 +84,7 @@ class Preparation:
     constants: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     specialized: list[str] = dataclasses.field(default_factory=list)
     converted: tuple[str, ...] = ()
+    export_dims: tuple[ExportDim, ...] = ()
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -114,4 +123,5 @@ class Preparation:
             self.remaining_ifs(),
             sources,
             origins.dropped if origins else (),
+            export_dims=self.export_dims,
         )
