@@ -16,6 +16,7 @@ import onnx
 from ortlstm.datafiles import ConcatenatedRows, ShardedArray, bind_batch_axes, take_rows
 from ortlstm.graphs import losses
 from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
+from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.training import CarriedState, Trainer, with_carried_state
 
 _BATCH_WORDS = ("batch", "n")  # a declared dim named so (any case, "batch" as a part) is the batch axis
@@ -34,6 +35,8 @@ class ArraySpec:
         required: False for an optional extra target (ctc_loss's input_lengths).
         lengths: The array of per-sample lengths when this one may also come concatenated as
             ``[sum(lengths)]`` (ctc_loss's labels beside ``target_lengths``), else None.
+        export_dims: The dims of this model input that the export fixed and the Trainer could not
+            free (their messages say how to re-export, not ``--batch-axis``).
     """
 
     name: str
@@ -43,6 +46,7 @@ class ArraySpec:
     batch_axis: int
     required: bool = True
     lengths: str | None = None
+    export_dims: tuple[ExportDim, ...] = ()
 
     def expected(self) -> str:
         """``float32 [batch, 8, 8] (batch axis 0)`` for messages."""
@@ -94,7 +98,8 @@ def data_specs(
         ValueError: ``batch_axes`` names no array of the fit, or an axis outside its rank.
     """
     signature, loss = trainer.signature, trainer.spec.loss
-    declared = {value.name: value_type_of(value) for value in [*model.graph.input, *model.graph.output]}
+    declared = _declared_types(trainer, model)
+    kept = [dim for dim in read_export_dims(trainer._models["eval"]) if not dim.freed]
     carried = {name for state in carried_states(trainer, model) for name in (state.initial_h, state.initial_c)}
     inputs = [name for name in signature.batch_inputs if name not in carried]
     batch_dim = None
@@ -110,7 +115,8 @@ def data_specs(
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type)) if value else np.dtype(np.float32)
         shape = value.shape if value is not None else None
         axis = declared_batch_axis(shape, batch_dim)
-        specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis)
+        fixed = tuple(dim for dim in kept if dim.input == name)
+        specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis, export_dims=fixed)
     if signature.target is not None:
         target = _target_spec(loss, signature.target, declared.get(trainer.spec.prediction), batch_dim)
         lengths = signature.extra_targets.get("target_lengths") if loss.kind == "ctc_loss" else None
@@ -127,6 +133,25 @@ def data_specs(
             raise ValueError(f"--batch-axis {name}={axis}: {name!r} has {len(spec.shape)} axes")
         specs[name] = dataclasses.replace(spec, batch_axis=axis % len(spec.shape) if spec.shape else axis)
     return specs
+
+
+def _declared_types(trainer: Trainer, model: onnx.ModelProto) -> dict[str, ValueType | None]:
+    """The model's declared input and output types, with the dims the Trainer freed symbolic.
+
+    An export that fixed a batch (or sequence length) the Trainer freed (``free_export_dims``)
+    takes any size there, as the training models do.
+    """
+    declared = {value.name: value_type_of(value) for value in [*model.graph.input, *model.graph.output]}
+    trained = trainer._models["eval"]  # the training models' own declarations
+    freed = {dim.symbol for dim in read_export_dims(trained) if dim.freed}
+    for value in [*trained.graph.input, *trained.graph.output] if freed else ():
+        mine, given = value_type_of(value), declared.get(value.name)
+        if mine is None or given is None or mine.shape is None or given.shape is None:
+            continue
+        if len(mine.shape) == len(given.shape):
+            dims = tuple(m if m in freed else g for m, g in zip(mine.shape, given.shape, strict=True))
+            declared[value.name] = ValueType(given.elem_type, dims)
+    return declared
 
 
 def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, batch_dim: str | None) -> ArraySpec:
@@ -146,6 +171,15 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
     return ArraySpec(
         name, f"{loss.kind}'s target", (pred_dtype,), pred_shape, declared_batch_axis(pred_shape, batch_dim)
     )
+
+
+def _shape_hint(array: np.ndarray, spec: ArraySpec) -> str:
+    """What to do about an array of the wrong shape: re-export for a dim the export fixed, else --batch-axis."""
+    if spec.shape is not None and array.ndim == len(spec.shape):
+        for dim in spec.export_dims:
+            if dim.axis != spec.batch_axis and array.shape[dim.axis] != dim.size:
+                return f"its dim {dim.axis} is {array.shape[dim.axis]}: {dim.advice()}"
+    return f"the batch axis stacks the samples (--batch-axis {spec.name}=AXIS sets another)"
 
 
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
@@ -186,7 +220,7 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
         if not shape_ok or array.ndim <= spec.batch_axis:
             raise ValueError(
                 f"{where}: array {name!r} ({spec.role}) must be {spec.expected()}, got {array.dtype} "
-                f"{list(array.shape)}; the batch axis stacks the samples (--batch-axis {name}=AXIS sets another)"
+                f"{list(array.shape)}; {_shape_hint(array, spec)}"
             )
         counts[name] = int(array.shape[spec.batch_axis])
     if len(set(counts.values())) > 1:
