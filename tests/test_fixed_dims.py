@@ -251,6 +251,25 @@ def test_a_node_that_depends_on_the_fixed_batch_keeps_it_fixed(
     assert state.model == model  # unchanged
 
 
+def test_a_branch_that_depends_on_the_batch_keeps_it_fixed() -> None:
+    """The If reads x from the graph around it; its branch reshapes x to the exported batch."""
+    branches = {
+        f"{name}_branch": helper.make_graph(
+            [
+                helper.make_node("Constant", [], [f"{name}_shape"], value=numpy_helper.from_array(np.array([8, -1]))),
+                helper.make_node("Reshape", ["x", f"{name}_shape"], [f"{name}_y"]),
+            ],
+            name,
+            [],
+            [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+        )
+        for name in ("then", "else")
+    }
+    choose = helper.make_node("If", ["flag"], ["y"], name="choose", **branches)
+    state, (dim,) = _freed(_model([choose], {"flag": np.array(True)}, [8, 4]))
+    assert dim.fixed_by == "'choose' (If)" and declared(state.model) == [8, 4]
+
+
 def test_a_batch_the_caller_fixes_is_not_freed() -> None:
     reshape = helper.make_node("Reshape", ["x", "shape"], ["y"])
     state, dims = _freed(_model([reshape], {"shape": np.array([8, -1])}, [8, 4]), fixed_shapes={"x": [8, None]})

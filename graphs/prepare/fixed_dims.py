@@ -45,7 +45,7 @@ import onnx
 import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types
-from ortlstm.graphs.graph_utils import unique_name, used_names
+from ortlstm.graphs.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.prepare.folding import constant_value
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
@@ -398,7 +398,8 @@ def _fixing_nodes(
     graph_inputs = {value.name for value in graph.input}
     for index, node in enumerate(graph.node):
         label = f"{node.name or f'#{index}'!r} ({node.op_type})"
-        carried_in = {dim for name in node.input if name for dim in _symbols(types.get(name), sizes)}
+        reads = [*node.input, *subgraph_reads(node)]  # an If branch may read x from the graph around it
+        carried_in = {dim for name in reads if name for dim in _symbols(types.get(name), sizes)}
         carried_out = {dim for name in node.output if name for dim in _symbols(types.get(name), sizes)}
         for symbol in sorted(carried_in - carried_out):
             if not _consumes(node, constants):
