@@ -171,6 +171,36 @@ def test_fit_names_the_export_for_a_length_it_fixed_not_the_batch_axis() -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "val_samples", "why"),
+    [
+        (5, 8, ""),
+        (BATCH, 12, " (val: 12 samples, last batch 4)"),
+    ],
+)
+def test_fit_refuses_batches_the_export_fixed_for_good_before_training(
+    batch_size: int, val_samples: int, why: str
+) -> None:
+    x, y = batch(16, LENGTH)
+    val_x, val_y = batch(val_samples, LENGTH, seed=1)
+    model = trainer("time_distributed_dynamo_fixed")
+    with pytest.raises(ValueError) as raised:
+        fitting.fit(
+            model,
+            {"x": x, "target": y},
+            model=load("time_distributed_dynamo_fixed"),
+            val={"x": val_x, "target": val_y},
+            epochs=1,
+            batch_size=batch_size,
+            log=lambda line: None,
+        )
+    assert str(raised.value) == (
+        f"--batch-size {batch_size}: the model was exported with a fixed batch of 8 at dim 0 {RESHAPE_ADVICE}; "
+        f"or pass --batch-size 8 with a multiple of 8 samples{why}"
+    )
+    assert model.global_step == 0  # refused before any update
+
+
 def test_the_fit_command_refuses_a_fixed_batch_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -181,7 +211,7 @@ def test_the_fit_command_refuses_a_fixed_batch_without_a_traceback(
     assert main(["fit", *argv, "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1", "--batch-size", "5"]) == 1
     error = capsys.readouterr().err
     assert "Traceback" not in error
-    assert "input 'x' has batch 5 at dim 0, but the model was exported with a fixed batch of 8 at dim 0" in error
+    assert "--batch-size 5: the model was exported with a fixed batch of 8 at dim 0" in error
     assert RESHAPE_ADVICE in error
 
 

@@ -182,6 +182,29 @@ def _shape_hint(array: np.ndarray, spec: ArraySpec) -> str:
     return f"the batch axis stacks the samples (--batch-axis {spec.name}=AXIS sets another)"
 
 
+def check_export_batch(specs: Mapping[str, ArraySpec], batch_size: int, samples: Mapping[str, int]) -> None:
+    """Refuses, before training, batches of another size than a batch the export fixed for good.
+
+    A fit of ``samples`` (by data name) in batches of ``batch_size`` feeds a last batch of what is
+    left; each batch must have the export's size where the Trainer could not free it.
+
+    Raises:
+        ValueError: ``batch_size`` differs from that size, or a data file's last batch would.
+    """
+    for spec in specs.values():
+        for dim in spec.export_dims:
+            if dim.axis != spec.batch_axis:
+                continue
+            ragged = {name: count % dim.size for name, count in samples.items() if count % dim.size}
+            if batch_size == dim.size and not ragged:
+                continue
+            left = ", ".join(f"{name}: {samples[name]} samples, last batch {rest}" for name, rest in ragged.items())
+            raise ValueError(
+                f"--batch-size {batch_size}: {dim.advice()}; or pass --batch-size {dim.size} with a multiple of "
+                f"{dim.size} samples" + (f" ({left})" if left else "")
+            )
+
+
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
     """Checks a data file's arrays against what the fit reads; returns the number of samples.
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from ortlstm.datafiles import shard_files
-from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_values, data_specs, prepare_data
+from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_export_batch, check_values, data_specs, prepare_data
 from ortlstm.fit.checkpoint import check_resumable, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
 from ortlstm.fit.report import plot_history
@@ -97,8 +97,10 @@ def fit(
     shuffle = _checked_shuffle(trainer, epochs, batch_size, shuffle)
     specs = data_specs(trainer, model, batch_axes)
     data, samples = _training_data(trainer, model, data, specs, batch_size, data_name)
+    counts = {data_name: samples}
     if val is not None:
-        val, _ = prepare_data(val, specs, val_name)
+        val, counts[val_name] = prepare_data(val, specs, val_name)
+    check_export_batch(specs, batch_size, counts)  # before an epoch is spent on a batch the export fixed
     run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
     resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)
     run.train(callback, log)
