@@ -247,13 +247,33 @@ def test_a_reshape_with_allowzero_follows_the_batch() -> None:
 
 def test_a_constant_the_same_for_every_sample_broadcasts_one_slice() -> None:
     """A zero state folded through h0 @ R + b is [8, H] of equal rows, added to the batch's values."""
-    add = helper.make_node("Add", ["x", "folded"], ["y"])
     folded = np.broadcast_to(np.arange(4, dtype=np.float32), (8, 4)).copy()
-    state, (dim,) = _freed(_model([add], {"folded": folded}, [8, 4]))
+    constant = helper.make_node("Constant", [], ["folded"], value=numpy_helper.from_array(folded))
+    add = helper.make_node("Add", ["x", "folded"], ["y"])
+    state, (dim,) = _freed(_model([constant, add], {}, [8, 4]))
     assert dim.freed and declared(state.model) == ["batch", 4]
-    (node,) = state.graph.node
-    sliced = next(init for init in state.graph.initializer if init.name == node.input[1])
+    sliced = next(init for init in state.graph.initializer if init.name == state.graph.node[1].input[1])
     np.testing.assert_array_equal(numpy_helper.to_array(sliced), folded[:1])
+
+
+def test_a_parameter_of_the_batchs_size_keeps_it_fixed() -> None:
+    """torch.nn.Parameter(torch.zeros(8, 4)) + x takes batches of 8 only; a trained slice would be another model.
+
+    Without the export's metadata every float initializer may be a parameter.
+    """
+    add = helper.make_node("Add", ["x", "bias"], ["y"], name="plus")
+    state, (dim,) = _freed(_model([add], {"bias": np.zeros((8, 4), np.float32)}, [8, 4]))
+    assert dim.fixed_by == "'plus' (Add)" and declared(state.model) == [8, 4]
+
+
+def test_a_zero_state_the_caller_trains_keeps_the_batch_fixed() -> None:
+    """requires_grad of dynamo's zero state [1, 8, H] trains one state per row of a batch of 8."""
+    prepared = prepare_model(load("lstm_dynamo_fixed"), keep=["val_16"])
+    assert [(dim.kind, dim.fixed_by) for dim in prepared.export_dims] == [
+        ("batch", "'node_lstm__2' (LSTM)"),
+        ("length", None),
+    ]
+    assert declared(prepared.model) == [8, "sequence", 2]
 
 
 @pytest.mark.parametrize(

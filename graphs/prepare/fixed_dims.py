@@ -44,7 +44,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types
+from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.export_metadata import read_torch_origins
 from ortlstm.graphs.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.prepare.folding import constant_value
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
@@ -124,6 +125,7 @@ def free_export_dims(state: Preparation) -> None:
     if not dims:
         return
     static = infer_value_types(state.model)
+    trainable = _trainable(state)
     blamed: dict[str, str] = {}
     active = list(dims)
     work = state.model
@@ -131,7 +133,7 @@ def free_export_dims(state: Preparation) -> None:
         work = copy.deepcopy(state.model)
         _declare(work.graph, active)
         sizes = {dim.symbol: dim.size for dim in active}
-        types = _rewrite(work, sizes)
+        types = _rewrite(work, sizes, _Constants(work.graph, trainable))
         fixing = _fixing_nodes(work.graph, types, static, sizes)
         if not fixing:
             break
@@ -222,11 +224,26 @@ def _declare(graph: onnx.GraphProto, dims: Sequence[ExportDim]) -> None:
         target.dim_param = dim.symbol
 
 
-def _rewrite(model: onnx.ModelProto, sizes: Mapping[str, int]) -> dict[str, ValueType]:
+def _trainable(state: Preparation) -> set[str]:
+    """The initializers that may be trained, which no rule rewrites (``choose_candidates``'s choice).
+
+    Torch's parameters and the folds of them, or without the export's metadata every float
+    initializer of rank >= 1; and those the caller keeps. A parameter ``[8, H]`` makes a torch
+    model take batches of 8 only; a slice of it would train as something else, and the trained
+    values go back into the model by name and shape.
+    """
+    origins = read_torch_origins(state.source)
+    if origins is not None:
+        return set(origins.sources) | state.kept
+    own = {init.name for init in state.graph.initializer if init.data_type in FLOAT_TYPES and init.dims}
+    return own | state.kept
+
+
+def _rewrite(model: onnx.ModelProto, sizes: Mapping[str, int], constants: _Constants) -> dict[str, ValueType]:
     """Rewrites the constants that carry a freed dim until none changes; returns the inferred types."""
     types = infer_value_types(model)
     for _ in range(_MAX_PASSES):
-        constants = _Constants(model.graph)
+        constants = _Constants(model.graph, constants.trainable)
         changed = False
         for node in list(model.graph.node):
             if not is_onnx(node):
@@ -246,16 +263,23 @@ def _rewrite(model: onnx.ModelProto, sizes: Mapping[str, int]) -> dict[str, Valu
 
 
 class _Constants:
-    """The graph's constant tensors (initializers, ``Constant`` nodes) by name, read when asked."""
+    """The graph's constant tensors (initializers, ``Constant`` nodes) by name, read when asked.
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    Attributes:
+        trainable: Initializers that may be trained: ``value`` never returns them (no rule rewrites them).
+    """
+
+    def __init__(self, graph: onnx.GraphProto, trainable: set[str] | frozenset[str] = frozenset()) -> None:
         self.graph = graph
+        self.trainable = trainable
         self._tensors = {init.name: init for init in graph.initializer}
         self._nodes = {node.output[0]: node for node in graph.node if is_onnx(node) and node.op_type == "Constant"}
         self._producers = {output: node for node in graph.node for output in node.output}
         self._taken = used_names(graph)
 
     def value(self, name: str) -> np.ndarray | None:
+        if name in self.trainable:
+            return None
         if name in self._tensors:
             return onnx.numpy_helper.to_array(self._tensors[name])
         return constant_value(self._nodes[name]) if name in self._nodes else None
