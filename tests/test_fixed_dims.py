@@ -65,6 +65,7 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
         ("lstm_dynamo_fixed", ["batch", "sequence", 2], [("batch", 0, 8, None), ("length", 1, 6, None)]),
         ("lstm_torchscript_fixed", ["batch", "sequence", 2], [("batch", 0, 8, None), ("length", 1, 6, None)]),
         ("flat_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
+        ("conv_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
         (
             "lstm_flat_dynamo_fixed",
             ["batch", 6, 2],
@@ -86,6 +87,7 @@ def test_which_dims_the_prepared_export_frees(name: str, shape: list[int | str],
         ("lstm_dynamo_fixed", "lstm_torchscript_dynamic", 7),
         ("lstm_torchscript_fixed", "lstm_torchscript_dynamic", 7),
         ("flat_dynamo_fixed", "flat_dynamo_dynamic", LENGTH),
+        ("conv_dynamo_fixed", "conv_dynamo_dynamic", LENGTH),
     ],
 )
 def test_a_freed_export_trains_as_the_dynamic_export_does(fixed: str, dynamic: str, length: int) -> None:

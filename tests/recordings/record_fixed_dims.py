@@ -43,6 +43,18 @@ class Flat(torch.nn.Module):
         return self.fc(x.view(x.shape[0], -1))
 
 
+class Convolutional(torch.nn.Module):
+    """nn.Conv1d over the steps, ReLU, flatten(1), nn.Linear: dynamo's flatten is a Reshape to [8, 8]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(FEATURES, 2, 3)
+        self.fc = torch.nn.Linear(2 * (LENGTH - 2), 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x.transpose(1, 2))).flatten(1))
+
+
 class RecurrentFlat(torch.nn.Module):
     """nn.LSTM then a linear head over every step (y.reshape(B, -1)): the head's weights fix the length."""
 
@@ -77,6 +89,7 @@ def main() -> None:
         ("lstm_dynamo", Recurrent, True),
         ("lstm_torchscript", Recurrent, False),
         ("flat_dynamo", Flat, True),
+        ("conv_dynamo", Convolutional, True),
         ("lstm_flat_dynamo", RecurrentFlat, True),
         ("time_distributed_dynamo", TimeDistributed, True),
     ):
@@ -90,7 +103,7 @@ def main() -> None:
         if name in ("lstm_dynamo", "lstm_flat_dynamo", "time_distributed_dynamo"):
             continue  # the TorchScript export is the LSTM's oracle; the others' refusals are tested
         dynamic = OUT / f"{name}_dynamic.onnx"
-        if module is Flat:  # its Linear fixes the length
+        if module in (Flat, Convolutional):  # their Linear fixes the length
             dims_of = {"x": {0: torch.export.Dim("batch")}}
         else:
             dims_of = dims
