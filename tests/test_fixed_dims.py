@@ -73,6 +73,7 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
         ),
         ("time_distributed_dynamo_fixed", [8, 6, 2], [("batch", 0, 8, "'node_view' (Reshape)")]),
         ("lstm_torchscript_dynamic", ["batch", "seq_len", 2], []),
+        ("lstm_time_major_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
     ],
 )
 def test_which_dims_the_prepared_export_frees(name: str, shape: list[int | str], dims: list[tuple]) -> None:
@@ -149,6 +150,26 @@ def test_fit_of_a_fixed_batch_export_validates_a_ragged_last_batch_as_the_dynami
             val={"x": val_x, "target": val_y},
             epochs=2,
             batch_size=4,  # batches of 4, 4, 4, 1; validation 4 then 3
+            log=lambda line: None,
+        )
+        histories.append(result.history)
+    assert histories[0] == histories[1]
+
+
+def test_fit_batches_a_freed_time_major_export_along_its_batch_axis() -> None:
+    """nn.LSTM's default layout: x [T, N, F], the batch at axis 1 (the freed dim's name tells fit)."""
+    rng = np.random.default_rng(0)
+    data = {"x": rng.standard_normal((7, 13, 2)).astype(np.float32), "target": rng.integers(0, 3, 13)}
+    val = {"x": rng.standard_normal((7, 5, 2)).astype(np.float32), "target": rng.integers(0, 3, 5)}
+    histories = []
+    for name in ("lstm_time_major_dynamo_fixed", "lstm_time_major_torchscript_dynamic"):
+        result = fitting.fit(
+            trainer(name),
+            data,
+            model=load(name),
+            val=val,
+            epochs=2,
+            batch_size=4,  # length 7, not the export's 6; batches of 4, 4, 4, 1; validation 4 then 1
             log=lambda line: None,
         )
         histories.append(result.history)

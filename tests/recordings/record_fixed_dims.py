@@ -3,9 +3,7 @@
 Run in the train env (torch 2.13): ``.venvs/train/bin/python tests/recordings/record_fixed_dims.py``.
 Each module is exported twice with the same weights: with the defaults (``<name>_fixed.onnx``, the
 example's batch of 8 and length of 6 in the graph) and with the batch and length dynamic
-(``<name>_dynamic.onnx``), the oracle a fixed export freed by ``prepare`` must train like. (dynamo
-specializes an LSTM's length even when asked for a dynamic one: the TorchScript export is the
-oracle with a dynamic length.)
+(``<name>_dynamic.onnx``), the oracle a fixed export freed by ``prepare`` must train like.
 """
 
 from __future__ import annotations
@@ -68,6 +66,19 @@ class RecurrentFlat(torch.nn.Module):
         return self.fc(y.reshape(y.shape[0], -1))
 
 
+class RecurrentTimeMajor(torch.nn.Module):
+    """nn.LSTM of torch's default layout, x [T, N, F], and a linear head on the last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(FEATURES, 3)
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.fc(y[-1])
+
+
 class TimeDistributed(torch.nn.Module):
     """A linear layer per step through x.reshape(B * T, F): the batch merged with the length."""
 
@@ -80,38 +91,41 @@ class TimeDistributed(torch.nn.Module):
         return self.fc(x.reshape(batch * length, features)).reshape(batch, length, 3).mean(dim=1)
 
 
+def export(
+    model: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool, axes: dict[int, str] | None
+) -> None:
+    """torch.onnx.export with its defaults, or with ``axes`` (axis -> name) dynamic."""
+    if dynamo:
+        shapes = None if axes is None else {"x": {axis: torch.export.Dim(name) for axis, name in axes.items()}}
+        torch.onnx.export(model, (example,), path, dynamic_shapes=shapes)
+    else:
+        torch.onnx.export(model, (example,), path, dynamo=False, input_names=["x"], dynamic_axes=axes and {"x": axes})
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     OUT.mkdir(parents=True, exist_ok=True)
-    x = torch.randn(BATCH, LENGTH, FEATURES)
-    dims = {"x": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq_len", min=2)}}
-    for name, module, dynamo in (
-        ("lstm_dynamo", Recurrent, True),
-        ("lstm_torchscript", Recurrent, False),
-        ("flat_dynamo", Flat, True),
-        ("conv_dynamo", Convolutional, True),
-        ("lstm_flat_dynamo", RecurrentFlat, True),
-        ("time_distributed_dynamo", TimeDistributed, True),
+    batch_first = torch.randn(BATCH, LENGTH, FEATURES)
+    time_major = batch_first.transpose(0, 1).contiguous()
+    both, batch = {0: "batch", 1: "seq_len"}, {0: "batch"}  # a Linear over the steps fixes the length
+    # name, module, dynamo, example, write the default export, the dynamic axes of its twin (None: no twin);
+    # dynamo specializes an LSTM's length even when asked for a dynamic one: TorchScript's twin is the oracle.
+    for name, module, dynamo, example, fixed, dynamic in (
+        ("lstm_dynamo", Recurrent, True, batch_first, True, None),
+        ("lstm_torchscript", Recurrent, False, batch_first, True, both),
+        ("flat_dynamo", Flat, True, batch_first, True, batch),
+        ("conv_dynamo", Convolutional, True, batch_first, True, batch),
+        ("lstm_flat_dynamo", RecurrentFlat, True, batch_first, True, None),
+        ("time_distributed_dynamo", TimeDistributed, True, batch_first, True, None),
+        ("lstm_time_major_dynamo", RecurrentTimeMajor, True, time_major, True, None),
+        ("lstm_time_major_torchscript", RecurrentTimeMajor, False, time_major, False, {0: "seq_len", 1: "batch"}),
     ):
         torch.manual_seed(0)
         model = module().eval()
-        fixed = OUT / f"{name}_fixed.onnx"
-        if dynamo:
-            torch.onnx.export(model, (x,), fixed)
-        else:
-            torch.onnx.export(model, (x,), fixed, dynamo=False, input_names=["x"])
-        if name in ("lstm_dynamo", "lstm_flat_dynamo", "time_distributed_dynamo"):
-            continue  # the TorchScript export is the LSTM's oracle; the others' refusals are tested
-        dynamic = OUT / f"{name}_dynamic.onnx"
-        if module in (Flat, Convolutional):  # their Linear fixes the length
-            dims_of = {"x": {0: torch.export.Dim("batch")}}
-        else:
-            dims_of = dims
-        if dynamo:
-            torch.onnx.export(model, (x,), dynamic, dynamic_shapes=dims_of)
-        else:
-            axes = {"x": {axis: dim.__name__ for axis, dim in dims_of["x"].items()}}
-            torch.onnx.export(model, (x,), dynamic, dynamo=False, input_names=["x"], dynamic_axes=axes)
+        if fixed:
+            export(model, example, OUT / f"{name}_fixed.onnx", dynamo, None)
+        if dynamic is not None:
+            export(model, example, OUT / f"{name}_dynamic.onnx", dynamo, dynamic)
     for empty in OUT.glob("*.onnx.data"):  # dynamo writes an external-data file even when nothing is external
         if empty.stat().st_size == 0:
             empty.unlink()
