@@ -343,6 +343,37 @@ def test_a_branch_that_depends_on_the_batch_keeps_it_fixed() -> None:
     assert dim.fixed_by == "'choose' (If)" and declared(state.model) == [8, 4]
 
 
+def _lstm_from_state(state_nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """x [8, 6, 2] -> Transpose -> LSTM (H=3) whose initial_h is ``state``, as dynamo writes nn.LSTM."""
+    rng = np.random.default_rng(0)
+    weights = {"W": rng.uniform(-0.5, 0.5, (1, 12, 2)), "R": rng.uniform(-0.5, 0.5, (1, 12, 3))}
+    weights = {name: value.astype(np.float32) for name, value in weights.items()}
+    nodes = [
+        *state_nodes,
+        helper.make_node("Transpose", ["x"], ["x_tnf"], perm=[1, 0, 2]),
+        helper.make_node("LSTM", ["x_tnf", "W", "R", "", "", "state"], ["y"], name="lstm", hidden_size=3),
+    ]
+    return _model(nodes, weights, [8, 6, 2])
+
+
+def test_a_zero_state_expanded_from_a_constant_shape_is_omitted() -> None:
+    """dynamo with optimize=False: zeros = Expand(0.0, [1, 8, 3]), the shape all constants."""
+    zero = helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0.0, np.float32)))
+    shape = helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(np.array([1, 8, 3])))
+    state, dims = _freed(_lstm_from_state([zero, shape, helper.make_node("Expand", ["zero", "shape"], ["state"])]))
+    assert [(dim.kind, dim.fixed_by) for dim in dims] == [("batch", None), ("length", None)]
+    assert declared(state.model) == ["batch", "sequence", 2]
+    assert list(next(node for node in state.graph.node if node.op_type == "LSTM").input)[5] == ""
+
+
+def test_a_state_that_is_not_zeros_keeps_the_batch_fixed() -> None:
+    """A constant initial state of ones, one row per sample of the exported batch: no zeros to omit."""
+    ones = helper.make_node("Constant", [], ["state"], value=numpy_helper.from_array(np.ones((1, 8, 3), np.float32)))
+    state, dims = _freed(_lstm_from_state([ones]))
+    assert [(dim.kind, dim.fixed_by) for dim in dims] == [("batch", "'lstm' (LSTM)"), ("length", None)]
+    assert declared(state.model) == [8, "sequence", 2]
+
+
 def test_a_batch_the_caller_fixes_is_not_freed() -> None:
     reshape = helper.make_node("Reshape", ["x", "shape"], ["y"])
     state, dims = _freed(_model([reshape], {"shape": np.array([8, -1])}, [8, 4]), fixed_shapes={"x": [8, None]})
