@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.reference
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -27,7 +28,7 @@ from ortlstm.training import Trainer
 DATA = Path(__file__).parent / "data" / "fixed_dims"
 BATCH, LENGTH = 8, 6  # the exports' example input: [8, 6, 2]
 RESHAPE_ADVICE = (
-    "(torch.onnx.export's default: the example input's shape), and node 'node_view' (Reshape) depends on it; "
+    "(torch.onnx.export's default: the example input's shape), and node 'node__unsafe_view' (Reshape) depends on it; "
     're-export with dynamic_shapes={"x": {0: torch.export.Dim("batch")}} (dynamo, the default) or '
     'dynamic_axes={"x": {0: "batch"}} (dynamo=False)'
 )
@@ -71,7 +72,8 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
             ["batch", 6, 2],
             [("batch", 0, 8, None), ("length", 1, 6, "'node__unsafe_view' (Reshape)")],
         ),
-        ("time_distributed_dynamo_fixed", [8, 6, 2], [("batch", 0, 8, "'node_view' (Reshape)")]),
+        ("time_distributed_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
+        ("time_major_flat_dynamo_fixed", [8, 6, 2], [("batch", 0, 8, "'node__unsafe_view' (Reshape)")]),
         ("lstm_torchscript_dynamic", ["batch", "seq_len", 2], []),
         ("lstm_time_major_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
     ],
@@ -89,6 +91,7 @@ def test_which_dims_the_prepared_export_frees(name: str, shape: list[int | str],
         ("lstm_torchscript_fixed", "lstm_torchscript_dynamic", 7),
         ("flat_dynamo_fixed", "flat_dynamo_dynamic", LENGTH),
         ("conv_dynamo_fixed", "conv_dynamo_dynamic", LENGTH),
+        ("time_distributed_dynamo_fixed", "time_distributed_dynamo_dynamic", LENGTH),  # x.reshape(B * T, F)
     ],
 )
 def test_a_freed_export_trains_as_the_dynamic_export_does(fixed: str, dynamic: str, length: int) -> None:
@@ -113,7 +116,7 @@ def test_a_stateful_trainer_carries_the_state_of_a_freed_batch() -> None:
 
 
 def test_a_batch_the_export_fixed_for_good_is_refused_naming_the_node_and_the_export_argument() -> None:
-    model = trainer("time_distributed_dynamo_fixed")
+    model = trainer("time_major_flat_dynamo_fixed")
     x, y = batch(BATCH, LENGTH)
     assert np.isfinite(float(model.step(x, target=y)))  # the export's own batch still trains
     with pytest.raises(ValueError) as raised:
@@ -206,12 +209,12 @@ def test_fit_refuses_batches_the_export_fixed_for_good_before_training(
 ) -> None:
     x, y = batch(16, LENGTH)
     val_x, val_y = batch(val_samples, LENGTH, seed=1)
-    model = trainer("time_distributed_dynamo_fixed")
+    model = trainer("time_major_flat_dynamo_fixed")
     with pytest.raises(ValueError) as raised:
         fitting.fit(
             model,
             {"x": x, "target": y},
-            model=load("time_distributed_dynamo_fixed"),
+            model=load("time_major_flat_dynamo_fixed"),
             val={"x": val_x, "target": val_y},
             epochs=1,
             batch_size=batch_size,
@@ -229,7 +232,7 @@ def test_the_fit_command_refuses_a_fixed_batch_without_a_traceback(
 ) -> None:
     x, y = batch(12, LENGTH)
     np.savez(tmp_path / "train.npz", x=x, target=y)
-    onnx.save(load("time_distributed_dynamo_fixed"), str(tmp_path / "model.onnx"))
+    onnx.save(load("time_major_flat_dynamo_fixed"), str(tmp_path / "model.onnx"))
     argv = [str(tmp_path / "model.onnx"), "--data", str(tmp_path / "train.npz"), "--loss", "cross_entropy"]
     assert main(["fit", *argv, "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1", "--batch-size", "5"]) == 1
     error = capsys.readouterr().err
@@ -256,6 +259,23 @@ def _freed(model: onnx.ModelProto, **options: object) -> tuple[Preparation, tupl
     state = Preparation(model, copy.deepcopy(model), **options)  # type: ignore[arg-type]
     free_export_dims(state)
     return state, state.export_dims
+
+
+def test_a_batch_merged_and_split_again_follows_the_batch() -> None:
+    """x.reshape(B * T, F) ... .reshape(B, T, H): -1 where merged, Gather(Shape(x), [0]) where split."""
+    nodes = [
+        helper.make_node("Reshape", ["x", "merge"], ["steps"], allowzero=1),
+        helper.make_node("Relu", ["steps"], ["active"]),
+        helper.make_node("Reshape", ["active", "split"], ["y"], allowzero=1),
+    ]
+    model = _model(nodes, {"merge": np.array([48, 2]), "split": np.array([8, 6, 2])}, [8, 6, 2])
+    state, (dim,) = _freed(model)
+    assert dim.freed and declared(state.model) == ["batch", 6, 2]
+    assert [node.op_type for node in state.graph.node] == ["Reshape", "Relu", "Shape", "Gather", "Concat", "Reshape"]
+    assert not state.graph.value_info  # the merged dim's name was the rewrite's own
+    x = np.random.default_rng(0).standard_normal((5, 6, 2)).astype(np.float32)
+    (y,) = onnx.reference.ReferenceEvaluator(state.model).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
 
 
 def test_a_reshape_with_allowzero_follows_the_batch() -> None:
@@ -308,9 +328,9 @@ def test_a_zero_state_the_caller_trains_keeps_the_batch_fixed() -> None:
             "plus",
         ),
         ([helper.make_node("Split", ["x", "sizes"], ["y", "z"], name="halves")], {"sizes": np.array([4, 4])}, "halves"),
-        (  # the batch merged with the features: not the batch's own entry
+        (  # [8, 4] read as [4, 8]: no entry holds the batch
             [helper.make_node("Reshape", ["x", "shape"], ["y"], name="flat")],
-            {"shape": np.array([32])},
+            {"shape": np.array([4, 8])},
             "flat",
         ),
     ],

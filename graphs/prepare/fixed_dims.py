@@ -16,6 +16,9 @@ rewrites, each exact for the exported size and following the dim for any other:
 
 - a ``Reshape`` constant entry equal to the size at the position of the symbolic dim, every entry
   before it copying the input's dim, becomes 0 (copy that dim; ``x.view(x.shape[0], -1)``);
+  an entry that merges the dim with the whole static dims after it becomes -1 (``x.reshape(B *
+  T, F)``), and a later Reshape that splits that merged dim again reads the dim's size from the
+  graph input at run time (``.reshape(B, T, H)``);
 - an ``Expand`` of a constant that holds the size on an axis and is the same along it, to a shape
   computed at run time, expands the constant's single slice instead (TorchScript's zero states);
   it is kept only where the result has the dim, as the checks below require;
@@ -42,6 +45,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
@@ -132,16 +136,56 @@ def free_export_dims(state: Preparation) -> None:
     while active:
         work = copy.deepcopy(state.model)
         _declare(work.graph, active)
-        sizes = {dim.symbol: dim.size for dim in active}
-        types = _rewrite(work, sizes, _Constants(work.graph, trainable))
-        fixing = _fixing_nodes(work.graph, types, static, sizes)
+        trial = _Trial(
+            {dim.symbol: dim.size for dim in active}, {dim.symbol: (dim.input, dim.axis) for dim in active}, static
+        )
+        types = _rewrite(work, trial, _Constants(work.graph, trainable))
+        fixing = _fixing_nodes(work.graph, types, trial)
         if not fixing:
             break
         blamed.update(fixing)
         active = [dim for dim in active if dim.symbol not in fixing]
     if active:
+        kept = [info for info in work.graph.value_info if info.name not in trial.declared]
+        del work.graph.value_info[:]
+        work.graph.value_info.extend(kept)  # a merged dim's name means nothing after this rewrite
         state.model = work
     state.export_dims = tuple(dataclasses.replace(dim, fixed_by=blamed.get(dim.symbol)) for dim in dims)
+
+
+@dataclasses.dataclass
+class _Trial:
+    """The dims freed in one trial: their exported sizes, where each is read, and the merged dims.
+
+    Attributes:
+        sizes: Each freed dim's symbol -> its exported size.
+        sources: Each symbol -> a graph input and axis that has it (its size at run time).
+        static: The shapes of the export, every dim fixed.
+        merged: A freed dim merged with static dims after it (``x.reshape(B * T, F)``): the name
+            declared for it -> (the symbol, the static factor).
+        declared: The values whose shape a merge declared (``value_info``), undone at the end.
+    """
+
+    sizes: dict[str, int]
+    sources: dict[str, tuple[str, int]]
+    static: Mapping[str, ValueType]
+    merged: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    declared: set[str] = dataclasses.field(default_factory=set)
+
+    def base(self, dim: int | str | None) -> str | None:
+        """The freed dim a dim carries: itself, or the one merged into it; None for another."""
+        if not isinstance(dim, str):
+            return None
+        if dim in self.sizes:
+            return dim
+        return self.merged[dim][0] if dim in self.merged else None
+
+    def exported(self, dim: str) -> int:
+        """The exported size of a freed or merged dim."""
+        if dim in self.merged:
+            symbol, factor = self.merged[dim]
+            return self.sizes[symbol] * factor
+        return self.sizes[dim]
 
 
 def _candidates(state: Preparation) -> list[ExportDim]:
@@ -239,23 +283,34 @@ def _trainable(state: Preparation) -> set[str]:
     return own | state.kept
 
 
-def _rewrite(model: onnx.ModelProto, sizes: Mapping[str, int], constants: _Constants) -> dict[str, ValueType]:
+def _rewrite(model: onnx.ModelProto, trial: _Trial, constants: _Constants) -> dict[str, ValueType]:
     """Rewrites the constants that carry a freed dim until none changes; returns the inferred types."""
     types = infer_value_types(model)
+    sizes = trial.sizes
     for _ in range(_MAX_PASSES):
         constants = _Constants(model.graph, constants.trainable)
         changed = False
+        inserted: dict[str, list[onnx.NodeProto]] = {}  # nodes to put before the node of that first output
         for node in list(model.graph.node):
             if not is_onnx(node):
                 continue
             if node.op_type == "Reshape":
-                changed |= _follow_in_reshape(node, types, sizes, constants)
+                changed |= (
+                    _follow_in_reshape(node, types, sizes, constants)
+                    or _merge_in_reshape(node, types, trial, constants)
+                    or _split_in_reshape(node, types, trial, constants, inserted)
+                )
             elif node.op_type == "Expand":
                 changed |= _expand_one_slice(node, sizes, constants)
             elif node.op_type in _RNN_STATES:
                 changed |= _omit_zero_states(node, types, sizes, constants)
             elif node.op_type in _BROADCASTING_OPS:
                 changed |= _broadcast_one_slice(node, types, sizes, constants)
+        if inserted:
+            nodes = list(model.graph.node)
+            del model.graph.node[:]
+            for node in nodes:
+                model.graph.node.extend([*inserted.get(node.output[0], []), node])
         if not changed:
             break
         types = infer_value_types(model)
@@ -275,7 +330,7 @@ class _Constants:
         self._tensors = {init.name: init for init in graph.initializer}
         self._nodes = {node.output[0]: node for node in graph.node if is_onnx(node) and node.op_type == "Constant"}
         self._producers = {output: node for node in graph.node for output in node.output}
-        self._taken = used_names(graph)
+        self.taken = used_names(graph)
 
     def value(self, name: str) -> np.ndarray | None:
         if name in self.trainable:
@@ -301,7 +356,7 @@ class _Constants:
 
     def add(self, base: str, value: np.ndarray) -> str:
         """A new initializer holding ``value``; its name."""
-        name = unique_name(base, self._taken)
+        name = unique_name(base, self.taken)
         self.graph.initializer.append(onnx.numpy_helper.from_array(value, name))
         self._tensors[name] = self.graph.initializer[-1]
         return name
@@ -323,18 +378,102 @@ def _follow_in_reshape(
         return False
     entries = [int(entry) for entry in shape]
     for position, (dim, entry) in enumerate(zip(data.shape, entries, strict=False)):
-        copies_before = all(
-            entries[i] == 0 or (isinstance(data.shape[i], int) and data.shape[i] == entries[i]) for i in range(position)
-        )
-        if isinstance(dim, str) and sizes.get(dim) == entry and copies_before:
+        if isinstance(dim, str) and sizes.get(dim) == entry and _copies(data.shape, entries, position):
             entries[position] = 0
     if entries == [int(entry) for entry in shape]:
         return False
-    node.input[1] = constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64))
+    _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
+    return True
+
+
+def _merge_in_reshape(
+    node: onnx.NodeProto, types: Mapping[str, ValueType], trial: _Trial, constants: _Constants
+) -> bool:
+    """``x.reshape(B * T, F)``: the entry of a freed dim merged with the static dims after it becomes -1.
+
+    Every entry before it copies the input's dim, and its exported size is the freed dim's times
+    those whole dims: so -1 (the one left, when no other entry is -1) is the same product for any
+    size. The output's dim gets a name of its own (``batch*6``), declared, so that a Reshape
+    that splits it again (``_split_in_reshape``) knows what it holds.
+    """
+    shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
+    out = trial.static.get(node.output[0])
+    if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
+        return False
+    if out is None or out.static_shape is None or len(out.static_shape) != shape.size:
+        return False
+    entries = [int(entry) for entry in shape]
+    position = next((i for i, dim in enumerate(data.shape[: len(entries)]) if dim in trial.sizes), None)
+    if position is None or not _copies(data.shape, entries, position):
+        return False
+    symbol, exported = data.shape[position], out.static_shape[position]
+    factor, end = 1, position + 1
+    while exported > trial.sizes[symbol] * factor and end < len(data.shape) and isinstance(data.shape[end], int):
+        factor, end = factor * data.shape[end], end + 1  # type: ignore[operator]
+    if factor == 1 or exported != trial.sizes[symbol] * factor or (entries[position] != -1 and -1 in entries):
+        return False
+    merged = f"{symbol}*{factor}"
+    trial.merged[merged] = (symbol, factor)  # type: ignore[assignment]
+    entries[position] = -1
+    _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
+    dims = [merged if axis == position else dim for axis, dim in enumerate(out.static_shape)]
+    constants.graph.value_info.append(onnx.helper.make_tensor_value_info(node.output[0], out.elem_type, dims))
+    trial.declared.add(node.output[0])
+    return True
+
+
+def _split_in_reshape(
+    node: onnx.NodeProto,
+    types: Mapping[str, ValueType],
+    trial: _Trial,
+    constants: _Constants,
+    inserted: dict[str, list[onnx.NodeProto]],
+) -> bool:
+    """``y.reshape(B, T, H)`` of a merged dim: the entry of the freed dim reads its size at run time.
+
+    The entries before it copy the input's dims, the entry is the freed dim's exported size and
+    the entries right after it multiply to the merged factor: that entry becomes
+    ``Gather(Shape(input), axis)`` of the graph input the dim comes from.
+    """
+    shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
+    if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
+        return False
+    entries = [int(entry) for entry in shape]
+    position = next((i for i, dim in enumerate(data.shape[: len(entries)]) if dim in trial.merged), None)
+    if position is None or not _copies(data.shape, entries, position):
+        return False
+    symbol, factor = trial.merged[data.shape[position]]  # type: ignore[index]
+    product, end = 1, position + 1
+    while product < factor and end < len(entries) and entries[end] > 0:
+        product, end = product * entries[end], end + 1
+    if entries[position] != trial.sizes[symbol] or product != factor:
+        return False
+    source, axis = trial.sources[symbol]
+    names = [unique_name(f"{node.input[1]}_{part}", constants.taken) for part in ("input_shape", "size", "following")]
+    before = constants.add(f"{node.input[1]}_before", np.asarray(entries[:position], dtype=np.int64))
+    after = constants.add(f"{node.input[1]}_after", np.asarray(entries[position + 1 :], dtype=np.int64))
+    inserted.setdefault(node.output[0], []).extend(
+        [
+            onnx.helper.make_node("Shape", [source], [names[0]]),
+            onnx.helper.make_node("Gather", [names[0], constants.add(f"{symbol}_axis", np.array([axis]))], [names[1]]),
+            onnx.helper.make_node("Concat", [before, names[1], after], [names[2]], axis=0),
+        ]
+    )
+    _set_reshape_shape(node, names[2])
+    return True
+
+
+def _copies(data: Sequence[int | str | None], entries: Sequence[int], position: int) -> bool:
+    """Whether each Reshape entry before ``position`` keeps the input's dim (0, or the same static size)."""
+    return all(entries[i] == 0 or (isinstance(data[i], int) and data[i] == entries[i]) for i in range(position))
+
+
+def _set_reshape_shape(node: onnx.NodeProto, shape: str) -> None:
+    """Points a Reshape at a new shape, 0 copying a dim (dynamo's ``allowzero=1`` is dropped: it had no 0)."""
+    node.input[1] = shape
     kept = [attribute for attribute in node.attribute if attribute.name != "allowzero"]
     del node.attribute[:]
     node.attribute.extend(kept)
-    return True
 
 
 def _expand_one_slice(node: onnx.NodeProto, sizes: Mapping[str, int], constants: _Constants) -> bool:
@@ -410,12 +549,7 @@ def _rnn_batch(node: onnx.NodeProto, value: ValueType | None) -> int | str | Non
     return value.shape[1 if layout == 0 else 0]
 
 
-def _fixing_nodes(
-    graph: onnx.GraphProto,
-    types: Mapping[str, ValueType],
-    static: Mapping[str, ValueType],
-    sizes: Mapping[str, int],
-) -> dict[str, str]:
+def _fixing_nodes(graph: onnx.GraphProto, types: Mapping[str, ValueType], trial: _Trial) -> dict[str, str]:
     """Per freed dim that a node still depends on, the first such node (``'name' (Op)``)."""
     fixing: dict[str, str] = {}
     constants = _Constants(graph)
@@ -423,18 +557,18 @@ def _fixing_nodes(
     for index, node in enumerate(graph.node):
         label = f"{node.name or f'#{index}'!r} ({node.op_type})"
         reads = [*node.input, *subgraph_reads(node)]  # an If branch may read x from the graph around it
-        carried_in = {dim for name in reads if name for dim in _symbols(types.get(name), sizes)}
-        carried_out = {dim for name in node.output if name for dim in _symbols(types.get(name), sizes)}
+        carried_in = {dim for name in reads if name for dim in _symbols(types.get(name), trial)}
+        carried_out = {dim for name in node.output if name for dim in _symbols(types.get(name), trial)}
         for symbol in sorted(carried_in - carried_out):
             if not _consumes(node, constants):
                 fixing.setdefault(symbol, label)
         if is_onnx(node) and node.op_type in _RNN_STATES:
             batch = _rnn_batch(node, types.get(node.input[0]))
             states = [name for i, name in enumerate(node.input) if i in _RNN_STATES[node.op_type] and name]
-            if batch in sizes and any(not _follows(node, name, batch, types, graph_inputs) for name in states):
+            if batch in trial.sizes and any(not _follows(node, name, batch, types, graph_inputs) for name in states):
                 fixing.setdefault(batch, label)  # type: ignore[arg-type]
         for name in node.output:
-            symbol = _changed_shape(types.get(name), static.get(name), sizes)
+            symbol = _changed_shape(types.get(name), trial.static.get(name), trial)
             if symbol is not None:
                 fixing.setdefault(symbol, label)
     return fixing
@@ -451,8 +585,10 @@ def _follows(
     return dim == batch or (dim is None and state in graph_inputs)
 
 
-def _symbols(value: ValueType | None, sizes: Mapping[str, int]) -> set[str]:
-    return {dim for dim in (value.shape or ()) if isinstance(dim, str) and dim in sizes} if value else set()
+def _symbols(value: ValueType | None, trial: _Trial) -> set[str]:
+    """The freed dims a value carries (a merged dim carries its freed one)."""
+    carried = {trial.base(dim) for dim in (value.shape or ())} if value else set()
+    return {dim for dim in carried if dim is not None}
 
 
 def _consumes(node: onnx.NodeProto, constants: _Constants) -> bool:
@@ -467,16 +603,18 @@ def _consumes(node: onnx.NodeProto, constants: _Constants) -> bool:
     return False
 
 
-def _changed_shape(value: ValueType | None, exported: ValueType | None, sizes: Mapping[str, int]) -> str | None:
+def _changed_shape(value: ValueType | None, exported: ValueType | None, trial: _Trial) -> str | None:
     """A freed dim blamed when a value's shape differs from the exported one other than by freed dims."""
+    sizes = trial.sizes
     if value is None or exported is None or value.shape is None or exported.shape is None:
         return None
     if len(value.shape) != len(exported.shape):
         return next(iter(sizes))
     for dim, before in zip(value.shape, exported.shape, strict=True):
-        if isinstance(dim, str) and dim in sizes:
-            if isinstance(before, int) and before != sizes[dim]:
-                return dim
+        symbol = trial.base(dim)
+        if symbol is not None:
+            if isinstance(before, int) and before != trial.exported(dim):  # type: ignore[arg-type]
+                return symbol
         elif isinstance(dim, int) and isinstance(before, int) and dim != before:
             return next((symbol for symbol, size in sizes.items() if size == before), next(iter(sizes)))
     return None

@@ -91,6 +91,19 @@ class TimeDistributed(torch.nn.Module):
         return self.fc(x.reshape(batch * length, features)).reshape(batch, length, 3).mean(dim=1)
 
 
+class TimeMajorFlat(torch.nn.Module):
+    """crnn.pytorch's head: time-major steps flattened as x.view(T * B, F), a Linear, and back (T, B, -1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(FEATURES, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        steps = x.transpose(0, 1)
+        length, batch, features = steps.shape
+        return self.fc(steps.reshape(length * batch, features)).view(length, batch, -1).mean(dim=0)
+
+
 def export(
     model: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool, axes: dict[int, str] | None
 ) -> None:
@@ -116,7 +129,8 @@ def main() -> None:
         ("flat_dynamo", Flat, True, batch_first, True, batch),
         ("conv_dynamo", Convolutional, True, batch_first, True, batch),
         ("lstm_flat_dynamo", RecurrentFlat, True, batch_first, True, None),
-        ("time_distributed_dynamo", TimeDistributed, True, batch_first, True, None),
+        ("time_distributed_dynamo", TimeDistributed, True, batch_first, True, batch),
+        ("time_major_flat_dynamo", TimeMajorFlat, True, batch_first, True, None),
         ("lstm_time_major_dynamo", RecurrentTimeMajor, True, time_major, True, None),
         ("lstm_time_major_torchscript", RecurrentTimeMajor, False, time_major, False, {0: "seq_len", 1: "batch"}),
     ):
