@@ -27,8 +27,8 @@ from ortlstm.training import Trainer
 
 DATA = Path(__file__).parent / "data" / "fixed_dims"
 BATCH, LENGTH = 8, 6  # the exports' example input: [8, 6, 2]
-RESHAPE_ADVICE = (
-    "(torch.onnx.export's default: the example input's shape), and node 'node__unsafe_view' (Reshape) depends on it; "
+BATCH_ADVICE = (  # the learned initial state h0.expand(1, x.shape[0], H), folded by dynamo to [1, 8, H]
+    "(torch.onnx.export's default: the example input's shape), and node 'node_lstm__2' (LSTM) depends on it; "
     're-export with dynamic_shapes={"x": {0: torch.export.Dim("batch")}} (dynamo, the default) or '
     'dynamic_axes={"x": {0: "batch"}} (dynamo=False)'
 )
@@ -73,9 +73,15 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
             [("batch", 0, 8, None), ("length", 1, 6, "'node__unsafe_view' (Reshape)")],
         ),
         ("time_distributed_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
-        ("time_major_flat_dynamo_fixed", [8, 6, 2], [("batch", 0, 8, "'node__unsafe_view' (Reshape)")]),
+        ("time_major_flat_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
+        (
+            "learned_state_dynamo_fixed",
+            [8, "sequence", 2],
+            [("batch", 0, 8, "'node_lstm__2' (LSTM)"), ("length", 1, 6, None)],
+        ),
         ("lstm_torchscript_dynamic", ["batch", "seq_len", 2], []),
         ("lstm_time_major_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
+        ("crnn_head_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
     ],
 )
 def test_which_dims_the_prepared_export_frees(name: str, shape: list[int | str], dims: list[tuple]) -> None:
@@ -85,19 +91,22 @@ def test_which_dims_the_prepared_export_frees(name: str, shape: list[int | str],
 
 
 @pytest.mark.parametrize(
-    ("fixed", "dynamic", "length"),
+    ("fixed", "dynamic", "length"),  # a negative length: time-major x [T, N, F]
     [
         ("lstm_dynamo_fixed", "lstm_torchscript_dynamic", 7),
         ("lstm_torchscript_fixed", "lstm_torchscript_dynamic", 7),
         ("flat_dynamo_fixed", "flat_dynamo_dynamic", LENGTH),
         ("conv_dynamo_fixed", "conv_dynamo_dynamic", LENGTH),
         ("time_distributed_dynamo_fixed", "time_distributed_dynamo_dynamic", LENGTH),  # x.reshape(B * T, F)
+        ("time_major_flat_dynamo_fixed", "time_major_flat_dynamo_dynamic", LENGTH),  # x.view(T * B, F)
+        ("crnn_head_dynamo_fixed", "crnn_head_torchscript_dynamic", -7),  # view(T * b, h): both dims freed
     ],
 )
 def test_a_freed_export_trains_as_the_dynamic_export_does(fixed: str, dynamic: str, length: int) -> None:
     freed, oracle = trainer(fixed), trainer(dynamic)
     for size, seed in ((5, 0), (BATCH + 3, 1), (1, 2)):  # other batches than the export's 8, one of 1
-        x, y = batch(size, length, seed)
+        x, y = batch(size, abs(length), seed)
+        x = x.transpose(1, 0, 2).copy() if length < 0 else x
         assert float(freed.step(x, target=y)) == pytest.approx(float(oracle.step(x, target=y)), rel=1e-6, abs=0)
     # The exporters name the LSTM's folded weights differently; each weight has its own shape here.
     by_shape = {value.shape: value for value in oracle.parameters.values()}
@@ -116,15 +125,16 @@ def test_a_stateful_trainer_carries_the_state_of_a_freed_batch() -> None:
 
 
 def test_a_batch_the_export_fixed_for_good_is_refused_naming_the_node_and_the_export_argument() -> None:
-    model = trainer("time_major_flat_dynamo_fixed")
+    model = trainer("learned_state_dynamo_fixed")
     x, y = batch(BATCH, LENGTH)
     assert np.isfinite(float(model.step(x, target=y)))  # the export's own batch still trains
     with pytest.raises(ValueError) as raised:
         model.step(*batch(5, LENGTH)[:1], target=y[:5])
     assert str(raised.value) == (
         "step(): input 'x' has batch 5 at dim 0, but the model was exported with a fixed batch of 8 at dim 0 "
-        f"{RESHAPE_ADVICE}; or pass batches of shape [8, 6, 2]"
+        f"{BATCH_ADVICE}; or pass batches of shape [8, sequence, 2]"
     )
+    assert np.isfinite(float(model.step(batch(BATCH, 9)[0], target=y)))  # any length: the length was freed
 
 
 def test_a_length_the_export_fixed_for_good_is_refused_naming_the_node() -> None:
@@ -209,19 +219,19 @@ def test_fit_refuses_batches_the_export_fixed_for_good_before_training(
 ) -> None:
     x, y = batch(16, LENGTH)
     val_x, val_y = batch(val_samples, LENGTH, seed=1)
-    model = trainer("time_major_flat_dynamo_fixed")
+    model = trainer("learned_state_dynamo_fixed")
     with pytest.raises(ValueError) as raised:
         fitting.fit(
             model,
             {"x": x, "target": y},
-            model=load("time_major_flat_dynamo_fixed"),
+            model=load("learned_state_dynamo_fixed"),
             val={"x": val_x, "target": val_y},
             epochs=1,
             batch_size=batch_size,
             log=lambda line: None,
         )
     assert str(raised.value) == (
-        f"--batch-size {batch_size}: the model was exported with a fixed batch of 8 at dim 0 {RESHAPE_ADVICE}; "
+        f"--batch-size {batch_size}: the model was exported with a fixed batch of 8 at dim 0 {BATCH_ADVICE}; "
         f"or pass --batch-size 8 with a multiple of 8 samples{why}"
     )
     assert model.global_step == 0  # refused before any update
@@ -232,13 +242,13 @@ def test_the_fit_command_refuses_a_fixed_batch_without_a_traceback(
 ) -> None:
     x, y = batch(12, LENGTH)
     np.savez(tmp_path / "train.npz", x=x, target=y)
-    onnx.save(load("time_major_flat_dynamo_fixed"), str(tmp_path / "model.onnx"))
+    onnx.save(load("learned_state_dynamo_fixed"), str(tmp_path / "model.onnx"))
     argv = [str(tmp_path / "model.onnx"), "--data", str(tmp_path / "train.npz"), "--loss", "cross_entropy"]
     assert main(["fit", *argv, "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1", "--batch-size", "5"]) == 1
     error = capsys.readouterr().err
     assert "Traceback" not in error
     assert "--batch-size 5: the model was exported with a fixed batch of 8 at dim 0" in error
-    assert RESHAPE_ADVICE in error
+    assert BATCH_ADVICE in error
 
 
 # ---- the rules on small graphs ------------------------------------------------------------------------

@@ -16,9 +16,9 @@ rewrites, each exact for the exported size and following the dim for any other:
 
 - a ``Reshape`` constant entry equal to the size at the position of the symbolic dim, every entry
   before it copying the input's dim, becomes 0 (copy that dim; ``x.view(x.shape[0], -1)``);
-  an entry that merges the dim with the whole static dims after it becomes -1 (``x.reshape(B *
-  T, F)``), and a later Reshape that splits that merged dim again reads the dim's size from the
-  graph input at run time (``.reshape(B, T, H)``);
+  an entry that merges whole input dims, the dim among them, becomes -1 (``x.reshape(B * T,
+  F)``, crnn.pytorch's ``view(T * b, h)``), and a later Reshape that splits that merged dim
+  again reads the freed dims' sizes from the graph input at run time (``.view(T, b, -1)``);
 - an ``Expand`` of a constant that holds the size on an axis and is the same along it, to a shape
   computed at run time, expands the constant's single slice instead (TorchScript's zero states);
   it is kept only where the result has the dim, as the checks below require;
@@ -161,31 +161,30 @@ class _Trial:
         sizes: Each freed dim's symbol -> its exported size.
         sources: Each symbol -> a graph input and axis that has it (its size at run time).
         static: The shapes of the export, every dim fixed.
-        merged: A freed dim merged with static dims after it (``x.reshape(B * T, F)``): the name
-            declared for it -> (the symbol, the static factor).
+        merged: Input dims merged into one by a Reshape (``x.reshape(B * T, F)``), a freed one
+            among them: the name declared for it -> those dims, in order.
         declared: The values whose shape a merge declared (``value_info``), undone at the end.
     """
 
     sizes: dict[str, int]
     sources: dict[str, tuple[str, int]]
     static: Mapping[str, ValueType]
-    merged: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    merged: dict[str, tuple[int | str, ...]] = dataclasses.field(default_factory=dict)
     declared: set[str] = dataclasses.field(default_factory=set)
 
-    def base(self, dim: int | str | None) -> str | None:
-        """The freed dim a dim carries: itself, or the one merged into it; None for another."""
+    def carried(self, dim: int | str | None) -> set[str]:
+        """The freed dims a dim carries: itself, or those merged into it."""
         if not isinstance(dim, str):
-            return None
+            return set()
         if dim in self.sizes:
-            return dim
-        return self.merged[dim][0] if dim in self.merged else None
+            return {dim}
+        return {part for part in self.merged.get(dim, ()) if isinstance(part, str)}
 
     def exported(self, dim: str) -> int:
         """The exported size of a freed or merged dim."""
-        if dim in self.merged:
-            symbol, factor = self.merged[dim]
-            return self.sizes[symbol] * factor
-        return self.sizes[dim]
+        return int(np.prod([part if isinstance(part, int) else self.sizes[part] for part in self.merged[dim]])) if (
+            dim in self.merged
+        ) else self.sizes[dim]
 
 
 def _candidates(state: Preparation) -> list[ExportDim]:
@@ -389,12 +388,13 @@ def _follow_in_reshape(
 def _merge_in_reshape(
     node: onnx.NodeProto, types: Mapping[str, ValueType], trial: _Trial, constants: _Constants
 ) -> bool:
-    """``x.reshape(B * T, F)``: the entry of a freed dim merged with the static dims after it becomes -1.
+    """``x.reshape(B * T, F)``: an entry that merges whole input dims, a freed one among them, becomes -1.
 
-    Every entry before it copies the input's dim, and its exported size is the freed dim's times
-    those whole dims: so -1 (the one left, when no other entry is -1) is the same product for any
-    size. The output's dim gets a name of its own (``batch*6``), declared, so that a Reshape
-    that splits it again (``_split_in_reshape``) knows what it holds.
+    The entries before it copy the input's dims, and its exported size is the product of the
+    input dims from its position on (``B * T``, crnn.pytorch's time-major ``T * B``): so -1 (the
+    one left, when no other entry is -1) is that product for any size. The output's dim gets a
+    name of its own (``batch*6``), declared, so that a Reshape that splits it again
+    (``_split_in_reshape``) knows what it holds.
     """
     shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
     out = trial.static.get(node.output[0])
@@ -403,23 +403,29 @@ def _merge_in_reshape(
     if out is None or out.static_shape is None or len(out.static_shape) != shape.size:
         return False
     entries = [int(entry) for entry in shape]
-    position = next((i for i, dim in enumerate(data.shape[: len(entries)]) if dim in trial.sizes), None)
-    if position is None or not _copies(data.shape, entries, position):
-        return False
-    symbol, exported = data.shape[position], out.static_shape[position]
-    factor, end = 1, position + 1
-    while exported > trial.sizes[symbol] * factor and end < len(data.shape) and isinstance(data.shape[end], int):
-        factor, end = factor * data.shape[end], end + 1  # type: ignore[operator]
-    if factor == 1 or exported != trial.sizes[symbol] * factor or (entries[position] != -1 and -1 in entries):
-        return False
-    merged = f"{symbol}*{factor}"
-    trial.merged[merged] = (symbol, factor)  # type: ignore[assignment]
-    entries[position] = -1
-    _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
-    dims = [merged if axis == position else dim for axis, dim in enumerate(out.static_shape)]
-    constants.graph.value_info.append(onnx.helper.make_tensor_value_info(node.output[0], out.elem_type, dims))
-    trial.declared.add(node.output[0])
-    return True
+    for start in range(min(len(entries), len(data.shape))):
+        if not _copies(data.shape, entries, start):
+            return False
+        group, product = [], 1
+        for dim in data.shape[start:]:
+            size = dim if isinstance(dim, int) else trial.sizes.get(dim)  # type: ignore[arg-type]
+            if size is None or product >= out.static_shape[start]:
+                break
+            group.append(dim)
+            product *= size
+        freed = any(isinstance(dim, str) for dim in group)
+        if len(group) > 1 and freed and product == out.static_shape[start]:
+            if entries[start] != -1 and -1 in entries:
+                return False
+            merged = "*".join(str(dim) for dim in group)
+            trial.merged[merged] = tuple(group)  # type: ignore[arg-type]
+            entries[start] = -1
+            _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
+            dims = [merged if axis == start else dim for axis, dim in enumerate(out.static_shape)]
+            constants.graph.value_info.append(onnx.helper.make_tensor_value_info(node.output[0], out.elem_type, dims))
+            trial.declared.add(node.output[0])
+            return True
+    return False
 
 
 def _split_in_reshape(
@@ -429,11 +435,11 @@ def _split_in_reshape(
     constants: _Constants,
     inserted: dict[str, list[onnx.NodeProto]],
 ) -> bool:
-    """``y.reshape(B, T, H)`` of a merged dim: the entry of the freed dim reads its size at run time.
+    """``y.reshape(B, T, H)`` of a merged dim: the entries of its freed dims read their sizes at run time.
 
-    The entries before it copy the input's dims, the entry is the freed dim's exported size and
-    the entries right after it multiply to the merged factor: that entry becomes
-    ``Gather(Shape(input), axis)`` of the graph input the dim comes from.
+    The entries before it copy the input's dims and the entries from its position on are the
+    merged dims' exported sizes, in order: each freed one becomes ``Gather(Shape(input), axis)``
+    of the graph input the dim comes from (a shape ``Concat`` of those and the constants).
     """
     shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
     if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
@@ -442,24 +448,35 @@ def _split_in_reshape(
     position = next((i for i, dim in enumerate(data.shape[: len(entries)]) if dim in trial.merged), None)
     if position is None or not _copies(data.shape, entries, position):
         return False
-    symbol, factor = trial.merged[data.shape[position]]  # type: ignore[index]
-    product, end = 1, position + 1
-    while product < factor and end < len(entries) and entries[end] > 0:
-        product, end = product * entries[end], end + 1
-    if entries[position] != trial.sizes[symbol] or product != factor:
+    group = trial.merged[data.shape[position]]  # type: ignore[index]
+    exported = [dim if isinstance(dim, int) else trial.sizes[dim] for dim in group]
+    if entries[position : position + len(group)] != exported:
         return False
-    source, axis = trial.sources[symbol]
-    names = [unique_name(f"{node.input[1]}_{part}", constants.taken) for part in ("input_shape", "size", "following")]
-    before = constants.add(f"{node.input[1]}_before", np.asarray(entries[:position], dtype=np.int64))
-    after = constants.add(f"{node.input[1]}_after", np.asarray(entries[position + 1 :], dtype=np.int64))
-    inserted.setdefault(node.output[0], []).extend(
-        [
-            onnx.helper.make_node("Shape", [source], [names[0]]),
-            onnx.helper.make_node("Gather", [names[0], constants.add(f"{symbol}_axis", np.array([axis]))], [names[1]]),
-            onnx.helper.make_node("Concat", [before, names[1], after], [names[2]], axis=0),
+    pieces: list[str] = []  # the new shape, in order: constants and the freed dims' sizes
+    nodes: list[onnx.NodeProto] = []
+    constant: list[int] = []
+    for index, entry in enumerate(entries):
+        dim = group[index - position] if position <= index < position + len(group) else None
+        if not isinstance(dim, str):
+            constant.append(entry)
+            continue
+        if constant:
+            pieces.append(constants.add(f"{node.input[1]}_part", np.asarray(constant, dtype=np.int64)))
+            constant = []
+        source, axis = trial.sources[dim]
+        shape_of, size = (unique_name(f"{node.input[1]}_{part}", constants.taken) for part in ("input_shape", dim))
+        index_name = constants.add(f"{dim}_axis", np.array([axis]))
+        nodes += [
+            onnx.helper.make_node("Shape", [source], [shape_of]),
+            onnx.helper.make_node("Gather", [shape_of, index_name], [size]),
         ]
-    )
-    _set_reshape_shape(node, names[2])
+        pieces.append(size)
+    if constant:
+        pieces.append(constants.add(f"{node.input[1]}_part", np.asarray(constant, dtype=np.int64)))
+    following = unique_name(f"{node.input[1]}_following", constants.taken)
+    nodes.append(onnx.helper.make_node("Concat", pieces, [following], axis=0))
+    inserted.setdefault(node.output[0], []).extend(nodes)
+    _set_reshape_shape(node, following)
     return True
 
 
@@ -587,8 +604,7 @@ def _follows(
 
 def _symbols(value: ValueType | None, trial: _Trial) -> set[str]:
     """The freed dims a value carries (a merged dim carries its freed one)."""
-    carried = {trial.base(dim) for dim in (value.shape or ())} if value else set()
-    return {dim for dim in carried if dim is not None}
+    return {symbol for dim in (value.shape or ()) for symbol in trial.carried(dim)} if value else set()
 
 
 def _consumes(node: onnx.NodeProto, constants: _Constants) -> bool:
@@ -611,10 +627,10 @@ def _changed_shape(value: ValueType | None, exported: ValueType | None, trial: _
     if len(value.shape) != len(exported.shape):
         return next(iter(sizes))
     for dim, before in zip(value.shape, exported.shape, strict=True):
-        symbol = trial.base(dim)
-        if symbol is not None:
+        carried = sorted(trial.carried(dim))
+        if carried:
             if isinstance(before, int) and before != trial.exported(dim):  # type: ignore[arg-type]
-                return symbol
+                return carried[0]
         elif isinstance(dim, int) and isinstance(before, int) and dim != before:
             return next((symbol for symbol, size in sizes.items() if size == before), next(iter(sizes)))
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import onnx
 import torch
 
 OUT = Path(__file__).resolve().parent.parent / "data" / "fixed_dims"
@@ -104,6 +105,34 @@ class TimeMajorFlat(torch.nn.Module):
         return self.fc(steps.reshape(length * batch, features)).view(length, batch, -1).mean(dim=0)
 
 
+class CrnnHead(torch.nn.Module):
+    """crnn.pytorch's BidirectionalLSTM: x [T, B, F], recurrent.view(T * b, h), a Linear, .view(T, b, -1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(FEATURES, 3, bidirectional=True)
+        self.embedding = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        recurrent, _ = self.rnn(x)
+        length, batch, hidden = recurrent.size()
+        output = self.embedding(recurrent.view(length * batch, hidden))
+        return output.view(length, batch, -1).mean(0)
+
+
+class LearnedState(Recurrent):
+    """nn.LSTM from a trained initial state expanded to the batch: dynamo folds the expansion to [1, 8, H]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h0 = torch.nn.Parameter(torch.zeros(1, 1, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h0 = self.h0.expand(1, x.shape[0], 3).contiguous()
+        y, _ = self.rnn(x, (h0, torch.zeros_like(h0)))
+        return self.fc(y[:, -1])
+
+
 def export(
     model: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool, axes: dict[int, str] | None
 ) -> None:
@@ -130,7 +159,10 @@ def main() -> None:
         ("conv_dynamo", Convolutional, True, batch_first, True, batch),
         ("lstm_flat_dynamo", RecurrentFlat, True, batch_first, True, None),
         ("time_distributed_dynamo", TimeDistributed, True, batch_first, True, batch),
-        ("time_major_flat_dynamo", TimeMajorFlat, True, batch_first, True, None),
+        ("time_major_flat_dynamo", TimeMajorFlat, True, batch_first, True, batch),
+        ("learned_state_dynamo", LearnedState, True, batch_first, True, None),
+        ("crnn_head_dynamo", CrnnHead, True, time_major, True, None),
+        ("crnn_head_torchscript", CrnnHead, False, time_major, False, {0: "seq_len", 1: "batch"}),
         ("lstm_time_major_dynamo", RecurrentTimeMajor, True, time_major, True, None),
         ("lstm_time_major_torchscript", RecurrentTimeMajor, False, time_major, False, {0: "seq_len", 1: "batch"}),
     ):
@@ -140,9 +172,11 @@ def main() -> None:
             export(model, example, OUT / f"{name}_fixed.onnx", dynamo, None)
         if dynamic is not None:
             export(model, example, OUT / f"{name}_dynamic.onnx", dynamo, dynamic)
-    for empty in OUT.glob("*.onnx.data"):  # dynamo writes an external-data file even when nothing is external
-        if empty.stat().st_size == 0:
-            empty.unlink()
+    for data in OUT.glob("*.onnx.data"):  # dynamo writes external data, often none: each model is one file
+        model_path = data.with_suffix("")
+        if data.stat().st_size:
+            onnx.save(onnx.load(str(model_path)), str(model_path))  # the tensors back inside the model
+        data.unlink()
 
 
 if __name__ == "__main__":
