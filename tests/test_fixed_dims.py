@@ -34,7 +34,7 @@ BATCH_ADVICE = (  # the learned initial state h0.expand(1, x.shape[0], H), folde
 )
 LENGTH_ADVICE = (
     "the model was exported with a fixed length of 6 at dim 1 (torch.onnx.export's default: the example input's "
-    "shape), and node 'node__unsafe_view' (Reshape) depends on it; if the torch model takes other lengths, re-export "
+    "shape), and node 'node_linear' (Gemm) depends on it; if the torch model takes other lengths, re-export "
     'with dynamic_shapes={"x": {1: torch.export.Dim("seq_len")}} (dynamo, the default) or '
     'dynamic_axes={"x": {1: "seq_len"}} (dynamo=False)'
 )
@@ -70,7 +70,7 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
         (
             "lstm_flat_dynamo_fixed",
             ["batch", 6, 2],
-            [("batch", 0, 8, None), ("length", 1, 6, "'node__unsafe_view' (Reshape)")],
+            [("batch", 0, 8, None), ("length", 1, 6, "'node_linear' (Gemm)")],
         ),
         ("time_distributed_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),
         ("time_major_flat_dynamo_fixed", ["batch", 6, 2], [("batch", 0, 8, None)]),

@@ -143,8 +143,13 @@ def free_export_dims(state: Preparation) -> None:
         fixing = _fixing_nodes(work.graph, types, trial)
         if not fixing:
             break
-        blamed.update(fixing)
-        active = [dim for dim in active if dim.symbol not in fixing]
+        # One dim at a time, the first node's (a length before a batch): a node that loses one freed
+        # dim may lose the others with it (a Linear over T * F leaves shape inference without a shape).
+        first = [symbol for symbol, label in fixing.items() if label == next(iter(fixing.values()))]
+        kinds = {dim.symbol: dim.kind for dim in active}
+        dropped = next((symbol for symbol in first if kinds[symbol] == "length"), first[0])
+        blamed[dropped] = fixing[dropped]
+        active = [dim for dim in active if dim.symbol != dropped]
     if active:
         kept = [info for info in work.graph.value_info if info.name not in trial.declared]
         del work.graph.value_info[:]
@@ -367,19 +372,16 @@ def _follow_in_reshape(
     """A Reshape constant's entry at a freed dim's position, with every entry before it a copy, becomes 0.
 
     dynamo writes ``allowzero=1``, under which 0 is a size; it means nothing unless the constant
-    has a 0, so a constant without one drops it.
+    has a 0, so a constant without one drops it (``_set_reshape_shape``).
     """
-    if len(node.input) < 2:
+    entries, data = _shape_entries(node, constants), types.get(node.input[0])
+    if entries is None or data is None or data.shape is None:
         return False
-    shape = constants.value(node.input[1])
-    data = types.get(node.input[0])
-    if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
-        return False
-    entries = [int(entry) for entry in shape]
-    for position, (dim, entry) in enumerate(zip(data.shape, entries, strict=False)):
+    given = list(entries)
+    for position, (dim, entry) in enumerate(zip(data.shape, given, strict=False)):
         if isinstance(dim, str) and sizes.get(dim) == entry and _copies(data.shape, entries, position):
             entries[position] = 0
-    if entries == [int(entry) for entry in shape]:
+    if entries == given:
         return False
     _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
     return True
@@ -396,16 +398,17 @@ def _merge_in_reshape(
     name of its own (``batch*6``), declared, so that a Reshape that splits it again
     (``_split_in_reshape``) knows what it holds.
     """
-    shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
+    entries, data = _shape_entries(node, constants), types.get(node.input[0])
     out = trial.static.get(node.output[0])
-    if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
+    if entries is None or data is None or data.shape is None or node.output[0] in trial.declared:
         return False
-    if out is None or out.static_shape is None or len(out.static_shape) != shape.size:
+    if out is None or out.static_shape is None or len(out.static_shape) != len(entries):
         return False
-    entries = [int(entry) for entry in shape]
     for start in range(min(len(entries), len(data.shape))):
         if not _copies(data.shape, entries, start):
             return False
+        if entries[start] == 0:
+            continue  # a copy, not a merge
         group, product = [], 1
         for dim in data.shape[start:]:
             size = dim if isinstance(dim, int) else trial.sizes.get(dim)  # type: ignore[arg-type]
@@ -421,7 +424,7 @@ def _merge_in_reshape(
             trial.merged[merged] = tuple(group)  # type: ignore[arg-type]
             entries[start] = -1
             _set_reshape_shape(node, constants.add(f"{node.input[1]}_following", np.asarray(entries, dtype=np.int64)))
-            dims = [merged if axis == start else dim for axis, dim in enumerate(out.static_shape)]
+            dims = [*data.shape[:start], merged, *out.static_shape[start + 1 :]]  # before: copies of the input's
             constants.graph.value_info.append(onnx.helper.make_tensor_value_info(node.output[0], out.elem_type, dims))
             trial.declared.add(node.output[0])
             return True
@@ -441,10 +444,9 @@ def _split_in_reshape(
     merged dims' exported sizes, in order: each freed one becomes ``Gather(Shape(input), axis)``
     of the graph input the dim comes from (a shape ``Concat`` of those and the constants).
     """
-    shape, data = constants.value(node.input[1]) if len(node.input) > 1 else None, types.get(node.input[0])
-    if shape is None or shape.ndim != 1 or data is None or data.shape is None or not np.all(shape):
+    entries, data = _shape_entries(node, constants), types.get(node.input[0])
+    if entries is None or data is None or data.shape is None:
         return False
-    entries = [int(entry) for entry in shape]
     position = next((i for i, dim in enumerate(data.shape[: len(entries)]) if dim in trial.merged), None)
     if position is None or not _copies(data.shape, entries, position):
         return False
@@ -478,6 +480,15 @@ def _split_in_reshape(
     inserted.setdefault(node.output[0], []).extend(nodes)
     _set_reshape_shape(node, following)
     return True
+
+
+def _shape_entries(node: onnx.NodeProto, constants: _Constants) -> list[int] | None:
+    """A Reshape's constant shape, or None: computed, or holding a 0 that ``allowzero=1`` makes a size."""
+    shape = constants.value(node.input[1]) if len(node.input) > 1 else None
+    if shape is None or shape.ndim != 1:
+        return None
+    allowzero = any(attribute.name == "allowzero" and attribute.i for attribute in node.attribute)
+    return None if allowzero and not np.all(shape) else [int(entry) for entry in shape]
 
 
 def _copies(data: Sequence[int | str | None], entries: Sequence[int], position: int) -> bool:
