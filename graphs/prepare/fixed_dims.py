@@ -33,7 +33,9 @@ Then shape inference runs with the symbolic dims, and a dim is freed only when n
 broadcast with a batch-sized constant), except the ops that consume a dim whatever its size
 (``Shape``, reductions, a ``Gather`` of one index: ``y[:, -1]``), no RNN reads a batch-sized
 initial state, and every value keeps the shape it had for the exported size. Otherwise the
-dim stays fixed, as exported.
+dim that the first such node loses stays fixed, as exported, and the others are tried again.
+Nothing that may be trained is rewritten (torch's parameters and the folds of them, e.g. a
+trained initial state expanded to the batch): its trained values go back into the export.
 """
 
 from __future__ import annotations
