@@ -267,6 +267,7 @@ def _rnn_axes(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
 
 
 def _declare(graph: onnx.GraphProto, dims: Sequence[ExportDim]) -> None:
+    """Declares each dim of a trial symbolic on its graph input."""
     inputs = {value.name: value for value in graph.input}
     for dim in dims:
         target = inputs[dim.input].type.tensor_type.shape.dim[dim.axis]
@@ -339,6 +340,7 @@ class _Constants:
         self.taken = used_names(graph)
 
     def value(self, name: str) -> np.ndarray | None:
+        """The constant's value; None for a computed value or one that may be trained."""
         if name in self.trainable:
             return None
         if name in self._tensors:
