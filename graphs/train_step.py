@@ -39,6 +39,7 @@ from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import prepare_model
 from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
+from ortlstm.graphs.prepare.fixed_dims import record_export_dims
 from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
 
@@ -232,6 +233,7 @@ def build_training_models(
     initial_state = update.initial_state(initial_params)
     train_step, gradients, apply_model = models.train_step(), models.gradients(), models.apply()
     eval_model = models.eval()  # last: it adds the Dropout flag to the emitter
+    record_export_dims(eval_model, prepared.export_dims)  # the input check names a dim the export fixed
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared
     )

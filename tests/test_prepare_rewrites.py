@@ -67,6 +67,7 @@ def test_pipeline_order_and_the_probe_stops_after_folding() -> None:
         "make_dynamic_dims_symbolic",
         "fix_inputs",
         "drop_declared_shapes",
+        "free_export_dims",
         "choose_candidates",
         "untie_merged_parameters",
         "rebuild_folded_parameters",

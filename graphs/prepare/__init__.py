@@ -19,6 +19,10 @@ own on one ``state.Preparation``, in this order:
 - ``drop_declared_shapes``: declared output shapes and intermediate ``value_info`` are dropped
   (shape inference redoes them; an exporter's wrong declaration is never trusted for labels or
   losses);
+- ``free_export_dims`` (``fixed_dims``): the batch (and an RNN's sequence length) that
+  torch.onnx.export fixed by default is symbolic wherever nothing depends on it: the Reshape
+  constants, Expands and zero initial states that carry it are made to follow it; a dim some node
+  still depends on stays fixed, recorded with that node for the input check's message;
 - ``choose_candidates``: the candidates for training by default are what torch trains: with a
   torch export's metadata, the initializers that are torch parameters or were folded from them
   (``export_metadata``), never buffers or an exporter's constants (a zero initial state); without

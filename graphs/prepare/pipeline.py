@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ortlstm.graphs.prepare import folding, rewrites, torch_folds
+from ortlstm.graphs.prepare import fixed_dims, folding, rewrites, torch_folds
 from ortlstm.graphs.prepare.advice import ControlFlowAdvice
 from ortlstm.graphs.prepare.state import Preparation, PreparedModel
 
@@ -19,6 +19,7 @@ REWRITES: tuple[Rewrite, ...] = (
     rewrites.make_dynamic_dims_symbolic,
     rewrites.fix_inputs,
     rewrites.drop_declared_shapes,
+    fixed_dims.free_export_dims,
     rewrites.choose_candidates,
     torch_folds.untie_merged_parameters,
     torch_folds.rebuild_folded_parameters,

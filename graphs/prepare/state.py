@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from ortlstm.graphs.export_metadata import TorchOrigins
+
+if TYPE_CHECKING:
+    from ortlstm.graphs.prepare.fixed_dims import ExportDim
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -41,6 +45,8 @@ class PreparedModel:
             fused Conv+BatchNorm) -> the warning the train step gives when it trains it.
         refusals: Each candidate that cannot train as torch's parameters do (it shares them with a
             folded tensor that cannot be recomputed) -> the error the train step raises if trained.
+        export_dims: The batch and sequence dims the export fixed, each freed or kept with the
+            node that depends on it (``fixed_dims``).
     """
 
     model: onnx.ModelProto
@@ -54,6 +60,7 @@ class PreparedModel:
     padding_rows: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    export_dims: tuple[ExportDim, ...] = ()
 
 
 @dataclasses.dataclass
@@ -75,6 +82,7 @@ class Preparation:
         padding_rows: Each embedding table -> its ``padding_idx`` rows (``torch_folds``).
         notes: Each candidate -> the warning training it deserves (``torch_folds``).
         refusals: Each candidate -> the error training it raises (``torch_folds``).
+        export_dims: The dims the export fixed, freed or kept (``fixed_dims.free_export_dims``).
     """
 
     source: onnx.ModelProto
@@ -91,6 +99,7 @@ class Preparation:
     padding_rows: dict[str, set[int]] = dataclasses.field(default_factory=dict)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)
     refusals: dict[str, str] = dataclasses.field(default_factory=dict)
+    export_dims: tuple[ExportDim, ...] = ()
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -134,4 +143,5 @@ class Preparation:
             },
             notes={name: note for name, note in self.notes.items() if name in self.candidates},
             refusals=dict(self.refusals),
+            export_dims=self.export_dims,
         )

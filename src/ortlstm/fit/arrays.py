@@ -16,6 +16,7 @@ import onnx
 from ortlstm.datafiles import ConcatenatedRows, ShardedArray, bind_batch_axes, take_rows
 from ortlstm.graphs import losses
 from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
+from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.training import CarriedState, Trainer, with_carried_state
 
 _BATCH_WORDS = ("batch", "n")  # a declared dim named so (any case, "batch" as a part) is the batch axis
@@ -36,6 +37,8 @@ class ArraySpec:
             ``[sum(lengths)]`` (ctc_loss's labels beside ``target_lengths``), else None.
         other: How to take the other kind of target the loss could read (cross_entropy's class
             probabilities or indices), for messages, or "".
+        export_dims: The dims of this model input that the export fixed and the Trainer could not
+            free (their messages say how to re-export, not ``--batch-axis``).
     """
 
     name: str
@@ -46,6 +49,7 @@ class ArraySpec:
     required: bool = True
     lengths: str | None = None
     other: str = ""
+    export_dims: tuple[ExportDim, ...] = ()
 
     def expected(self) -> str:
         """``float32 [batch, 8, 8] (batch axis 0)`` for messages."""
@@ -97,7 +101,8 @@ def data_specs(
         ValueError: ``batch_axes`` names no array of the fit, or an axis outside its rank.
     """
     signature, loss = trainer.signature, trainer.spec.loss
-    declared = {value.name: value_type_of(value) for value in [*model.graph.input, *model.graph.output]}
+    declared = _declared_types(trainer, model)
+    kept = [dim for dim in read_export_dims(trainer._models["eval"]) if not dim.freed]
     carried = {name for state in carried_states(trainer, model) for name in (state.initial_h, state.initial_c)}
     inputs = [name for name in signature.batch_inputs if name not in carried]
     batch_dim = None
@@ -113,7 +118,8 @@ def data_specs(
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.elem_type)) if value else np.dtype(np.float32)
         shape = value.shape if value is not None else None
         axis = declared_batch_axis(shape, batch_dim)
-        specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis)
+        fixed = tuple(dim for dim in kept if dim.input == name)
+        specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis, export_dims=fixed)
     if signature.target is not None:
         target = _target_spec(loss, signature.target, declared.get(trainer.spec.prediction), batch_dim)
         lengths = signature.extra_targets.get("target_lengths") if loss.kind == "ctc_loss" else None
@@ -132,6 +138,25 @@ def data_specs(
     return specs
 
 
+def _declared_types(trainer: Trainer, model: onnx.ModelProto) -> dict[str, ValueType | None]:
+    """The model's declared input and output types, with the dims the Trainer freed symbolic.
+
+    An export that fixed a batch (or sequence length) the Trainer freed (``free_export_dims``)
+    takes any size there, as the training models do.
+    """
+    declared = {value.name: value_type_of(value) for value in [*model.graph.input, *model.graph.output]}
+    trained = trainer._models["eval"]  # the training models' own declarations
+    freed = {dim.symbol for dim in read_export_dims(trained) if dim.freed}
+    for value in [*trained.graph.input, *trained.graph.output] if freed else ():
+        mine, given = value_type_of(value), declared.get(value.name)
+        if mine is None or given is None or mine.shape is None or given.shape is None:
+            continue
+        if len(mine.shape) == len(given.shape):
+            dims = tuple(m if m in freed else g for m, g in zip(mine.shape, given.shape, strict=True))
+            declared[value.name] = ValueType(given.elem_type, dims)
+    return declared
+
+
 def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, batch_dim: str | None) -> ArraySpec:
     """The target array: what ``losses.target_facts`` says a train step of ``loss`` takes (the Trainer's check too)."""
     facts = losses.target_facts(loss, prediction)
@@ -145,6 +170,38 @@ def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, bat
     other = f"{facts.other} ({option})" if facts.other else ""
     axis = declared_batch_axis(facts.shape, batch_dim)
     return ArraySpec(name, f"{loss.kind}'s {facts.what}", dtypes, facts.shape, axis, other=other)
+
+
+def _shape_hint(array: np.ndarray, spec: ArraySpec) -> str:
+    """What to do about an array of the wrong shape: re-export for a dim the export fixed, else --batch-axis."""
+    if spec.shape is not None and array.ndim == len(spec.shape):
+        for dim in spec.export_dims:
+            if dim.axis != spec.batch_axis and array.shape[dim.axis] != dim.size:
+                return f"its dim {dim.axis} is {array.shape[dim.axis]}: {dim.advice()}"
+    return f"the batch axis stacks the samples (--batch-axis {spec.name}=AXIS sets another)"
+
+
+def check_export_batch(specs: Mapping[str, ArraySpec], batch_size: int, samples: Mapping[str, int]) -> None:
+    """Refuses, before training, batches of another size than a batch the export fixed for good.
+
+    A fit of ``samples`` (by data name) in batches of ``batch_size`` feeds a last batch of what is
+    left; each batch must have the export's size where the Trainer could not free it.
+
+    Raises:
+        ValueError: ``batch_size`` differs from that size, or a data file's last batch would.
+    """
+    for spec in specs.values():
+        for dim in spec.export_dims:
+            if dim.axis != spec.batch_axis:
+                continue
+            ragged = {name: count % dim.size for name, count in samples.items() if count % dim.size}
+            if batch_size == dim.size and not ragged:
+                continue
+            left = ", ".join(f"{name}: {samples[name]} samples, last batch {rest}" for name, rest in ragged.items())
+            raise ValueError(
+                f"--batch-size {batch_size}: {dim.advice()}; or pass --batch-size {dim.size} with a multiple of "
+                f"{dim.size} samples" + (f" ({left})" if left else "")
+            )
 
 
 def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], where: str) -> int:
@@ -193,7 +250,7 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
         if not shape_ok or array.ndim <= spec.batch_axis:
             raise ValueError(
                 f"{where}: array {name!r} ({spec.role}) must be {spec.expected()}, got {array.dtype} "
-                f"{list(array.shape)}; the batch axis stacks the samples (--batch-axis {name}=AXIS sets another)"
+                f"{list(array.shape)}; {_shape_hint(array, spec)}"
             )
         counts[name] = int(array.shape[spec.batch_axis])
     if len(set(counts.values())) > 1:

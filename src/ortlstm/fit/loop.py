@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 
 from ortlstm.datafiles import shard_files
-from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_values, data_specs, prepare_data
+from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_export_batch, check_values, data_specs, prepare_data
 from ortlstm.fit.checkpoint import check_resumable, finished_message, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
 from ortlstm.fit.finite import check_finite, validation_warning
@@ -116,9 +116,11 @@ def fit(
     specs = data_specs(trainer, model, batch_axes)
     data, samples = _training_data(trainer, model, data, specs, batch_size, data_name)
     check_finite(data, specs, data_name, skip=trainer.nonfinite == "skip", warn=warn)
+    counts = {data_name: samples}
     if val is not None:
-        val, _ = prepare_data(val, specs, val_name)
+        val, counts[val_name] = prepare_data(val, specs, val_name)
         check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn)
+    check_export_batch(specs, batch_size, counts)  # before an epoch is spent on a batch the export fixed
     run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
     run.val_name, run.warn = val_name, warn
     resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)

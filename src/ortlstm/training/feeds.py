@@ -18,6 +18,7 @@ import onnx.helper
 from ortlstm.graphs import losses
 from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
 from ortlstm.graphs.carried_state import CarriedState
+from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.spec import TrainingSpec
 
@@ -63,6 +64,7 @@ class Feeds:
         inputs = {value.name: value_type_of(value) for value in eval_model.graph.input}
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
         self._types: dict[str, ValueType] | None = None
+        self._export_dims = {(dim.input, dim.axis): dim for dim in read_export_dims(eval_model) if not dim.freed}
         self._checked_targets: set[tuple[Any, ...]] = set()
         self._concrete_predictions: dict[tuple[Any, ...], ValueType | None] = {}
         # The prediction as the model declares it: its dim names say which input dims its own are
@@ -136,6 +138,8 @@ class Feeds:
                 declared.shape is None
                 or all(not _constrains(d) or d == actual for d, actual in zip(declared.shape, value.shape, strict=True))
             )
+            if value.dtype == expected_dtype and rank_ok and not dims_ok:
+                self._refuse_export_dim(name, declared.shape, value.shape, where)  # type: ignore[arg-type]
             if value.dtype != expected_dtype or not dims_ok:
                 raise ValueError(
                     f"{where}: input {name!r} must be {expected_dtype} {_dims_text(declared.shape)}, "
@@ -198,6 +202,24 @@ class Feeds:
                 self._concrete_predictions.clear()
             self._concrete_predictions[key] = found
         return self._concrete_predictions[key]
+    def _refuse_export_dim(
+        self, name: str, declared: Sequence[int | str | None], actual: Sequence[int], where: str
+    ) -> None:
+        """Raises the export's reason when the first wrong dim is one the export fixed (a batch of 8, say).
+
+        Raises:
+            ValueError: That dim is one ``prepare``'s ``free_export_dims`` kept (it names the node
+                that depends on it and the export argument that frees it).
+        """
+        for axis, (dim, size) in enumerate(zip(declared, actual, strict=True)):
+            if _constrains(dim) and dim != size:
+                fixed: ExportDim | None = self._export_dims.get((name, axis))
+                if fixed is not None:
+                    raise ValueError(
+                        f"{where}: input {name!r} has {fixed.kind} {size} at dim {axis}, but {fixed.advice()}; "
+                        f"or pass batches of shape {_dims_text(declared)}"
+                    )
+                return
 
     def _target_feeds(
         self,
