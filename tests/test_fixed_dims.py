@@ -27,8 +27,8 @@ from ortlstm.training import Trainer
 
 DATA = Path(__file__).parent / "data" / "fixed_dims"
 BATCH, LENGTH = 8, 6  # the exports' example input: [8, 6, 2]
-BATCH_ADVICE = (  # the learned initial state h0.expand(1, x.shape[0], H), folded by dynamo to [1, 8, H]
-    "(torch.onnx.export's default: the example input's shape), and node 'node_lstm__2' (LSTM) depends on it; "
+BATCH_ADVICE = (  # torch.cat([y[:, -1], torch.ones(x.shape[0], 1)], 1): dynamo writes the ones as [8, 1]
+    "(torch.onnx.export's default: the example input's shape), and node 'node_cat' (Concat) depends on it; "
     're-export with dynamic_shapes={"x": {0: torch.export.Dim("batch")}} (dynamo, the default) or '
     'dynamic_axes={"x": {0: "batch"}} (dynamo=False)'
 )
@@ -79,6 +79,11 @@ def declared(model: onnx.ModelProto) -> list[int | str]:
             [8, "sequence", 2],
             [("batch", 0, 8, "'node_lstm__2' (LSTM)"), ("length", 1, 6, None)],
         ),
+        (
+            "constant_feature_dynamo_fixed",
+            [8, "sequence", 2],
+            [("batch", 0, 8, "'node_cat' (Concat)"), ("length", 1, 6, None)],
+        ),
         ("lstm_torchscript_dynamic", ["batch", "seq_len", 2], []),
         ("lstm_time_major_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
         ("crnn_head_dynamo_fixed", ["sequence", "batch", 2], [("batch", 1, 8, None), ("length", 0, 6, None)]),
@@ -124,8 +129,16 @@ def test_a_stateful_trainer_carries_the_state_of_a_freed_batch() -> None:
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-6, atol=0)
 
 
+def test_a_trained_state_the_export_expanded_over_its_batch_is_refused_as_a_fold() -> None:
+    """h0.expand(1, x.shape[0], H), folded by dynamo to [1, 8, H]: its batch stays fixed, and training it
+    apart from h0 would not train torch's parameter (graphs/prepare/torch_folds.py refuses it)."""
+    with pytest.raises(ValueError, match=r"initializer '\w+' \[1, 8, 3\] was folded by the exporter's optimizer "
+                       r"from torch parameters \['h0'\].*re-export with torch.onnx.export\(..., optimize=False\)"):
+        trainer("learned_state_dynamo_fixed")
+
+
 def test_a_batch_the_export_fixed_for_good_is_refused_naming_the_node_and_the_export_argument() -> None:
-    model = trainer("learned_state_dynamo_fixed")
+    model = trainer("constant_feature_dynamo_fixed")
     x, y = batch(BATCH, LENGTH)
     assert np.isfinite(float(model.step(x, target=y)))  # the export's own batch still trains
     with pytest.raises(ValueError) as raised:
@@ -219,12 +232,12 @@ def test_fit_refuses_batches_the_export_fixed_for_good_before_training(
 ) -> None:
     x, y = batch(16, LENGTH)
     val_x, val_y = batch(val_samples, LENGTH, seed=1)
-    model = trainer("learned_state_dynamo_fixed")
+    model = trainer("constant_feature_dynamo_fixed")
     with pytest.raises(ValueError) as raised:
         fitting.fit(
             model,
             {"x": x, "target": y},
-            model=load("learned_state_dynamo_fixed"),
+            model=load("constant_feature_dynamo_fixed"),
             val={"x": val_x, "target": val_y},
             epochs=1,
             batch_size=batch_size,
@@ -242,7 +255,7 @@ def test_the_fit_command_refuses_a_fixed_batch_without_a_traceback(
 ) -> None:
     x, y = batch(12, LENGTH)
     np.savez(tmp_path / "train.npz", x=x, target=y)
-    onnx.save(load("learned_state_dynamo_fixed"), str(tmp_path / "model.onnx"))
+    onnx.save(load("constant_feature_dynamo_fixed"), str(tmp_path / "model.onnx"))
     argv = [str(tmp_path / "model.onnx"), "--data", str(tmp_path / "train.npz"), "--loss", "cross_entropy"]
     assert main(["fit", *argv, "--optimizer", "sgd", "--lr", "0.1", "--epochs", "1", "--batch-size", "5"]) == 1
     error = capsys.readouterr().err

@@ -133,6 +133,19 @@ class LearnedState(Recurrent):
         return self.fc(y[:, -1])
 
 
+class ConstantFeature(torch.nn.Module):
+    """nn.LSTM, then a constant feature per sample concatenated to the last step: dynamo writes ones [8, 1]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(FEATURES, 3, batch_first=True)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.fc(torch.cat([y[:, -1], torch.ones(x.shape[0], 1)], dim=1))
+
+
 def export(
     model: torch.nn.Module, example: torch.Tensor, path: Path, dynamo: bool, axes: dict[int, str] | None
 ) -> None:
@@ -161,6 +174,7 @@ def main() -> None:
         ("time_distributed_dynamo", TimeDistributed, True, batch_first, True, batch),
         ("time_major_flat_dynamo", TimeMajorFlat, True, batch_first, True, batch),
         ("learned_state_dynamo", LearnedState, True, batch_first, True, None),
+        ("constant_feature_dynamo", ConstantFeature, True, batch_first, True, None),
         ("crnn_head_dynamo", CrnnHead, True, time_major, True, None),
         ("crnn_head_torchscript", CrnnHead, False, time_major, False, {0: "seq_len", 1: "batch"}),
         ("lstm_time_major_dynamo", RecurrentTimeMajor, True, time_major, True, None),

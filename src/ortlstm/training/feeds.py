@@ -167,9 +167,11 @@ class Feeds:
             declared_shape = (None,) * len(prediction.shape)
 
         def resolved(dim: int | str | None, named: int | str | None) -> int | str | None:
+            # The declared output lends its dim names only: a size it fixes may be one the export
+            # fixed and prepare freed (free_export_dims), which inference of the eval model knows.
+            if _constrains(dim):
+                return dim
             for candidate in (dim, named):
-                if _constrains(candidate):
-                    return candidate
                 if isinstance(candidate, str) and candidate in sizes:
                     return sizes[candidate]
             return dim
