@@ -20,7 +20,7 @@ import onnxruntime as ort
 import ortlstm.ops
 import pytest
 from configs import LstmConfig, sample_inputs
-from gradcheck import OMITTED, Case, Input, build, check_case, check_case_float32, const, fed, wrt
+from gradcheck import OMITTED, Case, Input, build, check_case, check_case_float32, clear_of, const, fed, wrt
 from onnx import TensorProto, helper
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.emitter import used_names
@@ -34,11 +34,7 @@ def _r(*shape: int) -> np.ndarray:
 
 def _clear_of(points: Sequence[float], *shape: int, low: float = -3.0, high: float = 3.0) -> np.ndarray:
     """Uniform values at least 0.1 away from each of ``points`` (the kinks of the op under test)."""
-    values = _RNG.uniform(low, high, shape)
-    for point in points:
-        near = np.abs(values - point) < 0.1
-        values[near] += np.where(values[near] >= point, 0.2, -0.2)
-    return values
+    return clear_of(_RNG, points, *shape, low=low, high=high)
 
 
 def _positive(*shape: int) -> np.ndarray:
