@@ -215,7 +215,9 @@ def build_training_models(
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
-    backward = build_backward(forward.graph, forward.seed, params, emitter, hints=prepared.control_flow)
+    backward = build_backward(
+        forward.graph, forward.seed, params, emitter, hints=prepared.control_flow, torch_names=prepared.sources
+    )
     grad_nodes = emitter.nodes[first_grad_node:]
     update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)
     models = _Assembly(forward, params, update, ir_version, (grad_nodes, backward.gradients))
