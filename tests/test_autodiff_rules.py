@@ -7,7 +7,11 @@ Clip's bounds); the conventions at those points (torch's) have exact tests of th
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -508,6 +512,35 @@ def test_refusal_names_parameters_by_their_torch_names() -> None:
     )
     with pytest.raises(ValueError, match=message):
         build_backward(model.graph, "loss", ["val_29", "val_30"], emitter, torch_names=sources)
+
+
+def test_refusal_of_a_dynamo_export_names_torch_parameters_and_its_freeze_advice_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real dynamo export (tests/recordings): its optimizer folds each LSTM layer's weights into
+    # val_108, ...; with the LSTMTraining rule taken away, the refusal names them by torch name,
+    # and the frozen= it suggests builds.
+    from ortlstm.graphs import losses, optimizers
+    from ortlstm.graphs.autodiff import registry
+    from ortlstm.graphs.train_step import build_training_models
+
+    recording = Path(__file__).parent / "recordings" / "train_step" / "tokens_seq_first_y-dynamo-AdamW.npz"
+    with np.load(recording) as data:
+        model = onnx.load_from_string(data["model"].tobytes())
+    monkeypatch.delitem(registry._RULES, ("ortlstm", "LSTMTraining"))
+    build_models = functools.partial(
+        build_training_models, model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1)
+    )
+    with pytest.raises(ValueError) as refused:
+        build_models(target="labels")
+    message = str(refused.value)
+    assert "ortlstm::LSTMTraining nodes 'node_LSTM_111', 'node_LSTM_219', on the path of parameter(s)" in message
+    assert "'lstm.weight_ih_l0, lstm.weight_ih_l0_reverse (onnx: val_108)'" in message
+    assert "val_108'" not in message.replace("(onnx: val_108)'", "")
+    frozen = ast.literal_eval(re.search(r"Freeze them \(frozen=(\[[^]]*\])", message)[1])
+    assert "lstm.weight_ih_l0" in frozen
+    assert "input_layer.weight" in frozen
+    assert sorted(build_models(target="labels", frozen=frozen).signature.params) == ["head.bias", "val_234"]
 
 
 def test_refusal_keeps_each_ops_own_advice_and_the_generic_advice_for_the_others() -> None:

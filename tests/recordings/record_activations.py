@@ -1,0 +1,137 @@
+"""Records PyTorch training of small models with the activations torch exports as one ONNX op (GELU, ...).
+
+Run with the training environment, which has torch:
+
+    .venvs/train/bin/python tests/recordings/record_activations.py
+
+A Linear -> activation -> Linear classifier, exported with torch.onnx.export's defaults (dynamo,
+optimize=True: ``nn.GELU`` becomes one opset-20 ``Gelu`` node), trained for ``STEPS`` steps in
+torch; written to ``train_step/<case>.npz`` in record_training.py's format, so that
+tests/test_train_step_parity.py replays it through the train step (and the Trainer's defaults)
+without torch. Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import sys
+from typing import Any
+
+import numpy as np
+import onnx
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from record_training import OUTPUT_DIR, write_unless_unchanged  # noqa: E402
+
+SEED = 20261127
+STEPS = 3
+BATCH, FEATURES, HIDDEN, CLASSES = 8, 6, 16, 3
+
+CASES: list[dict[str, Any]] = [
+    {"activation": "gelu", "make": lambda: torch.nn.GELU(), "optimizer": {"name": "Adam", "kwargs": {"lr": 0.02}}},
+    {
+        "activation": "gelu",
+        "make": lambda: torch.nn.GELU(),
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 0.5, "momentum": 0.9}},
+    },
+    {
+        "activation": "gelu_tanh",
+        "make": lambda: torch.nn.GELU(approximate="tanh"),
+        "optimizer": {"name": "Adam", "kwargs": {"lr": 0.02}},
+    },
+]
+
+
+class Net(torch.nn.Module):
+    """Linear -> activation -> Linear: a transformer block's MLP as a classifier head."""
+
+    def __init__(self, activation: torch.nn.Module) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
+        self.act = activation
+        self.fc2 = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def case_name(case: dict[str, Any]) -> str:
+    """File stem: the model, the exporter, the optimizer and its arguments."""
+    kwargs = "-".join(f"{key}{value}" for key, value in sorted(case["optimizer"]["kwargs"].items()))
+    return f"{case['activation']}_mlp_y-dynamo-{case['optimizer']['name']}-{kwargs}"
+
+
+def export(net: torch.nn.Module, x: torch.Tensor) -> onnx.ModelProto:
+    """torch.onnx.export with its defaults (dynamo=True, optimize=True, its opset)."""
+    program = torch.onnx.export(net, (x,), dynamo=True)
+    buffer = io.BytesIO()
+    program.save(buffer)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Trains one case in torch; returns the arrays of its .npz file."""
+    torch.manual_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    net = Net(case["make"]())
+    batches = [
+        {
+            "x": rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
+            "labels": rng.integers(0, CLASSES, BATCH).astype(np.int64),
+        }
+        for _ in range(STEPS)
+    ]
+    model = export(net, torch.from_numpy(batches[0]["x"]))
+    op_types = {node.op_type for node in model.graph.node}
+    assert "Gelu" in op_types, f"the export has no Gelu node: {sorted(op_types)}"
+    initializers = {init.name for init in model.graph.initializer}
+    named = dict(net.named_parameters())
+    assert set(named) <= initializers, f"torch parameters {sorted(set(named) - initializers)} renamed by the export"
+    optimizer = getattr(torch.optim, case["optimizer"]["name"])(net.parameters(), **case["optimizer"]["kwargs"])
+    arrays: dict[str, np.ndarray] = {"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)}
+    losses, trajectories = [], {name: [] for name in named}
+    for step, batch in enumerate(batches):
+        for key, value in batch.items():
+            arrays[f"batch/{step}/{key}"] = value
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(torch.from_numpy(batch["x"])), torch.from_numpy(batch["labels"]))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        for name, parameter in named.items():
+            trajectories[name].append(parameter.detach().numpy().copy())
+    arrays["losses"] = np.asarray(losses, dtype=np.float64)
+    for name, values in trajectories.items():
+        arrays[f"param/{name}"] = np.stack(values)
+    config = {
+        "scenario": f"{case['activation']}_mlp_y",
+        "exporter": "dynamo",
+        "optimizer": case["optimizer"],
+        "clip_grad_norm": None,
+        "loss": "cross_entropy",
+        "steps": STEPS,
+        "lr_schedule": [case["optimizer"]["kwargs"]["lr"]] * STEPS,
+        "trainable": sorted(named),
+        "frozen": [],
+        "sources": {name: name for name in named},
+        "model_inputs": ["x"],
+        "target": "labels",
+        "torch": torch.__version__,
+    }
+    arrays["config"] = np.frombuffer(json.dumps(config).encode(), dtype=np.uint8)
+    return arrays
+
+
+def main() -> None:
+    """Writes every case's recording; a file whose arrays did not change is left as it is."""
+    for case in CASES:
+        write_unless_unchanged(OUTPUT_DIR / f"{case_name(case)}.npz", record(case))
+
+
+if __name__ == "__main__":
+    main()
