@@ -5,8 +5,9 @@ torch.onnx.export writes ``nn.GELU`` as ``Gelu`` (opset 20, both approximations)
 ``Softsign``, ``ThresholdedRelu`` and ``Shrink``. The table of which layer exports to what is in
 docs/training.md (``scripts/layer_ops.py`` prints it). Each rule's docstring states its
 derivative; ``dY`` is the gradient of the output. At the kinks the rules take torch's side (its
-``*_backward`` kernels): SELU and CELU use the negative branch at 0, Hardswish's slope is
-``x / 3 + 1/2`` on the closed interval [-3, 3], the thresholds of ThresholdedRelu and Shrink give 0.
+``*_backward`` kernels, recorded in tests/recordings/activations.npz): SELU and CELU use the
+negative branch at 0, Hardswish's gradient is 0 at -3 and dY at 3, the thresholds of
+ThresholdedRelu and Shrink give 0.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ def gelu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[
 
 @register_gradient_rule("", "HardSwish")
 def hard_swish_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = 0 where X < -3, dY * (X / 3 + 1/2) where -3 <= X <= 3, dY where X > 3 (torch's hardswish_backward)."""
+    """dX = 0 where X <= -3, dY * (X / 3 + 1/2) where -3 < X < 3, dY where X >= 3 (torch's hardswish_backward)."""
     (dy,) = grad_outputs
     assert dy is not None
     x = ctx.input(0)
     ramp = ctx.op("Mul", [dy, ctx.op("Add", [ctx.op("Mul", [x, ctx.scalar(1.0 / 3.0, x)]), ctx.scalar(0.5, x)])])
-    inside = _where(ctx, ctx.op("LessOrEqual", [x, ctx.scalar(3.0, x)]), ramp, dy)
-    return [_where(ctx, ctx.op("Less", [x, ctx.scalar(-3.0, x)]), ctx.scalar(0.0, x), inside)]
+    below_top = _where(ctx, ctx.op("Less", [x, ctx.scalar(3.0, x)]), ramp, dy)
+    return [_where(ctx, ctx.op("LessOrEqual", [x, ctx.scalar(-3.0, x)]), ctx.scalar(0.0, x), below_top)]
 
 
 @register_gradient_rule("", "Mish")

@@ -116,22 +116,22 @@ def relu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[
 
 @register_gradient_rule("", "LeakyRelu")
 def leaky_relu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else alpha * dY."""
+    """dX = dY where X > 0, else alpha * dY (at 0 too, as torch's leaky_relu_backward)."""
     (dy,) = grad_outputs
     x = ctx.input(0)
     alpha = ctx.scalar(_float(ctx, "alpha", 0.01), x)
-    negative = ctx.op("Less", [x, ctx.scalar(0.0, x)])
-    return [ctx.op("Where", [negative, ctx.op("Mul", [dy, alpha]), dy])]
+    positive = ctx.op("Greater", [x, ctx.scalar(0.0, x)])
+    return [ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, alpha])])]
 
 
 @register_gradient_rule("", "Elu")
 def elu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else dY * (Y + alpha) (= dY * alpha * exp(X))."""
+    """dX = dY where X > 0, else dY * (Y + alpha) (= dY * alpha * exp(X); at 0 too, as torch's elu_backward)."""
     (dy,) = grad_outputs
     x, y = ctx.input(0), ctx.output(0)
     alpha = ctx.scalar(_float(ctx, "alpha", 1.0), x)
-    negative = ctx.op("Less", [x, ctx.scalar(0.0, x)])
-    return [ctx.op("Where", [negative, ctx.op("Mul", [dy, ctx.op("Add", [y, alpha])]), dy])]
+    positive = ctx.op("Greater", [x, ctx.scalar(0.0, x)])
+    return [ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, ctx.op("Add", [y, alpha])])])]
 
 
 @register_gradient_rule("", "Softplus")
@@ -153,15 +153,15 @@ def hard_sigmoid_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
 
 @register_gradient_rule("", "PRelu")
 def prelu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else slope * dY; dslope = dY * X where X < 0, summed to slope's shape."""
+    """dX = dY where X > 0, else slope * dY (at 0 too, as torch); dslope = dY * X where X <= 0, summed to its shape."""
     (dy,) = grad_outputs
     x, slope = ctx.input(0), ctx.input(1)
     zero = ctx.scalar(0.0, x)
-    negative = ctx.op("Less", [x, zero])
-    dx = ctx.op("Where", [negative, ctx.op("Mul", [dy, slope]), dy]) if ctx.needs(0) else None
+    positive = ctx.op("Greater", [x, zero])
+    dx = ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, slope])]) if ctx.needs(0) else None
     dslope = None
     if ctx.needs(1):
-        per_element = ctx.op("Where", [negative, ctx.op("Mul", [dy, x]), zero])
+        per_element = ctx.op("Where", [positive, zero, ctx.op("Mul", [dy, x])])
         dslope = ctx.emitter.unbroadcast(per_element, slope, grad_shape_of=ctx.output(0))
     return [dx, dslope]
 

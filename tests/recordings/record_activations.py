@@ -1,14 +1,20 @@
-"""Records PyTorch training of small models with the activations torch exports as one ONNX op (GELU, ...).
+"""Records PyTorch values for the activations torch exports as one ONNX op (GELU, SELU, Hardswish, ...).
 
 Run with the training environment, which has torch:
 
     .venvs/train/bin/python tests/recordings/record_activations.py
 
-A Linear -> activation -> Linear classifier, exported with torch.onnx.export's defaults (dynamo,
-optimize=True: ``nn.GELU`` becomes one opset-20 ``Gelu`` node), trained for ``STEPS`` steps in
-torch; written to ``train_step/<case>.npz`` in record_training.py's format, so that
-tests/test_train_step_parity.py replays it through the train step (and the Trainer's defaults)
-without torch. Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
+- Training: a Linear -> activation -> Linear classifier, exported with torch.onnx.export's
+  defaults (dynamo, optimize=True: ``nn.GELU`` becomes one opset-20 ``Gelu`` node), trained for
+  ``STEPS`` steps in torch; written to ``train_step/<case>.npz`` in record_training.py's format,
+  so that tests/test_train_step_parity.py replays it through the train step (and the Trainer's
+  defaults) without torch.
+- Kinks: each activation's output and input gradient in float32 (torch's CPU kernels) at its
+  kinks (where torch's ``*_backward`` picks a side) and at random points, into ``activations.npz``
+  (a JSON ``configs`` entry: the ONNX op and attributes of each case), read by
+  tests/test_activation_kinks.py.
+
+Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import io
 import json
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +33,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from record_training import OUTPUT_DIR, write_unless_unchanged  # noqa: E402
 
 SEED = 20261127
@@ -127,10 +135,61 @@ def record(case: dict[str, Any]) -> dict[str, np.ndarray]:
     return arrays
 
 
+# (name, torch function, ONNX op, its attributes, opset, kinks). Thresholds are exact in float32.
+KINKS: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], str, dict[str, Any], int, list[float]]] = [
+    ("gelu", F.gelu, "Gelu", {}, 20, [0.0]),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "Gelu", {"approximate": "tanh"}, 20, [0.0]),
+    ("hardswish", F.hardswish, "HardSwish", {}, 17, [-3.0, 3.0]),
+    ("mish", F.mish, "Mish", {}, 18, [0.0]),
+    ("selu", F.selu, "Selu", {}, 17, [0.0]),
+    ("celu", lambda x: F.celu(x, 0.75), "Celu", {"alpha": 0.75}, 17, [0.0]),
+    ("softsign", F.softsign, "Softsign", {}, 17, [0.0]),
+    ("threshold", lambda x: F.threshold(x, 0.75, 0.0), "ThresholdedRelu", {"alpha": 0.75}, 17, [0.75]),
+    ("softshrink", lambda x: F.softshrink(x, 0.5), "Shrink", {"lambd": 0.5, "bias": 0.5}, 17, [-0.5, 0.5]),
+    ("hardshrink", lambda x: F.hardshrink(x, 0.5), "Shrink", {"lambd": 0.5}, 17, [-0.5, 0.5]),
+    ("elu", lambda x: F.elu(x, 0.75), "Elu", {"alpha": 0.75}, 17, [0.0]),
+    ("leaky_relu", lambda x: F.leaky_relu(x, 0.125), "LeakyRelu", {"alpha": 0.125}, 17, [0.0]),
+    ("relu", F.relu, "Relu", {}, 17, [0.0]),
+    ("hardsigmoid", F.hardsigmoid, "HardSigmoid", {"alpha": 1.0 / 6.0, "beta": 0.5}, 17, [-3.0, 3.0]),
+    ("softplus", F.softplus, "Softplus", {}, 17, [0.0]),
+]
+KINK_SHAPE = (2, 3, 4)  # [N, C, L]: PRelu's slope is per channel
+
+
+def record_kinks() -> dict[str, np.ndarray]:
+    """Each activation's Y and dX = dY * f'(X) in float32, X holding its kinks and random points."""
+    rng = np.random.default_rng(SEED)
+    arrays: dict[str, np.ndarray] = {}
+    configs: dict[str, Any] = {}
+    for name, function, op_type, attributes, opset, kinks in [*KINKS, ("prelu", None, "PRelu", {}, 17, [0.0])]:
+        x = rng.uniform(-6.0, 6.0, KINK_SHAPE).astype(np.float32)
+        x.reshape(-1)[: len(kinks)] = kinks
+        x.reshape(-1)[-len(kinks) :] = kinks  # the kinks in other channels too (PRelu)
+        dy = rng.uniform(-1.5, 1.5, KINK_SHAPE).astype(np.float32)
+        x_torch = torch.from_numpy(x).requires_grad_(True)
+        inputs = [x_torch]
+        if op_type == "PRelu":
+            slope = torch.from_numpy(rng.uniform(0.1, 0.4, (KINK_SHAPE[1],)).astype(np.float32)).requires_grad_(True)
+            inputs.append(slope)
+            y = F.prelu(x_torch, slope)
+            arrays[f"{name}/slope"] = slope.detach().numpy().reshape(-1, 1)  # ONNX: broadcast against [N, C, L]
+        else:
+            y = function(x_torch)
+        grads = torch.autograd.grad(y, inputs, torch.from_numpy(dy))
+        arrays[f"{name}/x"], arrays[f"{name}/dy"], arrays[f"{name}/y"] = x, dy, y.detach().numpy()
+        arrays[f"{name}/dx"] = grads[0].numpy()
+        if op_type == "PRelu":
+            arrays[f"{name}/dslope"] = grads[1].numpy().reshape(-1, 1)
+        configs[name] = {"op_type": op_type, "attributes": attributes, "opset": opset, "kinks": kinks}
+    arrays["configs"] = np.frombuffer(json.dumps({"torch": torch.__version__, "cases": configs}).encode(), np.uint8)
+    return arrays
+
+
 def main() -> None:
-    """Writes every case's recording; a file whose arrays did not change is left as it is."""
+    """Writes every recording; a file whose arrays did not change is left as it is."""
     for case in CASES:
         write_unless_unchanged(OUTPUT_DIR / f"{case_name(case)}.npz", record(case))
+    write_unless_unchanged(HERE / "activations.npz", record_kinks())
 
 
 if __name__ == "__main__":

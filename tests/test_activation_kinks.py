@@ -1,0 +1,98 @@
+"""Activation gradients against torch's, at the kinks too (recorded: tests/recordings/record_activations.py).
+
+Finite differences (tests/test_autodiff_activation_rules.py) cannot say which side a rule takes
+where the derivative jumps; torch's ``*_backward`` kernels decide that, and users replaying a
+torch run meet those points (a ReLU input at exactly 0, a Hardswish input clipped to -3). For each
+activation torch exports as one ONNX op, the recording holds X (its kinks and random points), a
+gradient dY, and torch's Y and dX in float32; here the ONNX op runs in onnxruntime and the rule
+differentiates it, without torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import ortlstm.ops
+import pytest
+from onnx import TensorProto, helper
+from ortlstm.graphs.autodiff import (
+    GraphEmitter,
+    build_backward,
+    gradient_rule,
+    infer_value_types,
+    onnx_opset,
+    registered_ops,
+)
+from ortlstm.graphs.autodiff.emitter import used_names
+
+RECORDING = Path(__file__).parent / "recordings" / "activations.npz"
+
+with np.load(RECORDING) as _data:
+    ARRAYS = {key: _data[key] for key in _data.files}
+CONFIGS: dict[str, dict[str, Any]] = json.loads(ARRAYS.pop("configs").tobytes().decode())["cases"]
+
+
+def _run(name: str) -> dict[str, np.ndarray]:
+    """Y and the rule's gradients of ``name``'s op on the recorded X (and slope) with dY seeded."""
+    config = CONFIGS[name]
+    x = ARRAYS[f"{name}/x"]
+    wrt = ["X", "slope"] if config["op_type"] == "PRelu" else ["X"]
+    inputs = [
+        helper.make_tensor_value_info(value, TensorProto.FLOAT, ARRAYS[f"{name}/{value.lower()}"].shape)
+        for value in wrt
+    ]
+    inputs.append(helper.make_tensor_value_info("dY", TensorProto.FLOAT, x.shape))
+    node = helper.make_node(config["op_type"], wrt, ["Y"], name=name, **config["attributes"])
+    graph = helper.make_graph([node], name, inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, x.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", config["opset"])], ir_version=10)
+    emitter = GraphEmitter(onnx_opset(model), used_names(model.graph), infer_value_types(model))
+    gradients = build_backward(model.graph, {"Y": "dY"}, wrt, emitter).gradients
+    model.graph.node.extend(emitter.nodes)
+    model.graph.initializer.extend(emitter.initializers)
+    model.graph.output.extend(helper.make_empty_tensor_value_info(gradients[value]) for value in wrt)
+    session = ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
+    feeds = {value: ARRAYS[f"{name}/{value.lower()}"] for value in wrt} | {"dY": ARRAYS[f"{name}/dy"]}
+    values = session.run(None, feeds)
+    return {"y": values[0], "dx": values[1], **({"dslope": values[2]} if len(values) > 2 else {})}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_gradient_is_torchs_at_the_kinks_and_elsewhere(name: str) -> None:
+    config = CONFIGS[name]
+    x = ARRAYS[f"{name}/x"].reshape(-1)
+    assert all(np.any(x == kink) for kink in config["kinks"]), "the recording holds every kink"
+    got = _run(name)
+    for key, value in got.items():
+        expected = ARRAYS[f"{name}/{key}"]
+        message = f"{name} ({config['op_type']}): {key}"
+        np.testing.assert_allclose(value, expected, rtol=2e-6, atol=2e-6, err_msg=message)
+
+
+def test_the_kinks_decide_something() -> None:
+    """The recording is not trivial: at some kink torch's gradient is neither side's limit average."""
+    for name, expected in [("hardswish", 0.0), ("relu", 0.0)]:
+        x, dx = ARRAYS[f"{name}/x"].reshape(-1), ARRAYS[f"{name}/dx"].reshape(-1)
+        first_kink = CONFIGS[name]["kinks"][0]
+        assert dx[x == first_kink][0] == expected, name
+    # LeakyReLU and ELU take the negative side at 0: slope * dY, not dY.
+    for name, slope in [("leaky_relu", 0.125), ("elu", 0.75)]:
+        x, dx, dy = (ARRAYS[f"{name}/{key}"].reshape(-1) for key in ("x", "dx", "dy"))
+        np.testing.assert_allclose(dx[x == 0.0], slope * dy[x == 0.0], rtol=1e-6, err_msg=name)
+
+
+def test_the_recording_covers_every_activation_rule() -> None:
+    recorded = {config["op_type"] for config in CONFIGS.values()}
+    of_the_module = {
+        op_type
+        for domain, op_type in registered_ops()
+        if gradient_rule(domain, op_type).rule.__module__.endswith(".rules_activations")  # type: ignore[union-attr]
+    }
+    assert of_the_module, "rules_activations registers rules"
+    missing = sorted(of_the_module - recorded)
+    assert not missing, f"no torch recording for {missing}: add them to tests/recordings/record_activations.py"
