@@ -214,19 +214,23 @@ def _no_rule_message(
             f"no gradient rule for {_node_label(nodes[0])}, which lies between the loss {loss_label} and "
             f"{len(needing)} parameter(s) {labels}. {hint or advice}"
         )
+    op_types = len({(domain, op_type) for domain, op_type, _ in groups})
     lines = [
-        f"no gradient rule for {len(groups)} op(s) in {len(nodes)} nodes between the loss {loss_label} and "
+        f"no gradient rule for {op_types} op(s) in {len(nodes)} nodes between the loss {loss_label} and "
         f"{len(needing)} parameter(s) {labels}:"
     ]
-    advised: dict[str, str] = {}  # each hint in full once, at the first op it concerns
+    advised: dict[str, str] = {}  # each advice in full once (told apart without the node's name)
     for (domain, op_type, hint), (names, parameters) in groups.items():
         op = f"{domain or 'ai.onnx'}::{op_type}"
         which = f"node {names[0]}" if len(names) == 1 else f"nodes {', '.join(names)}"
         behind = [_parameter_label(name, torch_names) for name in sorted(parameters)]
-        entry = f"  {op} {which}, on the path of parameter(s) {behind}"
+        entry = f"  {op} {which}, on the path of " + (
+            f"all {len(needing)} parameters" if len(behind) == len(needing) > 1 else f"parameter(s) {behind}"
+        )
         if hint:
-            entry += f": as for {advised[hint]}" if hint in advised else f": {hint}"
-            advised.setdefault(hint, op)
+            key = hint.replace(names[0], "") if len(names) == 1 else hint
+            entry += f": as for {advised[key]}" if key in advised else f": {hint}"
+            advised.setdefault(key, f"{op} {which}")
         lines.append(entry)
     if advice and len(unhinted) < len(groups):
         ops = "op" if len(unhinted) == 1 else "ops"
