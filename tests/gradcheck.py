@@ -11,6 +11,7 @@ The oracle is the forward op as onnxruntime runs it; nothing here shares code wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -143,6 +144,23 @@ def _opsets(case: Case) -> list[onnx.OperatorSetIdProto]:
     if case.domain not in ("", "ai.onnx", ortlstm.ops.DOMAIN):
         opsets.append(helper.make_opsetid(case.domain, 1))
     return opsets
+
+
+@functools.cache
+def runs_opset(opset: int) -> bool:
+    """Whether this onnxruntime loads models of ai.onnx ``opset`` (1.19 stops at 21; RMSNormalization is 23)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "probe",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime refuses the opset (its error types differ by version)
+        return False
+    return True
 
 
 def _session(model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSession:

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import ortlstm.ops
 import pytest
+from gradcheck import runs_opset
 from onnx import TensorProto, helper
 from ortlstm.graphs.autodiff import (
     GraphEmitter,
@@ -28,6 +30,7 @@ from ortlstm.graphs.autodiff import (
     registered_ops,
 )
 from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.export_metadata import read_torch_origins
 
 RECORDING = Path(__file__).parent / "recordings" / "activations.npz"
 
@@ -96,3 +99,47 @@ def test_the_recording_covers_every_activation_rule() -> None:
     assert of_the_module, "rules_activations registers rules"
     missing = sorted(of_the_module - recorded)
     assert not missing, f"no torch recording for {missing}: add them to tests/recordings/record_activations.py"
+
+
+# ---- the layers as torch exports them (one op each), parameters included ----------------------------
+
+LAYERS = Path(__file__).parent / "recordings" / "activation_layers.npz"
+
+with np.load(LAYERS) as _data:
+    LAYER_ARRAYS = {key: _data[key] for key in _data.files}
+LAYER_NAMES = sorted({key.split("/", 1)[0] for key in LAYER_ARRAYS})
+
+
+def _layer_param(name: str) -> object:
+    model = onnx.load_from_string(LAYER_ARRAYS[f"{name}/model"].tobytes())
+    opset = onnx_opset(model)
+    lacking = not runs_opset(opset)
+    return pytest.param(name, id=name, marks=[pytest.mark.skipif(lacking, reason=f"this onnxruntime lacks {opset}")])
+
+
+@pytest.mark.parametrize("name", [_layer_param(name) for name in LAYER_NAMES])
+def test_exported_layer_gradients_are_torchs(name: str) -> None:
+    """The export's input and every parameter (by the torch name its metadata gives) get torch's gradient."""
+    model = onnx.load_from_string(LAYER_ARRAYS[f"{name}/model"].tobytes())
+    (x,) = [value.name for value in model.graph.input]
+    origins = read_torch_origins(model)
+    assert origins is not None, "a dynamo export records its parameters"
+    parameters = {init.name: origins.sources[init.name][0] for init in model.graph.initializer}
+    model.graph.input.append(helper.make_tensor_value_info("dY", TensorProto.FLOAT, LAYER_ARRAYS[f"{name}/dy"].shape))
+    (y,) = [value.name for value in model.graph.output]
+    emitter = GraphEmitter(onnx_opset(model), used_names(model.graph), infer_value_types(model))
+    gradients = build_backward(model.graph, {y: "dY"}, [x, *parameters], emitter).gradients
+    model.graph.node.extend(emitter.nodes)
+    model.graph.initializer.extend(emitter.initializers)
+    wanted = {"x": gradients[x]} | {torch_name: gradients[onnx_name] for onnx_name, torch_name in parameters.items()}
+    model.graph.output.extend(helper.make_empty_tensor_value_info(value) for value in wanted.values())
+    session = ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
+    values = session.run(None, {x: LAYER_ARRAYS[f"{name}/x"], "dY": LAYER_ARRAYS[f"{name}/dy"]})
+    np.testing.assert_allclose(values[0], LAYER_ARRAYS[f"{name}/y"], rtol=1e-5, atol=1e-5, err_msg=f"{name}: y")
+    assert {f"{name}/grad/{key}" for key in wanted} == {key for key in LAYER_ARRAYS if key.startswith(f"{name}/grad/")}
+    for (key, _), value in zip(wanted.items(), values[1:], strict=True):
+        expected = LAYER_ARRAYS[f"{name}/grad/{key}"]
+        got = value.reshape(expected.shape)  # PReLU's slope is exported as [1, C, 1]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{name}: {key}")

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 import pytest
 from gradcheck import Case, build, check_case, check_case_float32, clear_of, wrt
 from onnx import TensorProto, helper
@@ -116,16 +117,21 @@ def test_reference_forward_is_onnxruntimes(case: Case) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=case.id)
 
 
-def _differentiate_single(op_type: str, opset: int, **attributes: object) -> None:
-    """Differentiates sum(op(X)) with respect to X, without running it (the rule's refusals)."""
+def _differentiate_single(op_type: str, opset: int, *constants: np.ndarray, **attributes: object) -> None:
+    """Differentiates sum(op(X, *constants)) with respect to X, without running it (the rule's refusals)."""
+    names = [f"c{index}" for index in range(len(constants))]
     graph = helper.make_graph(
         [
-            helper.make_node(op_type, ["X"], ["Y"], name="act", **attributes),
+            helper.make_node(op_type, ["X", *names], ["Y"], name="act", **attributes),
             helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0),
         ],
         "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4, 3])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [
+            onnx.numpy_helper.from_array(value.astype(np.float32), name)
+            for name, value in zip(names, constants, strict=True)
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     emitter = GraphEmitter(onnx_opset(model), used_names(model.graph), infer_value_types(model))
@@ -140,3 +146,9 @@ def test_gelu_unknown_approximation_is_refused() -> None:
 def test_celu_alpha_zero_is_refused() -> None:
     with pytest.raises(ValueError, match=r"Celu node 'act': alpha=0 divides by zero"):
         _differentiate_single("Celu", 17, alpha=0.0)
+
+
+def test_group_normalization_before_opset_21_is_refused() -> None:
+    message = r"GroupNormalization node 'act': opset 18's GroupNormalization has a scale and bias per group.*version=21"
+    with pytest.raises(ValueError, match=message):
+        _differentiate_single("GroupNormalization", 18, np.ones(2), np.zeros(2), num_groups=2)

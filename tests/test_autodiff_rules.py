@@ -534,7 +534,8 @@ def test_refusal_of_a_dynamo_export_names_torch_parameters_and_its_freeze_advice
     with pytest.raises(ValueError) as refused:
         build_models(target="labels")
     message = str(refused.value)
-    assert "\n  ortlstm::LSTMTraining nodes 'node_LSTM_111', 'node_LSTM_219', on the path of all 7 parameters\n" in message
+    lstms = "\n  ortlstm::LSTMTraining nodes 'node_LSTM_111', 'node_LSTM_219', on the path of all 7 parameters\n"
+    assert lstms in message
     assert "'lstm.weight_ih_l0, lstm.weight_ih_l0_reverse (onnx: val_108)'" in message
     assert "val_108'" not in message.replace("(onnx: val_108)'", "")
     frozen = ast.literal_eval(re.search(r"Freeze them \(frozen=(\[[^]]*\])", message)[1])

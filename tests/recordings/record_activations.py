@@ -13,6 +13,9 @@ Run with the training environment, which has torch:
   kinks (where torch's ``*_backward`` picks a side) and at random points, into ``activations.npz``
   (a JSON ``configs`` entry: the ONNX op and attributes of each case), read by
   tests/test_activation_kinks.py.
+- Layers: each torch.nn layer that exports as one op (GELU, Mish, Hardswish, SELU, CELU, PReLU;
+  GroupNorm at opset 21, RMSNorm at opset 23) with random parameters, exported, and torch's
+  gradients of its input and parameters for a random dY, into ``activation_layers.npz``.
 
 Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
 """
@@ -185,11 +188,54 @@ def record_kinks() -> dict[str, np.ndarray]:
     return arrays
 
 
+# (name, layer, input shape, opset or None for the exporter's default): layers exported as one op.
+LAYERS: list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...], int | None]] = [
+    ("gelu", torch.nn.GELU, (2, 3, 5), None),
+    ("gelu_tanh", lambda: torch.nn.GELU(approximate="tanh"), (2, 3, 5), None),
+    ("mish", torch.nn.Mish, (2, 3, 5), None),
+    ("hardswish", torch.nn.Hardswish, (2, 3, 5), None),
+    ("selu", torch.nn.SELU, (2, 3, 5), None),
+    ("celu", lambda: torch.nn.CELU(0.75), (2, 3, 5), None),
+    ("prelu", lambda: torch.nn.PReLU(3), (2, 3, 5), None),
+    ("group_norm", lambda: torch.nn.GroupNorm(2, 4), (2, 4, 3, 2), 21),
+    ("rms_norm", lambda: torch.nn.RMSNorm([3, 5]), (2, 3, 5), 23),
+]
+
+
+def record_layers() -> dict[str, np.ndarray]:
+    """Each layer's export (its parameters random) and torch's Y, dX and parameter gradients for a random dY."""
+    torch.manual_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    arrays: dict[str, np.ndarray] = {}
+    for name, make, shape, opset in LAYERS:
+        layer = make()
+        with torch.no_grad():
+            for parameter in layer.parameters():
+                parameter.copy_(torch.from_numpy(rng.uniform(0.2, 1.5, parameter.shape).astype(np.float32)))
+        x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).requires_grad_(True)
+        program = torch.onnx.export(layer, (x.detach(),), dynamo=True, opset_version=opset)
+        buffer = io.BytesIO()
+        program.save(buffer)
+        model = onnx.load_from_string(buffer.getvalue())
+        assert len(model.graph.node) == 1, f"{name}: {[node.op_type for node in model.graph.node]}"
+        y = layer(x)
+        dy = rng.uniform(-1.5, 1.5, y.shape).astype(np.float32)
+        named = dict(layer.named_parameters())
+        grads = torch.autograd.grad(y, [x, *named.values()], torch.from_numpy(dy))
+        arrays[f"{name}/model"] = np.frombuffer(model.SerializeToString(), dtype=np.uint8)
+        arrays[f"{name}/x"], arrays[f"{name}/dy"], arrays[f"{name}/y"] = x.detach().numpy(), dy, y.detach().numpy()
+        arrays[f"{name}/grad/x"] = grads[0].numpy()
+        for parameter, grad in zip(named, grads[1:], strict=True):
+            arrays[f"{name}/grad/{parameter}"] = grad.numpy()
+    return arrays
+
+
 def main() -> None:
     """Writes every recording; a file whose arrays did not change is left as it is."""
     for case in CASES:
         write_unless_unchanged(OUTPUT_DIR / f"{case_name(case)}.npz", record(case))
     write_unless_unchanged(HERE / "activations.npz", record_kinks())
+    write_unless_unchanged(HERE / "activation_layers.npz", record_layers())
 
 
 if __name__ == "__main__":
