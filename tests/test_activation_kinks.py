@@ -5,7 +5,10 @@ where the derivative jumps; torch's ``*_backward`` kernels decide that, and user
 torch run meet those points (a ReLU input at exactly 0, a Hardswish input clipped to -3). For each
 activation torch exports as one ONNX op, the recording holds X (its kinks and random points), a
 gradient dY, and torch's Y and dX in float32; here the ONNX op runs in onnxruntime and the rule
-differentiates it, without torch.
+differentiates it, without torch. Second, each torch layer that exports as one op (GELU, Mish,
+Hardswish, SELU, CELU, PReLU, GroupNorm at opset 21, RMSNorm at opset 23) as the dynamo exporter
+wrote it, with random parameters: its input and parameter gradients (parameters found by the
+torch names the export's metadata gives, PReLU's slope reshaped by the exporter) against torch's.
 """
 
 from __future__ import annotations
