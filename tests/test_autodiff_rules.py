@@ -544,6 +544,15 @@ def test_refusal_of_a_dynamo_export_names_torch_parameters_and_its_freeze_advice
     assert sorted(build_models(target="labels", frozen=frozen).signature.params) == ["head.bias", "val_234"]
 
 
+def test_unreachable_parameters_are_named_by_their_torch_names() -> None:
+    inits = [onnx.numpy_helper.from_array(np.eye(2), name) for name in ("val_29", "weight")]
+    nodes = [helper.make_node("ReduceSum", ["weight"], ["loss"], keepdims=0)]
+    model = _model(nodes, inits)
+    emitter = GraphEmitter(17, used_names(model.graph), infer_value_types(model))
+    with pytest.raises(ValueError, match=r"parameters \['encoder.weight \(onnx: val_29\)'\] do not reach the loss"):
+        build_backward(model.graph, "loss", ["val_29", "weight"], emitter, torch_names={"val_29": ("encoder.weight",)})
+
+
 def test_refusal_keeps_each_ops_own_advice_and_the_generic_advice_for_the_others() -> None:
     inits = [onnx.numpy_helper.from_array(np.ones((1, 8, 3)), "W"), onnx.numpy_helper.from_array(np.eye(2), "A")]
     nodes = [

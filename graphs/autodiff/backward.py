@@ -101,7 +101,8 @@ def build_backward(
     unreachable = tuple(name for name in wrt if name not in reaches)
     if unreachable and not allow_unreachable:
         raise ValueError(
-            f"parameters {list(unreachable)} do not reach the loss {loss_label} through differentiable inputs: "
+            f"parameters {[_parameter_label(name, torch_names or {}) for name in unreachable]} do not reach the "
+            f"loss {loss_label} through differentiable inputs: "
             "nothing to train. Leave them out of requires_grad (or freeze them)."
         )
     missing = [node for node in active if gradient_rule(node.domain, node.op_type) is None]
