@@ -6,7 +6,8 @@ torch run meet those points (a ReLU input at exactly 0, a Hardswish input clippe
 activation torch exports as one ONNX op, the recording holds X (its kinks and random points), a
 gradient dY, and torch's Y and dX in float32; here the ONNX op runs in onnxruntime and the rule
 differentiates it, without torch. Second, each torch layer that exports as one op (GELU, Mish,
-Hardswish, SELU, CELU, PReLU, GroupNorm at opset 21, RMSNorm at opset 23) as the dynamo exporter
+Hardswish, SELU, CELU, PReLU, ReLU6 and Hardtanh as Clip, GroupNorm at opset 21, RMSNorm at
+opset 23), its kinks among the input's values, as the dynamo exporter
 wrote it, with random parameters: its input and parameter gradients (parameters found by the
 torch names the export's metadata gives, PReLU's slope reshaped by the exporter) against torch's.
 """
@@ -127,7 +128,8 @@ def test_exported_layer_gradients_are_torchs(name: str) -> None:
     (x,) = [value.name for value in model.graph.input]
     origins = read_torch_origins(model)
     assert origins is not None, "a dynamo export records its parameters"
-    parameters = {init.name: origins.sources[init.name][0] for init in model.graph.initializer}
+    initializers = [init.name for init in model.graph.initializer]  # parameters, and Clip's bounds
+    parameters = {name: origins.sources[name][0] for name in initializers if name in origins.sources}
     model.graph.input.append(helper.make_tensor_value_info("dY", TensorProto.FLOAT, LAYER_ARRAYS[f"{name}/dy"].shape))
     (y,) = [value.name for value in model.graph.output]
     emitter = GraphEmitter(onnx_opset(model), used_names(model.graph), infer_value_types(model))

@@ -13,9 +13,10 @@ Run with the training environment, which has torch:
   kinks (where torch's ``*_backward`` picks a side) and at random points, into ``activations.npz``
   (a JSON ``configs`` entry: the ONNX op and attributes of each case), read by
   tests/test_activation_kinks.py.
-- Layers: each torch.nn layer that exports as one op (GELU, Mish, Hardswish, SELU, CELU, PReLU;
-  GroupNorm at opset 21, RMSNorm at opset 23) with random parameters, exported, and torch's
-  gradients of its input and parameters for a random dY, into ``activation_layers.npz``.
+- Layers: each torch.nn layer that exports as one op (GELU, Mish, Hardswish, SELU, CELU, PReLU,
+  ReLU6 and Hardtanh as Clip; GroupNorm at opset 21, RMSNorm at opset 23) with random parameters,
+  exported, and torch's gradients of its input (its kinks among the values) and parameters for a
+  random dY, into ``activation_layers.npz``.
 
 Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
 """
@@ -188,17 +189,20 @@ def record_kinks() -> dict[str, np.ndarray]:
     return arrays
 
 
-# (name, layer, input shape, opset or None for the exporter's default): layers exported as one op.
-LAYERS: list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...], int | None]] = [
-    ("gelu", torch.nn.GELU, (2, 3, 5), None),
-    ("gelu_tanh", lambda: torch.nn.GELU(approximate="tanh"), (2, 3, 5), None),
-    ("mish", torch.nn.Mish, (2, 3, 5), None),
-    ("hardswish", torch.nn.Hardswish, (2, 3, 5), None),
-    ("selu", torch.nn.SELU, (2, 3, 5), None),
-    ("celu", lambda: torch.nn.CELU(0.75), (2, 3, 5), None),
-    ("prelu", lambda: torch.nn.PReLU(3), (2, 3, 5), None),
-    ("group_norm", lambda: torch.nn.GroupNorm(2, 4), (2, 4, 3, 2), 21),
-    ("rms_norm", lambda: torch.nn.RMSNorm([3, 5]), (2, 3, 5), 23),
+# (name, layer, input shape, opset or None for the exporter's default, values X holds): layers
+# exported as one op.
+LAYERS: list[tuple[str, Callable[[], torch.nn.Module], tuple[int, ...], int | None, list[float]]] = [
+    ("gelu", torch.nn.GELU, (2, 3, 5), None, []),
+    ("gelu_tanh", lambda: torch.nn.GELU(approximate="tanh"), (2, 3, 5), None, []),
+    ("mish", torch.nn.Mish, (2, 3, 5), None, []),
+    ("hardswish", torch.nn.Hardswish, (2, 3, 5), None, [-3.0, 3.0]),
+    ("selu", torch.nn.SELU, (2, 3, 5), None, [0.0]),
+    ("celu", lambda: torch.nn.CELU(0.75), (2, 3, 5), None, [0.0]),
+    ("prelu", lambda: torch.nn.PReLU(3), (2, 3, 5), None, [0.0]),
+    ("relu6", torch.nn.ReLU6, (2, 3, 5), None, [0.0, 6.0, 6.5]),
+    ("hardtanh", lambda: torch.nn.Hardtanh(-0.5, 0.75), (2, 3, 5), None, [-0.5, 0.75]),
+    ("group_norm", lambda: torch.nn.GroupNorm(2, 4), (2, 4, 3, 2), 21, []),
+    ("rms_norm", lambda: torch.nn.RMSNorm([3, 5]), (2, 3, 5), 23, []),
 ]
 
 
@@ -207,12 +211,14 @@ def record_layers() -> dict[str, np.ndarray]:
     torch.manual_seed(SEED)
     rng = np.random.default_rng(SEED)
     arrays: dict[str, np.ndarray] = {}
-    for name, make, shape, opset in LAYERS:
+    for name, make, shape, opset, kinks in LAYERS:
         layer = make()
         with torch.no_grad():
             for parameter in layer.parameters():
                 parameter.copy_(torch.from_numpy(rng.uniform(0.2, 1.5, parameter.shape).astype(np.float32)))
-        x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).requires_grad_(True)
+        values = (rng.standard_normal(shape) * 2).astype(np.float32)
+        values.reshape(-1)[: len(kinks)] = kinks
+        x = torch.from_numpy(values).requires_grad_(True)
         program = torch.onnx.export(layer, (x.detach(),), dynamo=True, opset_version=opset)
         buffer = io.BytesIO()
         program.save(buffer)
