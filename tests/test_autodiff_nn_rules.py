@@ -636,6 +636,14 @@ def test_standard_lstm_is_refused_with_a_hint_to_convert() -> None:
         _differentiate(model, "loss", ["W"])
 
 
+def test_standard_rnn_is_refused_with_a_hint_to_export_with_dynamo() -> None:
+    # TorchScript writes nn.RNN as an ONNX RNN node; the dynamo exporter unrolls it into ops with rules.
+    model = _lstm_model("RNN", "", ["Y"], hidden_size=2)
+    message = r"no gradient rule for ai\.onnx::RNN node 'lstm'.*dynamo=True\) writes nn\.RNN"
+    with pytest.raises(ValueError, match=message):
+        _differentiate(model, "loss", ["W"])
+
+
 def test_lstm_stash_in_the_loss_is_refused() -> None:
     model = _lstm_model("LSTMTraining", ortlstm.ops.DOMAIN, ["HAll", "", "", "CAll"], hidden_size=2)
     model.graph.node[1].input[0] = "CAll"
