@@ -178,12 +178,6 @@ def _active_nodes(
     return active, reaches
 
 
-def _parameter_label(name: str, torch_names: Mapping[str, Sequence[str]]) -> str:
-    """``name``, or ``encoder.weight (onnx: val_29)`` when the export says which torch parameters it is."""
-    sources = tuple(torch_names.get(name, ()))
-    return name if not sources or sources == (name,) else f"{', '.join(sources)} (onnx: {name})"
-
-
 def _no_rule_message(
     nodes: Sequence[onnx.NodeProto],
     depends: Mapping[str, frozenset[str]],
