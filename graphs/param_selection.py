@@ -101,7 +101,7 @@ def choose_params(
         probe,
         allow_unreachable=True,
         hints=prepared.control_flow,
-        sources=prepared.sources,
+        torch_names=prepared.sources,
     )
     params = [name for name in candidates if name in reachable.gradients]
     if not params:

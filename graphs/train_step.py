@@ -218,7 +218,7 @@ def build_training_models(
     # Backward (rules may name outputs of forward nodes in forward_and_loss).
     first_grad_node = len(emitter.nodes)
     backward = build_backward(
-        forward.graph, forward.seed, params, emitter, hints=prepared.control_flow, sources=prepared.sources
+        forward.graph, forward.seed, params, emitter, hints=prepared.control_flow, torch_names=prepared.sources
     )
     grad_nodes = emitter.nodes[first_grad_node:]
     update = _add_update(forward, params, optimizer, param_groups, clip, nonfinite_check)

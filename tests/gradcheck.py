@@ -11,6 +11,7 @@ The oracle is the forward op as onnxruntime runs it; nothing here shares code wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -68,6 +69,17 @@ def fed(
 OMITTED = Input(None)
 
 
+def clear_of(
+    rng: np.random.Generator, points: Sequence[float], *shape: int, low: float = -3.0, high: float = 3.0
+) -> np.ndarray:
+    """Uniform values at least 0.1 away from each of ``points`` (the kinks of the op under test)."""
+    values = rng.uniform(low, high, shape)
+    for point in points:
+        near = np.abs(values - point) < 0.1
+        values[near] += np.where(values[near] >= point, 0.2, -0.2)
+    return values
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One node to differentiate.
@@ -94,6 +106,9 @@ class Case:
             and gradient nodes alike; the float32 check runs everything in onnxruntime.
         ortlstm_ops: Let rules emit ortlstm ops where standard ops would also do (Conv's gradient
             as one ConvGrad node; ``GraphEmitter.ortlstm_ops``); False checks the standard-op gradient.
+        float64_reference: For an op onnxruntime runs in float32 only that ``onnx.reference``
+            implements (Gelu, HardSwish, Selu, ...): the float64 models run in
+            ``onnx.reference.ReferenceEvaluator`` as they are (``float64_ops`` adds op classes).
     """
 
     id: str
@@ -108,6 +123,7 @@ class Case:
     float64_forward: Callable[[onnx.NodeProto], Sequence[onnx.NodeProto]] | None = None
     float64_ops: tuple[type, ...] = ()
     ortlstm_ops: bool = True
+    float64_reference: bool = False
 
 
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
@@ -128,6 +144,23 @@ def _opsets(case: Case) -> list[onnx.OperatorSetIdProto]:
     if case.domain not in ("", "ai.onnx", ortlstm.ops.DOMAIN):
         opsets.append(helper.make_opsetid(case.domain, 1))
     return opsets
+
+
+@functools.cache
+def runs_opset(opset: int) -> bool:
+    """Whether this onnxruntime loads models of ai.onnx ``opset`` (1.19 stops at 21; RMSNormalization is 23)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])],
+        "probe",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception:  # onnxruntime refuses the opset (its error types differ by version)
+        return False
+    return True
 
 
 def _session(model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSession:
@@ -154,9 +187,10 @@ class _Built:
     feeds: dict[str, np.ndarray]
     wrt_names: list[str]
     reference_ops: tuple[type, ...] = ()  # run in onnx.reference with these ops instead of onnxruntime
+    reference: bool = False  # run in onnx.reference (with reference_ops, if any)
 
     def session(self, model: onnx.ModelProto, optimize: bool = False) -> ort.InferenceSession | _ReferenceSession:
-        if self.reference_ops:
+        if self.reference:
             return _ReferenceSession(model, self.reference_ops)
         return _session(model, optimize)
 
@@ -192,7 +226,8 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
         ir_version=IR_VERSION,
     )
     reference_ops = case.float64_ops if dtype_ == np.float64 else ()
-    values = (_ReferenceSession(probe, reference_ops) if reference_ops else _session(probe)).run(None, feeds)
+    reference = dtype_ == np.float64 and (bool(case.float64_ops) or case.float64_reference)
+    values = (_ReferenceSession(probe, reference_ops) if reference else _session(probe)).run(None, feeds)
     rng = np.random.default_rng(case.seed)
     loss_nodes, terms, seeds = [], [], {}
     loss_dtype = dtype_
@@ -236,7 +271,7 @@ def build(case: Case, dtype: type = np.float64) -> _Built:
             nodes = list(model.graph.node)  # nodes[0]: the node under test, as the rule left it
             del model.graph.node[:]
             model.graph.node.extend([*substitute(nodes[0]), *nodes[1:]])
-    return _Built(forward, with_gradients, feeds, wrt_names, reference_ops)
+    return _Built(forward, with_gradients, feeds, wrt_names, reference_ops, reference)
 
 
 def analytic_gradients(built: _Built, optimize: bool = False) -> dict[str, np.ndarray]:

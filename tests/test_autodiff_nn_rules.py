@@ -20,7 +20,19 @@ import onnxruntime as ort
 import ortlstm.ops
 import pytest
 from configs import LstmConfig, sample_inputs
-from gradcheck import OMITTED, Case, Input, build, check_case, check_case_float32, const, fed, wrt
+from gradcheck import (
+    OMITTED,
+    Case,
+    Input,
+    build,
+    check_case,
+    check_case_float32,
+    clear_of,
+    const,
+    fed,
+    runs_opset,
+    wrt,
+)
 from onnx import TensorProto, helper
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.emitter import used_names
@@ -34,11 +46,7 @@ def _r(*shape: int) -> np.ndarray:
 
 def _clear_of(points: Sequence[float], *shape: int, low: float = -3.0, high: float = 3.0) -> np.ndarray:
     """Uniform values at least 0.1 away from each of ``points`` (the kinks of the op under test)."""
-    values = _RNG.uniform(low, high, shape)
-    for point in points:
-        near = np.abs(values - point) < 0.1
-        values[near] += np.where(values[near] >= point, 0.2, -0.2)
-    return values
+    return clear_of(_RNG, points, *shape, low=low, high=high)
 
 
 def _positive(*shape: int) -> np.ndarray:
@@ -399,6 +407,50 @@ CASES = [
         (wrt(_r(2, 3, 4), dynamic=True), wrt(_r(3), dynamic=True), wrt(_r(3), dynamic=True)),
         float64_forward=lambda node: _instance_normalization64(node, 3),
     ),
+    # GroupNormalization (opset 21: scale and bias per channel; stash_type 11 keeps float64 statistics).
+    Case(
+        "GroupNormalization_2_groups",
+        "GroupNormalization",
+        (wrt(_r(2, 4, 3)), wrt(_r(4)), wrt(_r(4))),
+        {"num_groups": 2, "stash_type": 11},
+        opset=21,
+    ),
+    Case(
+        "GroupNormalization_4d_1_group_epsilon",
+        "GroupNormalization",
+        (wrt(_r(2, 2, 3, 2)), wrt(_r(2)), wrt(_r(2))),
+        {"num_groups": 1, "epsilon": 1e-3, "stash_type": 11},
+        opset=21,
+    ),
+    Case(
+        "GroupNormalization_dynamic_group_per_channel",
+        "GroupNormalization",
+        (wrt(_r(2, 3, 4), dynamic=True), wrt(_r(3), dynamic=True), wrt(_r(3), dynamic=True)),
+        {"num_groups": 3, "stash_type": 11},
+        opset=21,
+    ),
+    # RMSNormalization (opset 23): over [axis, rank), scale broadcast to those dims.
+    Case("RMSNormalization_last_axis", "RMSNormalization", (wrt(_r(2, 3, 4)), wrt(_r(4))), opset=23),
+    Case(
+        "RMSNormalization_axis1_epsilon",
+        "RMSNormalization",
+        (wrt(_r(2, 3, 4)), wrt(_r(3, 4))),
+        {"axis": 1, "epsilon": 1e-3},
+        opset=23,
+    ),
+    Case(
+        "RMSNormalization_broadcast_scale",
+        "RMSNormalization",
+        (wrt(_r(2, 3, 4)), wrt(_r(1, 4))),
+        {"axis": -2},
+        opset=23,
+    ),
+    Case(
+        "RMSNormalization_dynamic",
+        "RMSNormalization",
+        (wrt(_r(2, 3, 4), dynamic=True), wrt(_r(4), dynamic=True)),
+        opset=23,
+    ),
     # BatchNormalization in inference form: running statistics are constants.
     Case(
         "BatchNormalization",
@@ -445,6 +497,9 @@ def _layer_normalization_broadcasts() -> bool:
 
 def _param(case: Case) -> object:
     marks = []
+    if case.opset > 17:
+        lacking = not runs_opset(case.opset)
+        marks.append(pytest.mark.skipif(lacking, reason=f"this onnxruntime lacks opset {case.opset}"))
     if case.id == "LayerNormalization_broadcast_scale_bias":
         marks.append(
             pytest.mark.skipif(
@@ -578,6 +633,14 @@ def test_lstm_grad_node_copies_attributes_and_names_only_needed_outputs() -> Non
 def test_standard_lstm_is_refused_with_a_hint_to_convert() -> None:
     model = _lstm_model("LSTM", "", ["Y"], hidden_size=2)
     with pytest.raises(ValueError, match=r"no gradient rule for ai\.onnx::LSTM node 'lstm'.*convert the model first"):
+        _differentiate(model, "loss", ["W"])
+
+
+def test_standard_rnn_is_refused_with_a_hint_to_export_with_dynamo() -> None:
+    # TorchScript writes nn.RNN as an ONNX RNN node; the dynamo exporter unrolls it into ops with rules.
+    model = _lstm_model("RNN", "", ["Y"], hidden_size=2)
+    message = r"no gradient rule for ai\.onnx::RNN node 'lstm'.*dynamo=True\) writes nn\.RNN"
+    with pytest.raises(ValueError, match=message):
         _differentiate(model, "loss", ["W"])
 
 

@@ -1,4 +1,4 @@
-"""Gradient rules of MaxPool, AveragePool, GlobalMaxPool and GlobalAveragePool against finite differences.
+"""Gradient rules of MaxPool, AveragePool, LpPool and their Global forms against finite differences.
 
 One table, checked like tests/test_autodiff_conv_rules.py: central finite differences in float64,
 and float32 (graph optimizations on and off) against the float64 gradients (tests/gradcheck.py).
@@ -6,8 +6,9 @@ onnxruntime runs MaxPool in float64 but not AveragePool, GlobalMaxPool or Global
 AveragePool's float64 rows run in ``onnx.reference`` (its AveragePool matches onnxruntime's,
 ``test_reference_average_pool_is_onnxruntimes``; the rule's Conv and ConvTranspose run in the NumPy
 versions the Conv tests pin to onnxruntime), the global pools' float64 rows run a ReduceMean /
-ReduceMax rewrite (``Case.float64_forward``). Random inputs have no ties; the tie convention has
-its own test.
+ReduceMax rewrite (``Case.float64_forward``); LpPool's in onnx.reference too (pinned to
+onnxruntime's by ``test_reference_lp_pool_is_onnxruntimes``), GlobalLpPool's in NumPy. Random
+inputs have no ties; the tie convention has its own test.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gradcheck import (
     wrt,
 )
 from onnx import TensorProto, helper
+from onnx.reference.op_run import OpRun
 from test_autodiff_conv_rules import _FLOAT64_OPS as CONV_FLOAT64_OPS
 
 import ortlstm.ops
@@ -201,7 +203,40 @@ GLOBAL_POOL_CASES = [
     _global("GlobalMaxPool", "global_max_2d_dynamic", _r(2, 2, 3, 5), dynamic=True),
 ]
 
-CASES = [*MAX_POOL_CASES, *AVERAGE_POOL_CASES, *GLOBAL_POOL_CASES]
+
+
+class GlobalLpPool(OpRun):
+    """GlobalLpPool in NumPy float64 (onnx.reference has none): (sum over the spatial axes of |x|^p)^(1/p)."""
+
+    op_domain = ""
+
+    def _run(self, x: np.ndarray, p: int = 2) -> tuple[np.ndarray]:
+        return ((np.abs(x) ** p).sum(axis=tuple(range(2, x.ndim)), keepdims=True) ** (1.0 / p),)
+
+
+def _lp(id: str, x: np.ndarray, *, dynamic: bool = False, opset: int = 18, **attributes) -> Case:
+    """An LpPool row; float64 in onnx.reference (its LpPool; the rule's Conv and ConvTranspose in NumPy)."""
+    return Case(id, "LpPool", (wrt(x, dynamic=dynamic),), attributes, opset=opset, float64_ops=CONV_FLOAT64_OPS)
+
+
+def _global_lp(id: str, x: np.ndarray, *, dynamic: bool = False, **attributes) -> Case:
+    return Case(id, "GlobalLpPool", (wrt(x, dynamic=dynamic),), attributes, float64_ops=(GlobalLpPool,))
+
+
+LP_POOL_CASES = [
+    _lp("lp_1d_p2_overlapping", _r(2, 3, 7), kernel_shape=[3]),
+    _lp("lp_1d_p1_stride_pads", _r(1, 2, 9), p=1, kernel_shape=[2], strides=[2], pads=[1, 0]),
+    _lp("lp_2d_p3_asym_pads", _r(2, 2, 5, 4), p=3, kernel_shape=[2, 2], strides=[2, 1], pads=[1, 0, 0, 1]),
+    _lp("lp_2d_ceil_dilations", _r(1, 2, 7, 8), kernel_shape=[2, 2], strides=[2, 3], dilations=[2, 1], ceil_mode=1),
+    _lp("lp_2d_same_upper", _r(1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
+    _lp("lp_2d_dynamic_p3", _r(2, 1, 5, 6), dynamic=True, p=3, kernel_shape=[3, 2], strides=[2, 2]),
+    _lp("lp_2d_opset17", _r(1, 2, 5, 5), opset=17, kernel_shape=[2, 2], strides=[2, 2]),
+    _global_lp("global_lp_1d_p2", _r(2, 3, 7)),
+    _global_lp("global_lp_2d_p3", _r(2, 2, 3, 5), p=3),
+    _global_lp("global_lp_2d_p1_dynamic", _r(2, 2, 3, 4), dynamic=True, p=1),
+]
+
+CASES = [*MAX_POOL_CASES, *AVERAGE_POOL_CASES, *GLOBAL_POOL_CASES, *LP_POOL_CASES]
 
 
 def _single_node_model(case: Case, elem_type: int) -> onnx.ModelProto:
@@ -274,6 +309,25 @@ def test_reference_average_pool_is_onnxruntimes(case: Case) -> None:
     np.testing.assert_allclose(
         _pool_in_reference(case), _pool_in_onnxruntime(case), rtol=1e-5, atol=1e-6, err_msg=case.id
     )
+
+
+@pytest.mark.parametrize("case", LP_POOL_CASES, ids=lambda case: case.id)
+def test_reference_lp_pool_is_onnxruntimes(case: Case) -> None:
+    """The float64 oracle (onnx.reference's LpPool, the NumPy GlobalLpPool) computes onnxruntime's."""
+    evaluator = onnx.reference.ReferenceEvaluator(_single_node_model(case, TensorProto.DOUBLE), new_ops=[GlobalLpPool])
+    (expected,) = evaluator.run(None, {"x": case.inputs[0].value})
+    np.testing.assert_allclose(expected, _pool_in_onnxruntime(case), rtol=1e-5, atol=1e-6, err_msg=case.id)
+
+
+def test_lp_pool_window_of_zeros_gets_no_gradient() -> None:
+    # Y = 0 there: dY * Y^(1-p) would be inf and 0 * inf NaN; the rule gives 0, as torch's abs at 0.
+    x = np.zeros((1, 1, 4))
+    x[0, 0, 2:] = [1.5, -2.0]
+    case = _lp("lp_zeros", x, kernel_shape=[2], strides=[2])
+    built = build(case, np.float32)
+    grad = analytic_gradients(built)["in0"]
+    np.testing.assert_array_equal(grad[0, 0, :2], [0.0, 0.0])
+    np.testing.assert_allclose(grad[0, 0, 2:], built.feeds["weight_out0"][0, 0, 1] * x[0, 0, 2:] / 2.5, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -406,6 +460,8 @@ BATCH_DYNAMIC_IDS = (
     "avg_2d_same_upper_include",
     "global_avg_2d",
     "global_max_2d",
+    "lp_2d_ceil_dilations",
+    "global_lp_2d_p3",
 )
 
 

@@ -7,7 +7,11 @@ Clip's bounds); the conventions at those points (torch's) have exact tests of th
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -465,6 +469,108 @@ def test_op_without_rule_is_refused_naming_every_parameter_behind_it() -> None:
     )
     with pytest.raises(ValueError, match=message):
         _backward(_model(nodes, [first, second, after]), ["features.conv.weight", "features.conv.bias", "head.scale"])
+
+
+def test_every_op_without_rule_is_refused_at_once_with_its_nodes_and_parameters() -> None:
+    # Issue 32 item 6: a refusal naming only the first op sent users freezing one op after the next.
+    inits = [onnx.numpy_helper.from_array(np.eye(2), name) for name in ("encoder.weight", "decoder.weight", "scale")]
+    nodes = [
+        helper.make_node("Det", ["encoder.weight"], ["det"], name="determinant"),
+        helper.make_node("Sin", ["decoder.weight"], ["sin"], name="wave_1"),
+        helper.make_node("Sin", ["sin"], ["sin2"], name="wave_2"),
+        helper.make_node("Mul", ["det", "sin2"], ["product"]),
+        helper.make_node("Mul", ["product", "scale"], ["scaled"]),
+        helper.make_node("ReduceSum", ["scaled"], ["loss"], keepdims=0),
+    ]
+    with pytest.raises(ValueError) as refused:
+        _backward(_model(nodes, inits), ["encoder.weight", "decoder.weight", "scale"])
+    assert str(refused.value) == (
+        "no gradient rule for 2 op(s) in 3 nodes between the loss 'loss' and 2 parameter(s) "
+        "['decoder.weight', 'encoder.weight']:\n"
+        "  ai.onnx::Det node 'determinant', on the path of parameter(s) ['encoder.weight']\n"
+        "  ai.onnx::Sin nodes 'wave_1', 'wave_2', on the path of parameter(s) ['decoder.weight']\n"
+        "Freeze them (frozen=['decoder.weight', 'encoder.weight'] on the Trainer, --frozen on the command line), "
+        "or register a rule for each op with ortlstm.graphs.register_gradient_rule('', 'Det', rule) and "
+        "register_gradient_rule('', 'Sin', rule)."
+    )
+
+
+def test_refusal_names_parameters_by_their_torch_names() -> None:
+    # dynamo's optimizer names a folded weight val_29; the export's metadata knows it is encoder.weight.
+    inits = [onnx.numpy_helper.from_array(np.eye(2), name) for name in ("val_29", "val_30")]
+    nodes = [
+        helper.make_node("Add", ["val_29", "val_30"], ["summed"]),
+        helper.make_node("Det", ["summed"], ["loss"], name="determinant"),
+    ]
+    model = _model(nodes, inits)
+    emitter = GraphEmitter(17, used_names(model.graph), infer_value_types(model))
+    sources = {"val_29": ("encoder.weight",), "val_30": ("lstm.bias_ih_l0", "lstm.bias_hh_l0")}
+    message = (
+        r"2 parameter\(s\) \['encoder.weight \(onnx: val_29\)', "
+        r"'lstm.bias_ih_l0 \+ lstm.bias_hh_l0 \(onnx: val_30\)'\]\. "
+        r"Freeze them \(frozen=\['encoder.weight', 'lstm.bias_hh_l0', 'lstm.bias_ih_l0'\] on the Trainer"
+    )
+    with pytest.raises(ValueError, match=message):
+        build_backward(model.graph, "loss", ["val_29", "val_30"], emitter, torch_names=sources)
+
+
+def test_refusal_of_a_dynamo_export_names_torch_parameters_and_its_freeze_advice_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real dynamo export (tests/recordings): its optimizer folds each LSTM layer's weights into
+    # val_108, ...; with the LSTMTraining rule taken away, the refusal names them by torch name,
+    # and the frozen= it suggests builds.
+    from ortlstm.graphs import losses, optimizers
+    from ortlstm.graphs.autodiff import registry
+    from ortlstm.graphs.train_step import build_training_models
+
+    recording = Path(__file__).parent / "recordings" / "train_step" / "tokens_seq_first_y-dynamo-AdamW.npz"
+    with np.load(recording) as data:
+        model = onnx.load_from_string(data["model"].tobytes())
+    monkeypatch.delitem(registry._RULES, ("ortlstm", "LSTMTraining"))
+    build_models = functools.partial(
+        build_training_models, model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1)
+    )
+    with pytest.raises(ValueError) as refused:
+        build_models(target="labels")
+    message = str(refused.value)
+    lstms = "\n  ortlstm::LSTMTraining nodes 'node_LSTM_111', 'node_LSTM_219', on the path of all 7 parameters\n"
+    assert lstms in message
+    assert "'lstm.weight_ih_l0 + lstm.weight_ih_l0_reverse (onnx: val_108)'" in message
+    assert "val_108'" not in message.replace("(onnx: val_108)'", "")
+    frozen = ast.literal_eval(re.search(r"Freeze them \(frozen=(\[[^]]*\])", message)[1])
+    assert "lstm.weight_ih_l0" in frozen
+    assert "input_layer.weight" in frozen
+    assert sorted(build_models(target="labels", frozen=frozen).signature.params) == ["head.bias", "val_234"]
+
+
+def test_unreachable_parameters_are_named_by_their_torch_names() -> None:
+    inits = [onnx.numpy_helper.from_array(np.eye(2), name) for name in ("val_29", "weight")]
+    nodes = [helper.make_node("ReduceSum", ["weight"], ["loss"], keepdims=0)]
+    model = _model(nodes, inits)
+    emitter = GraphEmitter(17, used_names(model.graph), infer_value_types(model))
+    with pytest.raises(ValueError, match=r"parameters \['encoder.weight \(onnx: val_29\)'\] do not reach the loss"):
+        build_backward(model.graph, "loss", ["val_29", "weight"], emitter, torch_names={"val_29": ("encoder.weight",)})
+
+
+def test_refusal_keeps_each_ops_own_advice_and_the_generic_advice_for_the_others() -> None:
+    inits = [onnx.numpy_helper.from_array(np.ones((1, 8, 3)), "W"), onnx.numpy_helper.from_array(np.eye(2), "A")]
+    nodes = [
+        helper.make_node("LSTM", ["X", "W", "W"], ["Y"], name="lstm", hidden_size=2),
+        helper.make_node("ReduceSum", ["Y"], ["y"], keepdims=0),
+        helper.make_node("Det", ["A"], ["det"], name="determinant"),
+        helper.make_node("Add", ["y", "det"], ["loss"]),
+    ]
+    model = _model(nodes, inits)
+    model.graph.input.append(helper.make_tensor_value_info("X", TensorProto.DOUBLE, [1, 1, 3]))
+    with pytest.raises(ValueError) as refused:
+        _backward(model, ["W", "A"])
+    lines = str(refused.value).splitlines()
+    assert lines[0].startswith("no gradient rule for 2 op(s) in 2 nodes between the loss 'loss' and 2 parameter(s)")
+    assert lines[1].startswith("  ai.onnx::LSTM node 'lstm', on the path of parameter(s) ['W']: ")
+    assert "convert the model first" in lines[1]
+    assert lines[2] == "  ai.onnx::Det node 'determinant', on the path of parameter(s) ['A']"
+    assert lines[3].startswith("For the op without advice above: freeze them (frozen=['A'] on the Trainer")
 
 
 def test_cast_to_an_integer_type_stops_the_gradient() -> None:

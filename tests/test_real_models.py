@@ -473,7 +473,8 @@ def test_control_flow_refusals_say_what_to_fix() -> None:
         Trainer(model, **options)
     with pytest.raises(
         ValueError,
-        match=r"no gradient rule for ai\.onnx::If node '(?P<name>[^']+)'.*If '(?P=name)' is decided by the shape of "
+        match=r"no gradient rule for 1 op\(s\) in \d+ nodes .*:\n  ai\.onnx::If node '(?P<name>[^']+)', on the path of "
+        r".*: If '(?P=name)' is decided by the shape of "
         r"input 'input' \(dim 1\).*fixed_shapes=\{'input': \[None, <size of dim 1>\]\} "
         r"\(--fixed-shape input=\?,SIZE1 on the command line",
     ):

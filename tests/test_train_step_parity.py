@@ -5,7 +5,8 @@ embedding or linear layer, a two-layer bidirectional LSTM, a linear head; TorchS
 exports, the latter optimized or not), the batches of 20 steps, and torch's loss and parameters
 after every step. ``ortlstm.graphs.build_training_models`` builds the train step from the export,
 onnxruntime runs it on the same batches with the same learning-rate schedule, and every trained
-parameter must match torch's after every step, to float32 tolerance. The scenarios
+parameter must match torch's after every step, to float32 tolerance (also the Linear -> GELU ->
+Linear classifiers of tests/recordings/record_activations.py: one opset-20 Gelu node). The scenarios
 (tests/torch_scenarios.py): loss on every step's output (a per-step tagger) or on h_n, padded
 batches, batch_first, frozen parameters, a Sigmoid head trained with binary_cross_entropy,
 initial_h / initial_c as torch parameters, a batch size that changes from step to step; SGD

@@ -12,6 +12,7 @@ Importing this package registers the built-in rules (the ``rules_*`` modules).
 from __future__ import annotations
 
 from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers the rules
+    rules_activations,
     rules_conv,
     rules_ctc,
     rules_lstm,

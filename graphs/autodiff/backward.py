@@ -41,7 +41,14 @@ class Backward:
 
 def _node_label(node: onnx.NodeProto) -> str:
     domain = node.domain if node.domain not in ("", "ai.onnx") else "ai.onnx"
-    return f"{domain}::{node.op_type} node {node.name!r}"
+    return f"{domain}::{node.op_type} node {_node_name(node)}"
+
+
+def _node_name(node: onnx.NodeProto) -> str:
+    """The node's name quoted, or what it computes when it has none (exporters leave some unnamed)."""
+    if node.name or not node.output:
+        return repr(node.name)
+    return f"(unnamed) computing {node.output[0]!r}"
 
 
 def _carries_gradient(name: str, emitter: GraphEmitter) -> bool:
@@ -57,7 +64,7 @@ def build_backward(
     *,
     allow_unreachable: bool = False,
     hints: Mapping[str, str] | None = None,
-    sources: Mapping[str, tuple[str, ...]] | None = None,
+    torch_names: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Backward:
     """Emits the gradient of ``loss`` with respect to each value in ``wrt``.
 
@@ -73,15 +80,17 @@ def build_backward(
             instead of refusing them.
         hints: Advice for a node without rule, by the node's first output (what decides an ``If``
             and what to pass instead); it replaces the op type's generic advice in the refusal.
-        sources: Each parameter's torch names (export metadata), for the refusals: ``lstm.weight_ih_l0 (onnx: val_3)``.
+        torch_names: For a torch export's metadata, each parameter -> the torch parameters it is
+            or was folded from (``PreparedModel.sources``): a refusal names ``val_29`` as
+            ``encoder.weight (onnx: val_29)`` and suggests freezing it by its torch name.
 
     Returns:
         The gradient value of each reachable parameter, and the unreachable ones.
 
     Raises:
         ValueError: A parameter does not reach the loss (unless allowed), the loss is not
-            computed by the graph, or a node on a parameter -> loss path has no gradient rule
-            (the message names the node, its op type and a parameter whose gradient needs it).
+            computed by the graph, or nodes on a parameter -> loss path have no gradient rule
+            (one message lists every such node, by op type, with the parameters behind each).
     """
     nodes = list(graph.node)
     seeds = {loss: None} if isinstance(loss, str) else dict(loss)
@@ -91,14 +100,14 @@ def build_backward(
     active, reaches = _active_nodes(nodes, seeds, depends, emitter)
     unreachable = tuple(name for name in wrt if name not in reaches)
     if unreachable and not allow_unreachable:
-        named = [label(name, sources or {}) for name in unreachable]
         raise ValueError(
-            f"parameters {named} do not reach the loss {loss_label} through differentiable inputs: "
+            f"parameters {[label(name, torch_names or {}) for name in unreachable]} do not reach the "
+            f"loss {loss_label} through differentiable inputs: "
             "nothing to train. Leave them out of requires_grad (or freeze them)."
         )
-    for node in active:
-        if gradient_rule(node.domain, node.op_type) is None:
-            raise ValueError(_no_rule_message(node, depends, loss_label, hints, sources or {}))
+    missing = [node for node in active if gradient_rule(node.domain, node.op_type) is None]
+    if missing:
+        raise ValueError(_no_rule_message(missing[::-1], depends, loss_label, hints, torch_names or {}))
     grads: dict[str, list[str]] = {
         name: [seed or _ones_like(name, emitter)] for name, seed in seeds.items() if name in reaches
     }
@@ -170,26 +179,68 @@ def _active_nodes(
 
 
 def _no_rule_message(
-    node: onnx.NodeProto,
+    nodes: Sequence[onnx.NodeProto],
     depends: Mapping[str, frozenset[str]],
     loss_label: str,
     hints: Mapping[str, str] | None,
-    sources: Mapping[str, tuple[str, ...]],
+    torch_names: Mapping[str, tuple[str, ...]],
 ) -> str:
-    """The refusal for an active node without gradient rule: the parameters that need it, and what to do."""
-    reads = [*node.input, *subgraph_reads(node)]
-    needing = sorted(set().union(*(depends[name] for name in reads if name in depends)))
-    advice = (
-        (hints or {}).get(node.output[0] if node.output else "")
-        or missing_rule_hint(node.domain, node.op_type)
-        or (
-            f"Freeze them ({freeze_hint(needing, sources)} on the Trainer, --frozen on the command line), or register "
-            f"a rule with ortlstm.graphs.register_gradient_rule({node.domain!r}, {node.op_type!r}, rule)."
+    """The refusal for the active nodes without gradient rule (in graph order): all of them at once.
+
+    Nodes are grouped by op type (and by their own advice, which an ``If`` has per node), each
+    group with its node names and the parameters behind it: freezing the parameters of, or
+    registering a rule for, only the first op would meet the next one.
+    """
+    groups: dict[tuple[str, str, str], tuple[list[str], set[str]]] = {}
+    for node in nodes:
+        reads = [*node.input, *subgraph_reads(node)]
+        hint = (hints or {}).get(node.output[0] if node.output else "") or missing_rule_hint(node.domain, node.op_type)
+        names, parameters = groups.setdefault((node.domain, node.op_type, hint or ""), ([], set()))
+        names.append(_node_name(node))
+        parameters.update(*(depends[name] for name in reads if name in depends))
+    needing = sorted(set().union(*(parameters for _, parameters in groups.values())))
+    unhinted = [(domain, op_type) for domain, op_type, hint in groups if not hint]
+    behind_unhinted = set().union(*(parameters for (*_, hint), (_, parameters) in groups.items() if not hint))
+    advice = _generic_advice(unhinted, sorted(behind_unhinted), torch_names) if unhinted else ""
+    labels = [label(name, torch_names) for name in needing]
+    if len(nodes) == 1:
+        ((*_, hint),) = groups
+        return (
+            f"no gradient rule for {_node_label(nodes[0])}, which lies between the loss {loss_label} and "
+            f"{len(needing)} parameter(s) {labels}. {hint or advice}"
         )
-    )
+    op_types = len({(domain, op_type) for domain, op_type, _ in groups})
+    lines = [
+        f"no gradient rule for {op_types} op(s) in {len(nodes)} nodes between the loss {loss_label} and "
+        f"{len(needing)} parameter(s) {labels}:"
+    ]
+    advised: dict[str, str] = {}  # each advice in full once (told apart without the node's name)
+    for (domain, op_type, hint), (names, parameters) in groups.items():
+        op = f"{domain or 'ai.onnx'}::{op_type}"
+        which = f"node {names[0]}" if len(names) == 1 else f"nodes {', '.join(names)}"
+        behind = [label(name, torch_names) for name in sorted(parameters)]
+        entry = f"  {op} {which}, on the path of " + (
+            f"all {len(needing)} parameters" if len(behind) == len(needing) > 1 else f"parameter(s) {behind}"
+        )
+        if hint:
+            key = hint.replace(names[0], "") if len(names) == 1 else hint
+            entry += f": as for {advised[key]}" if key in advised else f": {hint}"
+            advised.setdefault(key, f"{op} {which}")
+        lines.append(entry)
+    if advice and len(unhinted) < len(groups):
+        ops = "op" if len(unhinted) == 1 else "ops"
+        advice = f"For the {ops} without advice above: {advice[0].lower()}{advice[1:]}"
+    return "\n".join([*lines, advice] if advice else lines)
+
+
+def _generic_advice(
+    ops: Sequence[tuple[str, str]], parameters: Sequence[str], torch_names: Mapping[str, tuple[str, ...]]
+) -> str:
+    """Freeze ``parameters`` (by their torch names where known) or register a rule for each op of ``ops``."""
+    calls = " and ".join(f"register_gradient_rule({domain!r}, {op_type!r}, rule)" for domain, op_type in ops)
     return (
-        f"no gradient rule for {_node_label(node)}, which lies between the loss {loss_label} and "
-        f"{len(needing)} parameter(s) {[label(name, sources) for name in needing]}. {advice}"
+        f"Freeze them ({freeze_hint(parameters, torch_names)} on the Trainer, --frozen on the command line), or register "
+        f"{'a rule' if len(ops) == 1 else 'a rule for each op'} with ortlstm.graphs.{calls}."
     )
 
 

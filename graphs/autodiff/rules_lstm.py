@@ -80,3 +80,9 @@ register_missing_rule_hint(
     "A standard ONNX LSTM is differentiated as ortlstm::LSTMTraining: convert the model first "
     "(ortlstm.graphs.convert(model) rewrites every LSTM node, keeping its outputs), then build the training graph.",
 )
+register_missing_rule_hint(
+    "",
+    "RNN",
+    "A standard ONNX RNN has no gradient rule; torch.onnx.export(..., dynamo=True) writes nn.RNN as MatMul, Add and "
+    "Tanh per step, which train (TorchScript, dynamo=False, writes this RNN node). Or freeze its parameters.",
+)

@@ -3,7 +3,8 @@
 Each rule's docstring states its derivative; ``dY`` is the gradient of the output, ``dA`` the
 gradient of input A. Broadcast inputs get their gradient summed back to their own shape
 (``GraphEmitter.unbroadcast``). At points where the derivative is not defined the rules follow
-torch: Abs has 0 at 0; Clip passes dY at its bounds (torch.clamp); Max/Min and ReduceMax/ReduceMin
+torch: Abs has 0 at 0; Clip passes dY at its bounds (torch.clamp; not for hardtanh, which dynamo's
+metadata tells); Max/Min and ReduceMax/ReduceMin
 share dY evenly among tied inputs or elements (torch.maximum halves a two-way tie, torch.amax splits
 evenly; a variadic Max of three tied inputs gives each a third, where chained torch.maximum would
 depend on the order).
@@ -274,14 +275,27 @@ def where_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list
     ]
 
 
+def _from_hardtanh(node: onnx.NodeProto) -> bool:
+    """Whether torch's dynamo exporter wrote this node for aten.hardtanh (nn.ReLU6, nn.Hardtanh), by its metadata."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.class_hierarchy":
+            return prop.value.rstrip("]'\" ").endswith("aten.hardtanh.default")
+    return False
+
+
 @register_gradient_rule("", "Clip")
 def clip_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where min <= X <= max (bounds included, as torch.clamp) else 0; none for min and max."""
+    """dX = dY where min <= X <= max (bounds included, as torch.clamp) else 0; none for min and max.
+
+    A Clip the dynamo exporter wrote for hardtanh (nn.ReLU6, nn.Hardtanh; its node metadata says
+    so) excludes the bounds, as torch's hardtanh_backward: dX = dY where min < X < max.
+    """
     (dy,) = grad_outputs
     assert dy is not None
     x, low, high = ctx.input(0), ctx.input(1), ctx.input(2)
-    inside = [ctx.op("GreaterOrEqual", [x, low])] if low else []
-    inside += [ctx.op("LessOrEqual", [x, high])] if high else []
+    strict = _from_hardtanh(ctx.node)
+    inside = [ctx.op("Greater" if strict else "GreaterOrEqual", [x, low])] if low else []
+    inside += [ctx.op("Less" if strict else "LessOrEqual", [x, high])] if high else []
     if not inside:
         return [dy]
     mask = inside[0] if len(inside) == 1 else ctx.op("And", inside)

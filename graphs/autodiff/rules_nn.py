@@ -116,22 +116,22 @@ def relu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[
 
 @register_gradient_rule("", "LeakyRelu")
 def leaky_relu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else alpha * dY."""
+    """dX = dY where X > 0, else alpha * dY (at 0 too, as torch's leaky_relu_backward)."""
     (dy,) = grad_outputs
     x = ctx.input(0)
     alpha = ctx.scalar(_float(ctx, "alpha", 0.01), x)
-    negative = ctx.op("Less", [x, ctx.scalar(0.0, x)])
-    return [ctx.op("Where", [negative, ctx.op("Mul", [dy, alpha]), dy])]
+    positive = ctx.op("Greater", [x, ctx.scalar(0.0, x)])
+    return [ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, alpha])])]
 
 
 @register_gradient_rule("", "Elu")
 def elu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else dY * (Y + alpha) (= dY * alpha * exp(X))."""
+    """dX = dY where X > 0, else dY * (Y + alpha) (= dY * alpha * exp(X); at 0 too, as torch's elu_backward)."""
     (dy,) = grad_outputs
     x, y = ctx.input(0), ctx.output(0)
     alpha = ctx.scalar(_float(ctx, "alpha", 1.0), x)
-    negative = ctx.op("Less", [x, ctx.scalar(0.0, x)])
-    return [ctx.op("Where", [negative, ctx.op("Mul", [dy, ctx.op("Add", [y, alpha])]), dy])]
+    positive = ctx.op("Greater", [x, ctx.scalar(0.0, x)])
+    return [ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, ctx.op("Add", [y, alpha])])])]
 
 
 @register_gradient_rule("", "Softplus")
@@ -153,15 +153,15 @@ def hard_sigmoid_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
 
 @register_gradient_rule("", "PRelu")
 def prelu_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
-    """dX = dY where X >= 0, else slope * dY; dslope = dY * X where X < 0, summed to slope's shape."""
+    """dX = dY where X > 0, else slope * dY (at 0 too, as torch); dslope = dY * X where X <= 0, summed to its shape."""
     (dy,) = grad_outputs
     x, slope = ctx.input(0), ctx.input(1)
     zero = ctx.scalar(0.0, x)
-    negative = ctx.op("Less", [x, zero])
-    dx = ctx.op("Where", [negative, ctx.op("Mul", [dy, slope]), dy]) if ctx.needs(0) else None
+    positive = ctx.op("Greater", [x, zero])
+    dx = ctx.op("Where", [positive, dy, ctx.op("Mul", [dy, slope])]) if ctx.needs(0) else None
     dslope = None
     if ctx.needs(1):
-        per_element = ctx.op("Where", [negative, ctx.op("Mul", [dy, x]), zero])
+        per_element = ctx.op("Where", [positive, zero, ctx.op("Mul", [dy, x])])
         dslope = ctx.emitter.unbroadcast(per_element, slope, grad_shape_of=ctx.output(0))
     return [dx, dslope]
 
@@ -313,6 +313,66 @@ def layer_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
     dscale = ctx.emitter.unbroadcast(ctx.op("Mul", [dy, xhat]), scale, grad_shape_of=y) if ctx.needs(1) else None
     dbias = ctx.emitter.unbroadcast(dy, bias, grad_shape_of=y) if ctx.needs(2) else None
     return [dx, dscale, dbias]
+
+
+@register_gradient_rule("", "GroupNormalization")
+def group_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
+    """dX = invstd * (g - mean(g) - xhat * mean(g * xhat)) per group, g = dY * scale[c]; dscale = sum(dY * xhat).
+
+    Opset 21's form (torch exports nn.GroupNorm so from opset 21): X [N, C, d1, ...] standardized
+    over each group of C / num_groups channels and the spatial axes, scale and bias per channel;
+    dB = sum(dY). The sums for dscale and dB run over every axis but C. The statistics are
+    recomputed in X's type (stash_type only says how precisely the forward computes them).
+    """
+    if ctx.opset < 21:
+        raise ctx.fail(
+            f"opset {ctx.opset}'s GroupNormalization has a scale and bias per group (changed in opset 21, "
+            "which torch exports); re-export with torch.onnx.export(..., opset_version=21) or newer"
+        )
+    (dy,) = grad_outputs
+    assert dy is not None
+    x, scale = ctx.input(0), ctx.input(1)
+    rank = _rank(ctx, x)
+    groups = _int(ctx, "num_groups", 0)
+    by_group = ctx.emitter.ints([0, groups, -1])
+    xhat, invstd = _normalize(ctx, ctx.op("Reshape", [x, by_group]), [2], _float(ctx, "epsilon", 1e-5))
+    x_shape = ctx.emitter.shape(x)
+    dx = None
+    if ctx.needs(0):
+        dxhat = ctx.op("Reshape", [ctx.op("Mul", [dy, _per_channel(ctx, scale, rank)]), by_group])
+        dx = ctx.op("Reshape", [_normalized_input_grad(ctx, dxhat, xhat, invstd, [2]), x_shape])
+    not_channel = [0, *range(2, rank)]
+    dscale = None
+    if ctx.needs(1):
+        xhat_as_x = ctx.op("Reshape", [xhat, x_shape])
+        dscale = ctx.emitter.reduce_sum(ctx.op("Mul", [dy, xhat_as_x]), not_channel, keepdims=False)
+    dbias = ctx.emitter.reduce_sum(dy, not_channel, keepdims=False) if ctx.needs(2) else None
+    return [dx, dscale, dbias]
+
+
+@register_gradient_rule("", "RMSNormalization")
+def rms_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
+    """dX = r * (g - xn * mean(g * xn)), g = dY * scale, xn = X * r, r = 1 / sqrt(mean(X^2) + eps); dscale = dY * xn.
+
+    Means over axes [axis, rank) (torch exports nn.RMSNorm so from opset 23); dscale summed to
+    scale's shape.
+    """
+    (dy,) = grad_outputs
+    assert dy is not None
+    x, scale, y, e = ctx.input(0), ctx.input(1), ctx.output(0), ctx.emitter
+    axis = _int(ctx, "axis", -1)
+    axes = list(range(axis, 0)) if axis < 0 else list(range(axis, _rank(ctx, x)))
+    mean_square = e.reduce("ReduceMean", ctx.op("Mul", [x, x]), axes, keepdims=True)
+    epsilon = ctx.scalar(_float(ctx, "epsilon", 1e-5), x)
+    r = ctx.op("Reciprocal", [ctx.op("Sqrt", [ctx.op("Add", [mean_square, epsilon])])])
+    xn = ctx.op("Mul", [x, r])
+    dx = None
+    if ctx.needs(0):
+        g = ctx.op("Mul", [dy, scale])
+        projection = ctx.op("Mul", [xn, e.reduce("ReduceMean", ctx.op("Mul", [g, xn]), axes, keepdims=True)])
+        dx = ctx.op("Mul", [r, ctx.op("Sub", [g, projection])])
+    dscale = e.unbroadcast(ctx.op("Mul", [dy, xn]), scale, grad_shape_of=y) if ctx.needs(1) else None
+    return [dx, dscale]
 
 
 @register_gradient_rule("", "InstanceNormalization")

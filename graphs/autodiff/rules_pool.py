@@ -1,4 +1,4 @@
-"""Gradient rules of pooling (ai.onnx): MaxPool, AveragePool, GlobalMaxPool, GlobalAveragePool.
+"""Gradient rules of pooling (ai.onnx): MaxPool, AveragePool, LpPool and their Global forms.
 
 1-D, 2-D and 3-D windows with kernel_shape, strides, pads, auto_pad, dilations and ceil_mode:
 
@@ -11,6 +11,9 @@
   ``divisor = count / AveragePool(ones)``, ``count`` the X elements the window covers (a Conv of
   ones), so count_include_pad, ceil_mode windows and the opset's edge conventions are the
   kernel's by construction.
+- LpPool: ``Y = (sum |X|^p)^(1/p)`` per window, so ``dX = sign(X) |X|^(p-1) B^T (dY Y^(1-p))``
+  with the same ``B^T`` as AveragePool's (other exporters write it; torch writes ``nn.LPPool*d``
+  as Pow, AveragePool and Mul).
 - The global pools reduce over all spatial axes at once.
 
 Ties (equal maxima in one window) follow onnxruntime's Indices: the whole ``dY`` goes to the first
@@ -151,14 +154,13 @@ def average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
     spatial = _spatial_shape(ctx, window, x)
     ones = ctx.op("Expand", [ctx.scalar(1.0, x), ctx.op("Concat", [e.ints([1, 1]), spatial], axis=0)])
     kernel = ctx.op("Expand", [ctx.scalar(1.0, x), e.ints([1, 1, *window.kernel])])
-    sliding = {"strides": window.strides, "dilations": window.dilations, "kernel_shape": window.kernel}
     # count[w]: X's elements in window w. Zeros stand for the pads; under ceil_mode the last
     # windows may reach s - 1 past the end pad, and the count is cut to Y's windows.
     begins, ends = _begin_end_pads(ctx, window)
     if ceil_mode:
         ends = ctx.op("Add", [ends, e.ints([s - 1 for s in window.strides])])
     padded = ctx.op("Pad", [ones, ctx.op("Concat", [e.ints([0, 0]), begins, e.ints([0, 0]), ends], axis=0)])
-    count = ctx.op("Conv", [padded, kernel], **sliding)
+    count = ctx.op("Conv", [padded, kernel], **_sliding(window))
     y_spatial = _spatial_tail(ctx, y, r)
     if ceil_mode:
         count = ctx.op("Slice", [count, e.ints([0] * r), y_spatial, e.ints(axes)])
@@ -166,13 +168,72 @@ def average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) 
     mean_of_ones = ctx.op("AveragePool", [ones], **_forward_attributes(ctx))
     inverse_divisor = ctx.op("Div", [mean_of_ones, ctx.op("Max", [count, ctx.scalar(1.0, x)])])
     scaled = ctx.op("Mul", [dy, inverse_divisor])
-    # B^T: windows of ones spread back over the padded input; then X's part of it.
-    folded = ctx.op("Reshape", [scaled, ctx.op("Concat", [e.ints([-1, 1]), y_spatial], axis=0)])
-    full = ctx.op("ConvTranspose", [folded, kernel], **sliding)
+    return [_spread_over_windows(ctx, window, scaled, kernel, begins, spatial, y_spatial)]
+
+
+def _sliding(window: _Geometry) -> dict[str, list[int]]:
+    """The Conv / ConvTranspose attributes that slide a kernel of ones over the pool's windows."""
+    return {"strides": window.strides, "dilations": window.dilations, "kernel_shape": window.kernel}
+
+
+def _spread_over_windows(
+    ctx: GradientContext, window: _Geometry, per_window: str, kernel: str, begins: str, spatial: str, y_spatial: str
+) -> str:
+    """B^T per_window, shaped as X: each window's value added to every X element the window covers.
+
+    One ConvTranspose with ``kernel`` (ones, [1, 1, *kernel_shape]) over the batch and channels
+    folded together spreads the windows over the padded input; X's part of it is cut out
+    (``begins``: the begin pads; ``spatial`` and ``y_spatial``: X's and Y's dims after N and C).
+    """
+    e, r = ctx.emitter, window.spatial_rank
+    folded = ctx.op("Reshape", [per_window, ctx.op("Concat", [e.ints([-1, 1]), y_spatial], axis=0)])
+    full = ctx.op("ConvTranspose", [folded, kernel], **_sliding(window))
     if any(s > 1 for s in window.strides):  # up to s - 1 elements after the last window
         full = ctx.op("Pad", [full, e.ints([0, 0] + [0] * r + [0, 0] + [s - 1 for s in window.strides])])
-    cut = ctx.op("Slice", [full, begins, ctx.op("Add", [begins, spatial]), e.ints(axes)])
-    return [_as_input(ctx, cut)]
+    cut = ctx.op("Slice", [full, begins, ctx.op("Add", [begins, spatial]), e.ints(window.spatial_axes)])
+    return _as_input(ctx, cut)
+
+
+def _lp_factors(ctx: GradientContext, dy: str) -> tuple[str, str]:
+    """What LpPool and GlobalLpPool share, with Y = (sum |X|^p)^(1/p) per window.
+
+    Returns ``(per_window, per_element)``: dY * Y^(1-p), 0 where Y == 0 (a window of zeros, where
+    the derivative is not defined: 0 as torch's abs at 0), and sign(X) |X|^(p-1); dX is their
+    product summed over the windows covering each element.
+    """
+    x, y = ctx.input(0), ctx.output(0)
+    p = int(ctx.attribute("p", 2))  # type: ignore[call-overload]
+    if p < 1:
+        raise ctx.fail(f"p={p} is not a norm (p >= 1 is needed for a gradient)")
+    per_window = dy
+    if p > 1:
+        zero = ctx.scalar(0.0, y)
+        powered = ctx.op("Mul", [dy, ctx.op("Pow", [y, ctx.scalar(float(1 - p), y)])])
+        per_window = ctx.op("Where", [ctx.op("Greater", [y, zero]), powered, zero])
+    if p == 1:
+        return per_window, ctx.op("Sign", [x])
+    if p == 2:
+        return per_window, x
+    magnitude = ctx.op("Pow", [ctx.op("Abs", [x]), ctx.scalar(float(p - 1), x)])
+    return per_window, ctx.op("Mul", [ctx.op("Sign", [x]), magnitude])
+
+
+@register_gradient_rule("", "LpPool", differentiable=(0,))
+def lp_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
+    """dX[i] = sign(X[i]) |X[i]|^(p-1) * sum over the windows w covering X[i] of dY[w] * Y[w]^(1-p).
+
+    Pads count as zeros (they add nothing to a window's sum), as onnxruntime's LpPool.
+    """
+    (dy,) = grad_outputs
+    assert dy is not None
+    x, y, e = ctx.input(0), ctx.output(0), ctx.emitter
+    window = _window(ctx)
+    per_window, per_element = _lp_factors(ctx, dy)
+    kernel = ctx.op("Expand", [ctx.scalar(1.0, x), e.ints([1, 1, *window.kernel])])
+    begins, _ = _begin_end_pads(ctx, window)
+    spatial, y_spatial = _spatial_shape(ctx, window, x), _spatial_tail(ctx, y, window.spatial_rank)
+    spread = _spread_over_windows(ctx, window, per_window, kernel, begins, spatial, y_spatial)
+    return [ctx.op("Mul", [per_element, spread])]
 
 
 def _static_spatial(ctx: GradientContext, value: str) -> list[int] | None:
@@ -202,6 +263,15 @@ def global_average_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
     else:
         count = cast_like(ctx, ctx.op("Div", [ctx.op("Size", [x]), ctx.op("Size", [y])]), x)
     return [ctx.op("Expand", [ctx.op("Div", [dy, count]), e.shape(x)])]
+
+
+@register_gradient_rule("", "GlobalLpPool")
+def global_lp_pool_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
+    """dX = sign(X) |X|^(p-1) * dY * Y^(1-p), Y = (sum over the spatial axes of |X|^p)^(1/p) per (n, c)."""
+    (dy,) = grad_outputs
+    assert dy is not None
+    per_window, per_element = _lp_factors(ctx, dy)
+    return [ctx.op("Mul", [per_element, per_window])]
 
 
 @register_gradient_rule("", "GlobalMaxPool")
