@@ -333,3 +333,27 @@ def test_parameter_expanded_over_a_static_batch_alone_is_refused():
         "repeats along axis 1 (size 2)"
     )
     assert message.endswith("(dynamic_shapes=...), which keep that computation in the graph; or freeze 'val_15'.")
+
+
+def test_a_bias_free_conv_with_a_batchnorm_fused_by_dynamo_is_warned_not_refused():
+    """Conv2d(bias=False) + BatchNorm2d (eval), dynamo's default export: the fusion writes a new bias
+    ``conv.weight_bias`` folded from bn.weight and bn.bias, which the fused conv.weight also stands for.
+
+    That is the fused Conv+BN case (warned), not a fold shared with a trained tensor (refused):
+    before, easyocr's english_g2 exported this way was refused over ``ConvNet.11.weight_bias``.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = Trainer(
+            str(DATA / "conv_nobias_bn-dynamo.onnx"),
+            loss=losses.Loss.cross_entropy(),
+            optimizer=optimizers.optimizer_from_torch("SGD", lr=0.1),
+        )
+    messages = [str(warning.message) for warning in caught]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(
+        "the export folded a BatchNorm into the Conv before it: ['conv.weight', 'conv.weight_bias']"
+    )
+    assert {"conv.weight", "conv.weight_bias"} <= set(run.parameters)
+    x = np.random.default_rng(0).standard_normal((2, 2, 6, 6)).astype(np.float32)
+    assert np.isfinite(float(run.step(x, target=np.array([0, 2], np.int64))))

@@ -182,7 +182,14 @@ def rebuild_folded(
     """
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    sources = {name: origins.sources[name] for name in candidates if name in origins.sources and name in initializers}
+    # A Conv's weight and bias with a BatchNorm fused in share the BatchNorm's parameters by construction
+    # (a bias-free Conv gets a new bias folded from them): warn_fused_batchnorms says what they are.
+    fused = fused_batchnorms(graph, origins.placeholders, origins.kinds)
+    sources = {
+        name: origins.sources[name]
+        for name in candidates
+        if name in origins.sources and name in initializers and name not in fused
+    }
     users: dict[str, list[str]] = {}
     for name, parameters in sources.items():
         for parameter in parameters:
