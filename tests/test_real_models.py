@@ -63,6 +63,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.prepare import prepare_model
+from ortlstm.graphs.prepare.torch_folds import restructure_for_export
 from ortlstm.ops import session_options
 from ortlstm.training import Trainer, graph_hash
 
@@ -695,7 +696,13 @@ def test_torchaudio_model_exported_by_torch_trains_and_exports(name: str) -> Non
     after = trainer.evaluate(**feeds, target=target)
     assert after < TORCHAUDIO_CASES[name] * before, f"{name}: loss {before:.4g} -> {after:.4g}"
     exported = trainer.export()
-    assert graph_hash(exported) == graph_hash(shipped)
+    # TorchScript stores equal-valued parameters once (SQUIM's fresh norms: Identity(a) -> b); training
+    # unties them, as torch trains each, and the export gives each its own tensor: only that changes.
+    untied = restructure_for_export(shipped)
+    assert graph_hash(exported) == graph_hash(untied)
+    assert {node.op_type for node in shipped.graph.node if node.name not in {n.name for n in untied.graph.node}} <= {
+        "Identity"
+    }
     plain = _plain_session(exported)
     names = [value.name for value in plain.get_outputs()]
     got = dict(zip(names, plain.run(None, feeds), strict=True))[output]
