@@ -31,6 +31,9 @@ CASES = [
     # ---- Einsum: every form torch.einsum exports (explicit, implicit, ellipsis, diagonals, sums, broadcasting)
     Case("Einsum_batched_matmul", "Einsum", (wrt(_r(2, 3, 4)), wrt(_r(2, 4, 2))), {"equation": "bij,bjk->bik"}),
     Case("Einsum_linear", "Einsum", (wrt(_r(2, 3, 4)), wrt(_r(4, 2))), {"equation": "btf,fh->bth"}),
+    Case(  # DeepFilterNet's grouped linear
+        "Einsum_grouped_linear", "Einsum", (wrt(_r(1, 2, 3, 2)), wrt(_r(3, 2, 2))), {"equation": "btgi,gih->btgh"}
+    ),
     Case("Einsum_transpose", "Einsum", (wrt(_r(3, 4)),), {"equation": "ij->ji"}),
     Case("Einsum_diagonal", "Einsum", (wrt(_r(3, 3)),), {"equation": "ii->i"}),
     Case("Einsum_trace", "Einsum", (wrt(_r(3, 3)),), {"equation": "ii->"}),
