@@ -344,6 +344,14 @@ TRANSPOSED_CASES = [
         strides=[2, 2],
         output_shape=[5, 6],
     ),
+    _convt(  # H one past its full extent (a zero tail plus the bias), W cut by a begin pad
+        "convT_2d_output_shape_past_and_pads",
+        _r(1, 2, 3, 3),
+        _r(2, 2, 3, 2),
+        _r(2),
+        strides=[2, 1],
+        output_shape=[8, 3],
+    ),
     # 3-D
     _convt(
         "convT_3d_strides_pads", _r(1, 2, 2, 3, 2), _r(2, 2, 2, 2, 2), _r(2), strides=[1, 2, 2], pads=[0, 1, 0, 1, 0, 0]
@@ -371,6 +379,40 @@ TRANSPOSED_CASES = [
         float64_ops=_FLOAT64_OPS,
     ),
 ]
+# onnxruntime 1.19 (the training environment's) runs this and newer versions refuse it: an
+# output_padding at or past the stride (below the dilation, as torch allows). float64 runs
+# everywhere (the NumPy oracle), float32 where the runtime runs the forward. (An output_shape a
+# stride or more past the full extent is refused by newer versions and leaves 1.19's tail
+# uninitialized: no row.)
+LENIENT_TRANSPOSED_CASES = [
+    _convt("convT_1d_output_padding_past_stride", _r(1, 2, 4), _r(2, 2, 3), _r(2), dilations=[2], output_padding=[1]),
+]
+_LENIENT = {case.id for case in LENIENT_TRANSPOSED_CASES}
+TRANSPOSED_CASES += LENIENT_TRANSPOSED_CASES
+
+
+def _skip_where_the_runtime_refuses(case: Case) -> None:
+    """Skips a LENIENT_TRANSPOSED_CASES row whose forward this onnxruntime refuses (newer than 1.19)."""
+    if case.id.removesuffix("-standard_ops") not in _LENIENT:
+        return
+    names = [f"in{index}" for index in range(len(case.inputs))]
+    graph = helper.make_graph(
+        [helper.make_node(case.op_type, names, ["y"], **case.attributes)],
+        "forward",
+        [
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, item.value.shape)
+            for name, item in zip(names, case.inputs, strict=True)
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)], ir_version=10)
+    feeds = {name: item.value.astype(np.float32) for name, item in zip(names, case.inputs, strict=True)}
+    try:
+        ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    except Exception as error:  # onnxruntime's error types differ by version
+        pytest.skip(f"onnxruntime {ort.__version__} refuses the forward ({str(error).splitlines()[0][:200]})")
+
+
 _BOTH = [
     *CASES,
     *TRANSPOSED_CASES,
@@ -386,6 +428,7 @@ def test_conv_gradient_matches_finite_differences(case: Case) -> None:
 @pytest.mark.parametrize("optimize", [False, True], ids=["opt_off", "opt_on"])
 @pytest.mark.parametrize("case", _BOTH, ids=lambda case: case.id)
 def test_conv_gradient_float32(case: Case, optimize: bool) -> None:
+    _skip_where_the_runtime_refuses(case)
     check_case_float32(case, optimize)
 
 
@@ -395,6 +438,7 @@ def test_numpy_conv_is_onnxruntimes(case: Case) -> None:
 
     Pads, SAME placement, ConvTranspose's output_shape and output_padding, groups.
     """
+    _skip_where_the_runtime_refuses(case)
     names = [f"in{index}" for index in range(len(case.inputs))]
     values = [item.value for item in case.inputs]
 

@@ -7,7 +7,8 @@ by the same pads:
 
 - ``dX = conv(dY, W)`` with the forward's strides, dilations, group and pads (W's layout
   ``[C, M/group, k...]`` is a Conv weight mapping M channels to C); its output length
-  ``floor((s*(in-1) + output_padding) / s) + 1 = in`` since output_padding < stride;
+  ``floor((s*(in-1) + output_padding) / s) + 1`` is ``in`` once the last ``s * (output_padding // s)``
+  positions, which no window reaches, are dropped (output_padding >= stride: onnxruntime 1.19 runs it);
 - ``dW[c, m, k] = sum_{n, i} X[n, c, i] dY_full[n, m, i*s + k*d]``: Conv's dW with the roles of X
   and dY swapped (dY the Conv's input, X its output gradient), one ``ortlstm::ConvGrad`` node where
   the library may be used, otherwise rules_conv's im2col Conv and MatMul;
@@ -29,6 +30,8 @@ from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_
 from ortlstm.graphs.autodiff.rules_conv import _CONV_GRAD_TYPES, _Geometry, _grad_w, _ints_attribute
 from ortlstm.ops import schema
 from ortlstm.ops.nodes import ordered_inputs
+
+_INT64_MAX = 2**63 - 1
 
 
 def _static_spatial(ctx: GradientContext, name: str) -> list[int] | None:
@@ -62,8 +65,12 @@ def _rank(ctx: GradientContext) -> int:
 
 def _pads(
     ctx: GradientContext, spatial_rank: int, kernel: list[int], strides: list[int], dilations: list[int]
-) -> tuple[list[int], list[int]]:
-    """Begin and end pads of the forward as onnxruntime applies them; an end pad < 0 is a zero tail of Y."""
+) -> tuple[list[int], list[int], list[int]]:
+    """Begin and end pads of the forward as onnxruntime applies them, and output_padding.
+
+    An end pad < 0 is a zero tail of Y (an output_shape past the full extent, which onnxruntime
+    1.19 runs and newer versions refuse).
+    """
     output_padding = _ints_attribute(ctx, "output_padding", [0] * spatial_rank)
     for axis, (extra, s, d) in enumerate(zip(output_padding, strides, dilations, strict=True)):
         if extra >= max(s, d) or extra < 0:
@@ -78,7 +85,7 @@ def _pads(
     if not output_shape and not same:
         zeros = [0] * (2 * spatial_rank)
         pads = zeros if auto_pad == "VALID" else _ints_attribute(ctx, "pads", zeros)
-        return pads[:spatial_rank], pads[spatial_rank:]
+        return pads[:spatial_rank], pads[spatial_rank:], output_padding
     spatial = _static_spatial(ctx, ctx.input(0))
     if spatial is None:
         setting = "output_shape" if output_shape else f"auto_pad={auto_pad}"
@@ -100,7 +107,7 @@ def _pads(
         begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
         begins.append(begin)
         ends.append(total - begin)
-    return begins, ends
+    return begins, ends, output_padding
 
 
 @register_gradient_rule("", "ConvTranspose")
@@ -114,12 +121,16 @@ def conv_transpose_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]
     strides = _ints_attribute(ctx, "strides", [1] * spatial_rank)
     dilations = _ints_attribute(ctx, "dilations", [1] * spatial_rank)
     group = int(ctx.attribute("group", 1))  # type: ignore[call-overload]
-    begins, ends = _pads(ctx, spatial_rank, kernel, strides, dilations)
+    begins, ends, output_padding = _pads(ctx, spatial_rank, kernel, strides, dilations)
     spatial_axes = list(range(2, 2 + spatial_rank))
     db = e.reduce_sum(dy, [0, *spatial_axes], keepdims=False) if ctx.needs(2) else None
+    # The last s * (output_padding // s) positions of the full extent (output_padding >= stride, below
+    # the dilation: onnxruntime 1.19 runs it) meet no window; dropped so that conv(dY) has X's extent.
+    ends = [end - s * (extra // s) for end, s, extra in zip(ends, strides, output_padding, strict=True)]
     cut = dy
-    if any(end < 0 for end in ends):  # Y's zero tail past the full extent: no X or W reaches it
-        cut = ctx.op("Slice", [dy, e.ints([0] * spatial_rank), e.ints(ends), e.ints(spatial_axes)])
+    if any(end < 0 for end in ends):  # positions of Y that no X or W reaches (zeros plus the bias): cut
+        stops = [end if end < 0 else _INT64_MAX for end in ends]
+        cut = ctx.op("Slice", [dy, e.ints([0] * spatial_rank), e.ints(stops), e.ints(spatial_axes)])
         ends = [max(end, 0) for end in ends]
     pads = begins + ends
     common = {"strides": strides, "dilations": dilations, "group": group, "kernel_shape": kernel, "pads": pads}
