@@ -6,7 +6,8 @@
 - none: ``dData = dY`` with the written slices zeroed (a ScatterND of zeros), ``dUpdates =
   GatherND(dY, indices)``. ONNX requires distinct indices here (with duplicates the output depends
   on the order of the writes, so the gradient is undefined): duplicates in constant indices are
-  refused by name; run-time indices are the model's contract.
+  refused by name; run-time indices are not checked, and each duplicate then gets the slice's
+  gradient, as torch's ``index_put_`` backward gives it (torch 2.13: every duplicate, one write wins).
 - add: ``dData = dY``, ``dUpdates = GatherND(dY, indices)``; duplicates are defined (each adds) and
   each gets the slice's gradient.
 - mul: ``dData = dY * ScatterND(ones, indices, updates, mul)`` (the factor each element was
