@@ -14,11 +14,14 @@ from __future__ import annotations
 from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers the rules
     rules_activations,
     rules_conv,
+    rules_convtranspose,
     rules_ctc,
+    rules_einsum,
     rules_lstm,
     rules_math,
     rules_nn,
     rules_pool,
+    rules_scatter,
     rules_sequence,
     rules_shape,
 )

@@ -181,7 +181,7 @@ def _grad_x(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
     return ctx.op("Slice", [full, begins, ends, e.ints(geometry.spatial_axes)])
 
 
-def _grad_w(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
+def _grad_w(ctx: GradientContext, geometry: _Geometry, dy: str, x: str | None = None, w: str | None = None) -> str:
     """dW[m, c, k] = sum_{n, o} dY[n, m, o] cols[n, c, k, o]: X's windows (im2col) by one Conv, one MatMul.
 
     ``cols = conv(X, E)`` with the forward's strides, dilations and pads and group = C, where E
@@ -190,11 +190,12 @@ def _grad_w(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
     group one MatMul ``dY [Mg, O] x cols^T [O, Cg*K]`` and a sum over the batch. onnxruntime runs
     this at about the forward Conv's speed, several times faster than one Conv of X^T and dY^T.
     A non-finite element of X spreads to all K taps of its channel here (0 * inf is NaN).
+    ``x`` and ``w`` default to the node's inputs; ConvTranspose's dW passes its dY as ``x`` and its X as ``dy``.
     """
-    x, w, e = ctx.input(0), ctx.input(1), ctx.emitter
+    x, w, e = x or ctx.input(0), w or ctx.input(1), ctx.emitter
     w_shape = e.static_shape(w)
     if w_shape is None:
-        return _grad_w_transposed(ctx, geometry, dy)
+        return _grad_w_transposed(ctx, geometry, dy, x, w)
     r, group = geometry.spatial_rank, geometry.group
     maps, per_group = w_shape[0], w_shape[1]
     taps = math.prod(geometry.kernel)
@@ -231,13 +232,16 @@ def _grad_w(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
     return ctx.op("Reshape", [summed, e.ints(list(w_shape))])
 
 
-def _grad_w_transposed(ctx: GradientContext, geometry: _Geometry, dy: str) -> str:
+def _grad_w_transposed(
+    ctx: GradientContext, geometry: _Geometry, dy: str, x: str | None = None, w: str | None = None
+) -> str:
     """dW = conv(X^T, dY^T) with strides and dilations swapped, cut to the kernel's extent.
 
     For a W whose shape is not static (``_grad_w`` needs its channel count); onnxruntime runs it
     3-10x slower than the forward Conv (a [C*N, k'] im2col per channel of X, a GEMM of N = k').
+    ``x`` and ``w`` as in ``_grad_w``.
     """
-    x, w, e = ctx.input(0), ctx.input(1), ctx.emitter
+    x, w, e = x or ctx.input(0), w or ctx.input(1), ctx.emitter
     r, group = geometry.spatial_rank, geometry.group
     spatial_perm = list(range(2, 2 + r))
     pads = geometry.pads

@@ -79,13 +79,16 @@ def make_batch(rng: np.random.Generator, step: int) -> dict[str, np.ndarray]:
     }
 
 
-def export(net: Crnn, exporter: str, x: np.ndarray, path: pathlib.Path) -> onnx.ModelProto:
+def export(
+    net: torch.nn.Module, exporter: str, x: np.ndarray, path: pathlib.Path, output_name: str = "log_probs"
+) -> onnx.ModelProto:
+    """Exports ``net`` (one input ``x``, one output) with one of ``EXPORTERS`` (record_conv_transpose.py's too)."""
     torch.onnx.export(
         net,
         (torch.from_numpy(x),),
         str(path),
         input_names=["x"],
-        output_names=["log_probs"],
+        output_names=[output_name],
         dynamo=exporter != "torchscript",
         **({"optimize": False} if exporter == "dynamo_unoptimized" else {}),
     )
