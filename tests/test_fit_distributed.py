@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -28,7 +29,7 @@ import ortlstm
 from ortlstm import fit as fitting
 from ortlstm.demo import build_classifier
 from ortlstm.distributed import shard
-from ortlstm.fit.parallel import launched_rank, launched_world
+from ortlstm.fit.parallel import Ranks, RootFailed, launched_rank, launched_world
 
 PACKAGE_ROOT = Path(ortlstm.__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "fit_mpi_worker.py"
@@ -120,6 +121,35 @@ def test_bad_accumulate_distributed_mode_and_stateful_under_mpi_say_what_to_pass
     stateful, model = classifier_trainer(stateful=True)
     with pytest.raises(ValueError, match=r"--stateful under MPI \(OMPI_COMM_WORLD_SIZE=2\).*--distributed off"):
         fitting.fit(stateful, data, model=model, epochs=1, batch_size=16, log=lambda line: None)
+
+
+class _TwoRanks:
+    """Rank 0's view of a 2-rank communicator whose rank 1 sends what the test says (no MPI)."""
+
+    def __init__(self, from_rank_1: object) -> None:
+        self.from_rank_1 = from_rank_1
+
+    def allgather(self, value: object) -> list[object]:
+        return [value, self.from_rank_1]
+
+    def bcast(self, value: object, root: int = 0) -> object:
+        return value
+
+
+def rank_0_of_two(from_rank_1: object) -> Ranks:
+    ranks = Ranks.__new__(Ranks)  # without a DistributedTrainer: only the messages between ranks
+    ranks.trainer = SimpleNamespace(comm=_TwoRanks(from_rank_1), rank=0, size=2)  # type: ignore[assignment]
+    return ranks
+
+
+def test_a_failure_on_one_rank_is_raised_on_every_rank_naming_where_it_happened(tmp_path: Path) -> None:
+    assert rank_0_of_two(None).together(lambda: 7) == 7
+    with pytest.raises(RuntimeError, match=r"^rank 1 of 2: FileNotFoundError: no run.safetensors$"):
+        rank_0_of_two("FileNotFoundError: no run.safetensors").together(lambda: 7)
+    with pytest.raises(ValueError, match="^exists$"):  # rank 0's own error, as it raised it
+        rank_0_of_two("ValueError: exists").together(lambda: (_ for _ in ()).throw(ValueError("exists")))
+    with pytest.raises(RootFailed, match=r"^rank 0 failed writing the checkpoint: IsADirectoryError: .*"):
+        rank_0_of_two(None).on_root(lambda: open(tmp_path, "w"), "writing the checkpoint")
 
 
 # ---- under mpirun -------------------------------------------------------------------------------------

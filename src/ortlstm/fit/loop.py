@@ -137,7 +137,12 @@ def fit(
         log = warn = _silent
     run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size * accumulate, seed, shuffle, schedule)
     run.val_name, run.warn, run.ranks, run.eval_batch = val_name, warn, ranks, batch_size
-    resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)
+    where = Path(checkpoint) if checkpoint is not None else None
+    if ranks is None:
+        resumed_from = run.begin(where, resume, log)
+    else:  # every rank reads the checkpoint; a failure on any one is raised on all
+        resumed_from = ranks.together(lambda: run.begin(where, resume, log))
+        ranks.trainer.check_state()
     with contextlib.nullcontext() if ranks is None else ranks.guard():
         run.train(callback, log)
         return _finish(trainer, run.state.history, resumed_from, out, plot, log, ranks)
@@ -463,7 +468,15 @@ class _Run:
         )
 
     def _interrupted(self, log: Callable[[str], None]) -> None:
-        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept)."""
+        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept).
+
+        Not over several processes: each rank is interrupted at its own point, perhaps inside a
+        collective, so a write that needs them all could hang; the last epoch's checkpoint stays.
+        """
+        if self.ranks is not None and self.ranks.size > 1:
+            kept = f": {self.checkpoint} holds the last completed epoch" if self.checkpoint is not None else ""
+            log(f"interrupted: under MPI nothing is saved at an interrupt{kept}")
+            return
         self._save_position()
         if self.checkpoint is not None:
             log(

@@ -151,6 +151,26 @@ class Ranks:
         if error is not None:
             raise RootFailed(f"rank 0 failed {what}: {error}")
 
+    def together(self, action: Callable[[], Any]) -> Any:
+        """Runs ``action`` on every rank; an error on any rank is raised on all (a collective).
+
+        The first failing rank's error, as that rank raised it where it is rank 0, else a
+        ``RuntimeError`` that names the rank (e.g. a checkpoint that one node cannot read).
+        """
+        result: Any = None
+        failure: Exception | None = None
+        try:
+            result = action()
+        except Exception as error:
+            failure = error
+        failed = self.gather(None if failure is None else f"{type(failure).__name__}: {failure}")
+        first = next((rank for rank, text in enumerate(failed) if text is not None), None)
+        if first is None:
+            return result
+        if first == self.rank and failure is not None:
+            raise failure
+        raise RuntimeError(f"rank {first} of {self.size}: {failed[first]}")
+
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
         """An error that only this rank raised ends every rank (``MPI_Abort``), after one line on stderr.
