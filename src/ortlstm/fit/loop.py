@@ -24,7 +24,7 @@ from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_export_batch, c
 from ortlstm.fit.checkpoint import check_resumable, finished_message, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
 from ortlstm.fit.finite import check_finite, validation_warning
-from ortlstm.fit.parallel import Ranks
+from ortlstm.fit.parallel import Ranks, launched_world
 from ortlstm.fit.report import plot_history
 from ortlstm.fit.schedule import Schedule
 from ortlstm.fit.state import EpochRecord, FitResult, FitState, StepInfo
@@ -349,7 +349,7 @@ class _Run:
         self.skipped_before = trainer.skipped_steps - state.skipped
         if trainer.spec.stateful and state.steps_in_epoch == 0:
             trainer.reset_state()
-        bar = _progress(self.steps_per_epoch, f"epoch {state.epoch + 1}/{self.total_epochs}", self.ranks)
+        bar = _progress(self.steps_per_epoch, f"epoch {state.epoch + 1}/{self.total_epochs}")
         if bar is not None:
             bar.update(state.steps_in_epoch)
         self.stepping = True
@@ -526,12 +526,14 @@ def _batches_done(trainer: Trainer) -> int:
     return trainer.global_step + trainer.skipped_steps
 
 
-def _progress(total: int, description: str, ranks: Ranks | None = None) -> Any:
+def _progress(total: int, description: str) -> Any:
     """A tqdm bar on stderr when stdout is a terminal; None otherwise (one line per epoch is printed).
 
-    Never under MPI: Open MPI gives the ranks a pseudo-terminal even when the job's output goes to a file.
+    Never under mpirun/srun (also with --distributed off): Open MPI gives the processes a
+    pseudo-terminal even when the job's output goes to a file.
     """
-    if not sys.stdout.isatty() or (ranks is not None and ranks.size > 1):
+    world = launched_world()
+    if not sys.stdout.isatty() or (world is not None and world[0] > 1):
         return None
     try:
         import tqdm
