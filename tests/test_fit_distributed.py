@@ -117,8 +117,10 @@ def test_bad_accumulate_distributed_mode_and_stateful_under_mpi_say_what_to_pass
         fitting.fit(trainer, data, model=model, epochs=1, batch_size=16, accumulate=0, log=lambda line: None)
     with pytest.raises(ValueError, match="--distributed: expected one of auto, off, got 'on'"):
         fitting.fit(trainer, data, model=model, epochs=1, batch_size=16, distributed="on", log=lambda line: None)
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     stateful, model = classifier_trainer(stateful=True)
+    with pytest.raises(ValueError, match=r"--accumulate 2 with --stateful: .*drop --accumulate \(or --stateful\)"):
+        fitting.fit(stateful, data, model=model, epochs=1, batch_size=16, accumulate=2, log=lambda line: None)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"--stateful under MPI \(OMPI_COMM_WORLD_SIZE=2\).*--distributed off"):
         fitting.fit(stateful, data, model=model, epochs=1, batch_size=16, log=lambda line: None)
 

@@ -84,6 +84,11 @@ class Ranks:
             raise ValueError(f"--distributed: expected one of {', '.join(DISTRIBUTED_MODES)}, got {distributed!r}")
         if accumulate < 1:
             raise ValueError(f"--accumulate: expected an integer >= 1 (micro-batches per update), got {accumulate}")
+        if accumulate > 1 and trainer.spec.stateful:
+            raise ValueError(
+                f"--accumulate {accumulate} with --stateful: the micro-batches split each batch's rows, whose LSTM "
+                "state carries into the next batch's same rows; drop --accumulate (or --stateful)"
+            )
         world = launched_world() if distributed == "auto" else None
         if world is None or world[0] < 2:
             return cls(trainer, OneProcess(), accumulate) if accumulate > 1 else None
