@@ -7,12 +7,17 @@ batch each step:
 - **2 ranks x 1 thread**: ``mpirun -n 2``, each rank ``DistributedTrainer.step`` on half the batch
   (gradients model, in-place all-reduce of the gradients, apply model).
 
+With ``--fit``, the same comparison through ``ortlstm.fit.fit`` (what ``ortlstm fit`` and
+``mpirun -n 2 ortlstm fit`` run): one epoch of shuffled batches of the same size over
+``3 + steps`` copies of that batch, each rank reading its rows of every batch; the time between
+two updates (the loop's callback), median over the updates after the first 3.
+
 Reported: median ms per step, the bytes all-reduced per step and the median time in the all-reduce
 (rank 0; it includes waiting for the slower rank), and the all-reduce alone (every rank entering it
 together after a barrier: the transfer). Run it with the environment that has the ``mpi`` extra
 (mpirun is taken from beside its python)::
 
-    python benchmarks/bench_distributed.py [--configs demo,M-2bi] [--steps 20]
+    python benchmarks/bench_distributed.py [--configs demo,M-2bi] [--steps 20] [--fit]
 
 It only measures: the ranks are this same script with ``--run`` (one JSON line from rank 0).
 """
@@ -104,9 +109,51 @@ def run(config_name: str, threads: int, steps: int, distributed: bool) -> dict[s
     }
 
 
-def launch(config: str, ranks: int, threads: int, steps: int) -> dict[str, Any]:
+def run_fit(config_name: str, threads: int, steps: int) -> dict[str, Any]:
+    """One epoch of ``ortlstm.fit.fit`` over ``WARMUP + steps`` batches (data-parallel when started by mpirun)."""
+    import numpy as np
+
+    from ortlstm.fit import fit
+    from ortlstm.fit.parallel import launched_rank, launched_world
+    from ortlstm.graphs import losses, optimizers
+    from ortlstm.training import Trainer
+
+    bench = _bench_training()
+    config = bench.CONFIGS[config_name]
+    model = bench.build_model(config)
+    trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(lr=bench.LR), threads=threads)
+    x, y = bench.batch_of(config)
+    initializers = {item.name for item in model.graph.initializer}
+    name = next(item.name for item in model.graph.input if item.name not in initializers)
+    copies = WARMUP + steps
+    data = {name: np.concatenate([x] * copies, axis=0 if config.demo else 1), "target": np.tile(y, copies)}
+    times: list[float] = []
+    last = [time.perf_counter()]
+
+    def tick(_: Any) -> None:
+        now = time.perf_counter()
+        times.append(now - last[0])
+        last[0] = now
+
+    fit(trainer, data, model=model, epochs=1, batch_size=config.batch_size, callback=tick, log=lambda line: None)
+    world = launched_world()
+    return {
+        "config": config_name,
+        "describe": config.describe(),
+        "ranks": world[0] if world is not None else 1,
+        "threads": threads,
+        "step_ms": 1e3 * statistics.median(times[WARMUP:]),
+        "reduce_ms": None,
+        "reduce_alone_ms": None,
+        "reduced_bytes": None,
+        "rank": launched_rank() or 0,
+    }
+
+
+def launch(config: str, ranks: int, threads: int, steps: int, through_fit: bool = False) -> dict[str, Any]:
     """This script with ``--run`` under ``mpirun -n ranks`` (or in a plain process when ranks is 0)."""
     command = [sys.executable, __file__, "--run", "--configs", config, "--threads", str(threads), "--steps", str(steps)]
+    command += ["--fit"] if through_fit else []
     if ranks:
         mpirun = str(Path(sys.executable).parent / "mpirun")
         root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
@@ -123,23 +170,29 @@ def main() -> None:
     parser.add_argument("--configs", default="demo,M-2bi")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fit", action="store_true", help="time ortlstm.fit.fit's loop (2 ranks vs 1 x 2 threads)")
     parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--distributed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        result = run(args.configs, args.threads, args.steps, args.distributed)
+        if args.fit:
+            result = run_fit(args.configs, args.threads, args.steps)
+        else:
+            result = run(args.configs, args.threads, args.steps, args.distributed)
         if result["rank"] == 0:
             print(json.dumps(result), flush=True)
         return
     print("| model (T, N, I, H) | run | ms/step | in the all-reduce, ms/step | all-reduce alone, ms | bytes/step |")
     print("|---|---|---:|---:|---:|---:|")
     for config in args.configs.split(","):
-        for ranks, threads, label in (
+        runs = (
             (0, 1, "1 process x 1 thread"),
             (0, 2, "1 process x 2 threads"),
             (2, 1, "2 ranks x 1 thread"),
-        ):
-            result = launch(config, ranks, threads, args.steps)
+        )
+        for ranks, threads, label in runs[1:] if args.fit else runs:
+            result = launch(config, ranks, threads, args.steps, args.fit)
+            label = f"fit, {label}" if args.fit else label
             reduce_ms = f"{result['reduce_ms']:.2f}" if result["reduce_ms"] is not None else "-"
             alone = f"{result['reduce_alone_ms']:.2f}" if result["reduce_alone_ms"] is not None else "-"
             reduced = f"{result['reduced_bytes']:,}" if result["reduced_bytes"] is not None else "-"

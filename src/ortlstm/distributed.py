@@ -341,6 +341,62 @@ class DistributedTrainer:
             self.check_state()
         return self._result(global_loss, local)
 
+    def step_accumulated(self, micro_batches: Sequence[Mapping[str, Any]], lr: float | None = None) -> Any:
+        """One update from several micro-batches of this rank's shard, with one all-reduce of the gradients.
+
+        Each micro-batch (keywords as ``step`` takes them, ``target`` among them) runs its forward
+        and backward alone (the memory of one micro-batch), its gradient is added to the rank's
+        buffer scaled by its share of the global denominator (``loss_weight`` over every
+        micro-batch of every rank, summed first in a two-number all-reduce), and the buffer is
+        all-reduced once: the update of the concatenated global batch, up to float32 rounding of
+        the summation order. One micro-batch gives exactly ``step``'s sums.
+
+        Returns:
+            The global batch's loss, or ``(loss, *extra_outputs)`` of this rank's last micro-batch.
+
+        Raises:
+            NonFiniteStepError: As ``step``.
+        """
+        trainer = self.trainer
+        mean = trainer.spec.loss.reduction not in ("sum", "none")
+        parts = [({k: v for k, v in named.items() if k != "target"}, named.get("target")) for named in micro_batches]
+        weights = [self._weight((), target, rest, "step()") for rest, target in parts]
+        totals = np.array([sum(weights), 0.0], np.float64)
+        with self._waiting("the all-reduce of the micro-batches' weights"):
+            self.comm.Allreduce(self._in_place(), totals)
+        total_weight = float(totals[0])
+        for view in self._views.values():
+            view.fill(0)
+        contribution, local, losses_seen = 0.0, None, []
+        for (rest, target), weight in zip(parts, weights, strict=True):
+            if weight <= 0:
+                continue
+            local = trainer.accumulate(target=target, **rest)
+            local_loss = np.asarray(local[0] if isinstance(local, tuple) else local)
+            losses_seen.append(local_loss)
+            contribution += float(np.sum(local_loss)) * (weight if mean else 1.0)
+            scale = weight / total_weight if mean and total_weight > 0 else 1.0
+            for name, gradient in trainer.accumulated_gradients.items():
+                self._views[name] += gradient * np.asarray(scale, gradient.dtype)
+            trainer.zero_grad()
+        totals = np.array([sum(weights), contribution], np.float64)
+        with self._waiting("the all-reduce of the loss (every rank's step)"):
+            self.comm.Allreduce(self._in_place(), totals)
+        global_loss = float(totals[1] / totals[0]) if mean and totals[0] > 0 else float(totals[1])
+        if not np.isfinite(global_loss):
+            seen = np.concatenate([np.ravel(value) for value in losses_seen]) if losses_seen else None
+            self._refuse(global_loss, seen)
+            return self._result(global_loss, local)
+        started = time.perf_counter()
+        with self._waiting("the all-reduce of the gradients"):
+            for bucket in self._buckets.values():
+                self.comm.Allreduce(self._in_place(), bucket)
+        self.reduce_seconds += time.perf_counter() - started
+        trainer.apply(lr, gradients=self._views)
+        if self.check_every and trainer.global_step % self.check_every == 0:
+            self.check_state()
+        return self._result(global_loss, local)
+
     def _weight(self, batch: Sequence[Any], target: Any, named: Mapping[str, Any], where: str) -> float:
         """``loss_weight`` of this rank's shard; 0 for an empty one.
 
@@ -364,9 +420,8 @@ class DistributedTrainer:
         """Guards a collective with the watchdog (``collective_timeout``), if there is one."""
         return contextlib.nullcontext() if self._watchdog is None else self._watchdog.guard(what)
 
-    @staticmethod
-    def _in_place() -> Any:
-        return _import_mpi().IN_PLACE
+    def _in_place(self) -> Any:
+        return None if isinstance(self.comm, OneProcess) else _import_mpi().IN_PLACE
 
     @staticmethod
     def _result(global_loss: float, local: Any) -> Any:
@@ -440,6 +495,38 @@ class DistributedTrainer:
             self.trainer.export(path)
         with self._waiting("rank 0's export"):
             self.comm.Barrier()
+
+
+class OneProcess:
+    """The communicator of one process without MPI: what ``DistributedTrainer`` needs, doing nothing.
+
+    ``ortlstm fit --accumulate K`` in one process runs the same micro-batch arithmetic as under
+    ``mpirun`` (``DistributedTrainer.step_accumulated``) without mpi4py installed.
+    """
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 1
+
+    def Allreduce(self, send: Any, receive: Any) -> None:  # noqa: N802
+        """In place: the sum over one process is the value."""
+
+    def Bcast(self, value: Any, root: int = 0) -> None:  # noqa: N802
+        """Rank 0's value is this one."""
+
+    def Barrier(self) -> None:  # noqa: N802
+        """Nothing to wait for."""
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return value
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def Abort(self, code: int = 1) -> None:  # noqa: N802
+        os._exit(code)
 
 
 def _batch_rows(batch: Sequence[Any], named: Mapping[str, Any]) -> int | None:

@@ -123,6 +123,21 @@ def _add_run_options(fit: argparse.ArgumentParser) -> None:
     fit.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
     fit.add_argument("--plot", type=Path, default=None, help="PNG of the curves (needs matplotlib)")
     fit.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="K micro-batches of --batch-size per update, one gradient all-reduce per update: the update of a "
+        "K times larger batch in the memory of one micro-batch",
+    )
+    fit.add_argument(
+        "--distributed",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: started by mpirun/srun as one of several processes, train data-parallel over MPI (each rank "
+        "reads its rows of every batch; rank 0 prints and writes the files); off: this process alone",
+    )
+    fit.add_argument(
         "--batch-axis",
         action="append",
         default=[],
@@ -248,6 +263,14 @@ def fit_trainer_arguments(options: argparse.Namespace) -> dict[str, Any]:
     return keywords
 
 
+def _other_rank(distributed: str) -> bool:
+    """Whether this process is a rank other than 0 of an mpirun/srun launch that fit trains over."""
+    from ortlstm.fit.parallel import launched_rank, launched_world
+
+    world = launched_world()
+    return distributed == "auto" and world is not None and world[0] > 1 and launched_rank() not in (None, 0)
+
+
 def fit_command(args: argparse.Namespace) -> int:
     """``ortlstm fit``: reads the data, builds the trainer, runs ``ortlstm.fit.fit``; 130 after Ctrl-C."""
     from ortlstm.fit import Schedule, build_trainer, fit, read_arrays
@@ -287,9 +310,17 @@ def fit_command(args: argparse.Namespace) -> int:
             data_name=str(options.data),
             val_name=str(options.val),
             warn=lambda message: print(f"ortlstm fit: warning: {message}", file=sys.stderr, flush=True),
+            distributed=options.distributed,
+            accumulate=options.accumulate,
         )
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        if _other_rank(options.distributed):
+            return 1  # every rank raised it alike (a rank's own error aborts the job): rank 0 prints it once
+        raise
+    if _other_rank(options.distributed):
+        return 0
     if result.out is not None:
         print(f"trained model: {result.out}")
     if result.plot is not None:

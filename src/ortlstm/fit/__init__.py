@@ -10,7 +10,7 @@ how a step is computed.
 The parts, in the order a fit uses them: ``options`` (the Trainer's keywords, ``--config`` files),
 ``schedule`` (learning-rate schedules), ``arrays`` (what the data must be, checked), ``loop`` (the
 epochs), ``evaluation`` (validation), ``state`` and ``checkpoint`` (where a run stands, resume),
-``report`` (the plot).
+``report`` (the plot), ``parallel`` (the ranks when ``mpirun``/``srun`` starts it, ``--accumulate``).
 """
 
 from __future__ import annotations

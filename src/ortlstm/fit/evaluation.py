@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from ortlstm import metrics
 from ortlstm.datafiles import ConcatenatedRows
+from ortlstm.distributed import shard
 from ortlstm.fit.arrays import ArraySpec, batch_arguments
 from ortlstm.training import Trainer
 
 
 def evaluate_data(
-    trainer: Trainer, arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec], batch_size: int
+    trainer: Trainer,
+    arrays: Mapping[str, np.ndarray],
+    specs: Mapping[str, ArraySpec],
+    batch_size: int,
+    *,
+    rank: int = 0,
+    size: int = 1,
+    gather: Callable[[Any], list[Any]] | None = None,
 ) -> tuple[float, float | None, float | None]:
     """(loss, accuracy or None, CER or None) over data in order, in batches of ``batch_size``.
+
+    Over several processes, rank ``rank`` of ``size`` evaluates its contiguous part of the rows
+    (``shard``) and ``gather`` (an all-gather) brings every rank's sums, added in rank order: the
+    figures of one process up to the rounding of the batches' float32 losses.
 
     The loss of a ``mean`` reduction is the batch means weighted by batch size (the mean over the
     samples); ``sum`` adds the batches; ``none`` averages every element. Accuracy: losses with
@@ -36,8 +49,9 @@ def evaluate_data(
     correct = counted = 0
     decoded: list[list[int]] = []
     references: list[list[int]] = []
-    for first in range(0, count, batch_size):
-        rows = np.arange(first, min(first + batch_size, count))
+    part = shard(count, rank, size)
+    for first in range(part.start, part.stop, batch_size):
+        rows = np.arange(first, min(first + batch_size, part.stop))
         named = batch_arguments(arrays, specs, target_name, rows)
         if wants_output:
             loss, prediction = trainer.evaluate(outputs=[spec.prediction], **named)
@@ -67,6 +81,12 @@ def evaluate_data(
             keep = target != loss_kind.ignore_index
             correct += int(np.sum((np.argmax(prediction, axis=1) == target) & keep))
             counted += int(np.sum(keep))
+    if gather is not None:  # every rank's sums, in rank order
+        sums = gather((total, elements, correct, counted, decoded, references))
+        total, elements = sum(item[0] for item in sums), sum(item[1] for item in sums)
+        correct, counted = sum(item[2] for item in sums), sum(item[3] for item in sums)
+        decoded = [row for item in sums for row in item[4]]
+        references = [row for item in sums for row in item[5]]
     loss_value = total / elements if loss_kind.reduction != "sum" else total
     accuracy = correct / counted if counted else None
     cer = metrics.character_error_rate(decoded, references) if references and any(references) else None

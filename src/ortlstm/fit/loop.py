@@ -8,6 +8,7 @@ model's export and the plot come last.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -23,6 +24,7 @@ from ortlstm.fit.arrays import ArraySpec, batch_arguments, check_export_batch, c
 from ortlstm.fit.checkpoint import check_resumable, finished_message, fit_config, read_fit_state, save_checkpoint
 from ortlstm.fit.evaluation import evaluate_data
 from ortlstm.fit.finite import check_finite, validation_warning
+from ortlstm.fit.parallel import Ranks, launched_world
 from ortlstm.fit.report import plot_history
 from ortlstm.fit.schedule import Schedule
 from ortlstm.fit.state import EpochRecord, FitResult, FitState, StepInfo
@@ -50,6 +52,8 @@ def fit(
     data_name: str = "data",
     val_name: str = "val",
     warn: Callable[[str], None] | None = None,
+    distributed: str = "auto",
+    accumulate: int = 1,
 ) -> FitResult:
     """Trains ``trainer`` on ``data`` for ``epochs`` epochs: the loop of ``ortlstm fit``.
 
@@ -101,6 +105,13 @@ def fit(
         val_name: The validation data's name in messages.
         warn: Receives the warnings (NaN or inf in the data with ``"skip"``, a validation loss
             that is not finite); default: ``log`` with ``warning: `` before them.
+        distributed: ``"auto"``: when ``mpirun``/``srun`` started this process as one of several
+            (``ortlstm.fit.parallel.launched_world``), train data-parallel over MPI: each rank
+            reads its part of every global batch, rank 0 alone logs and writes the files.
+            ``"off"``: this process alone.
+        accumulate: Micro-batches of ``batch_size`` per update (one all-reduce of the gradients
+            per update): the update of a ``accumulate * batch_size`` batch, whose order and
+            checkpoint it shares (a run resumes with another split of the same global batch).
 
     Raises:
         ValueError: Bad data (NaN or inf too, unless the trainer skips non-finite updates),
@@ -121,11 +132,24 @@ def fit(
         val, counts[val_name] = prepare_data(val, specs, val_name)
         check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn)
     check_export_batch(specs, batch_size, counts)  # before an epoch is spent on a batch the export fixed
-    run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
-    run.val_name, run.warn = val_name, warn
-    resumed_from = run.begin(Path(checkpoint) if checkpoint is not None else None, resume, log)
-    run.train(callback, log)
-    return _finish(trainer, run.state.history, resumed_from, out, plot, log)
+    ranks = Ranks.open(trainer, distributed, accumulate)
+    if ranks is not None and ranks.rank != 0:  # rank 0 alone prints
+        log = warn = _silent
+    run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size * accumulate, seed, shuffle, schedule)
+    run.val_name, run.warn, run.ranks, run.eval_batch = val_name, warn, ranks, batch_size
+    where = Path(checkpoint) if checkpoint is not None else None
+    if ranks is None:
+        resumed_from = run.begin(where, resume, log)
+    else:  # every rank reads the checkpoint; a failure on any one is raised on all
+        resumed_from = ranks.together(lambda: run.begin(where, resume, log))
+        ranks.trainer.check_state()
+    with contextlib.nullcontext() if ranks is None else ranks.guard():
+        run.train(callback, log)
+        return _finish(trainer, run.state.history, resumed_from, out, plot, log, ranks)
+
+
+def _silent(line: str) -> None:
+    """The log and warnings of a rank other than 0."""
 
 
 def _checked_shuffle(trainer: Trainer, epochs: int, batch_size: int, shuffle: bool | None) -> bool:
@@ -207,6 +231,8 @@ class _Run:
         skipped_before: The trainer's skipped batches when the current epoch started.
         val_name: The validation data's name in warnings.
         warn: Receives the warning of a validation loss that is not finite.
+        ranks: The processes it runs on (``Ranks``), or None: this one, with the Trainer's own steps.
+        eval_batch: The validation's batch size (``batch_size`` is the update's, micro-batches together).
     """
 
     trainer: Trainer
@@ -228,6 +254,8 @@ class _Run:
     skipped_before: int = 0
     val_name: str = "val"
     warn: Callable[[str], None] = print
+    ranks: Ranks | None = None
+    eval_batch: int = 0
 
     @classmethod
     def plan(
@@ -343,7 +371,10 @@ class _Run:
         """One update on ``rows``, counted in the epoch's state; its mean loss and extra outputs."""
         trainer, state = self.trainer, self.state
         lr = self.schedule(_batches_done(trainer)) if self.schedule is not None else None
-        result = trainer.step(lr=lr, **batch_arguments(self.data, self.specs, trainer.signature.target, rows))
+        if self.ranks is not None:  # this rank's part of ``rows``, the global batch
+            result = self.ranks.step(self.data, self.specs, rows, lr)
+        else:
+            result = trainer.step(lr=lr, **batch_arguments(self.data, self.specs, trainer.signature.target, rows))
         loss, outputs = (result[0], result[1:]) if trainer.spec.extra_outputs else (result, ())
         loss_value = float(np.mean(loss))
         self._count_updates()
@@ -367,25 +398,39 @@ class _Run:
             schedule(last) if schedule is not None else trainer.learning_rate(max(trainer.global_step, 1)),
             skipped=state.skipped,
         )
+        ranks, eval_batch = self.ranks, self.eval_batch or self.batch_size
         if self.val is not None:
+            split = {} if ranks is None else {"rank": ranks.rank, "size": ranks.size, "gather": ranks.gather}
             record.val_loss, record.val_accuracy, record.val_cer = evaluate_data(
-                trainer, self.val, self.specs, self.batch_size
+                trainer, self.val, self.specs, eval_batch, **split
             )
         log(record.line(self.total_epochs))
-        if self.val is not None and record.val_loss is not None:
-            warning = validation_warning(trainer, self.val, self.specs, self.batch_size, record.val_loss, self.val_name)
+        if self.val is not None and record.val_loss is not None and (ranks is None or ranks.rank == 0):
+            warning = validation_warning(trainer, self.val, self.specs, eval_batch, record.val_loss, self.val_name)
             if warning is not None:
                 self.warn(warning)
         self.state = FitState(state.epoch + 1, 0, self.generator.bit_generator.state, history=[*state.history, record])
-        if self.checkpoint is not None:
-            save_checkpoint(trainer, self.checkpoint, self.config, self.state)
+        self._save()
+
+    def _save(self) -> None:
+        """Writes the checkpoint, if any (rank 0 alone; every rank raises its failure)."""
+        if self.checkpoint is None:
+            return
+        checkpoint = self.checkpoint
+
+        def write() -> None:
+            save_checkpoint(self.trainer, checkpoint, self.config, self.state)
+
+        if self.ranks is None:
+            write()
+        else:
+            self.ranks.on_root(write, f"writing the checkpoint {checkpoint}")
 
     def _save_position(self) -> None:
         """Saves where the run stands to the checkpoint, if any: the trainer's counts say which update was last kept."""
         if self.stepping:
             self._count_updates()
-        if self.checkpoint is not None:
-            save_checkpoint(self.trainer, self.checkpoint, self.config, self.state)
+        self._save()
 
     def _refused(self, error: NonFiniteStepError) -> NonFiniteStepError:
         """A refused update: the checkpoint of the last kept one (the trainer is unchanged), and fit's error.
@@ -423,7 +468,15 @@ class _Run:
         )
 
     def _interrupted(self, log: Callable[[str], None]) -> None:
-        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept)."""
+        """Ctrl-C: saves where the run stands (an interrupt inside step() may come after its update was kept).
+
+        Not over several processes: each rank is interrupted at its own point, perhaps inside a
+        collective, so a write that needs them all could hang; the last epoch's checkpoint stays.
+        """
+        if self.ranks is not None and self.ranks.size > 1:
+            kept = f": {self.checkpoint} holds the last completed epoch" if self.checkpoint is not None else ""
+            log(f"interrupted: under MPI nothing is saved at an interrupt{kept}")
+            return
         self._save_position()
         if self.checkpoint is not None:
             log(
@@ -442,17 +495,29 @@ def _finish(
     out: str | Path | None,
     plot: str | Path | None,
     log: Callable[[str], None],
+    ranks: Ranks | None = None,
 ) -> FitResult:
-    """What the fit did, after the trained model's export to ``out`` and the plot to ``plot`` (folders made)."""
+    """What the fit did, after the trained model's export to ``out`` and the plot to ``plot`` (folders made).
+
+    Over several processes rank 0 writes both; every rank returns the same paths.
+    """
     result = FitResult(trainer, history, resumed_from)
-    for path in (out, plot):  # as for --checkpoint: a folder that does not exist yet is made
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-    if out is not None:
-        result.out = Path(out)
-        trainer.export(result.out)
-    if plot is not None:
-        result.plot = plot_history(history, Path(plot), trainer.spec.loss.kind, log)
+
+    def write() -> None:
+        for path in (out, plot):  # as for --checkpoint: a folder that does not exist yet is made
+            if path is not None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if out is not None:
+            trainer.export(Path(out))
+        if plot is not None:
+            result.plot = plot_history(history, Path(plot), trainer.spec.loss.kind, log)
+
+    if ranks is None:
+        write()
+    else:
+        ranks.on_root(write, "writing --out and --plot")
+        result.plot = ranks.trainer.comm.bcast(result.plot, root=0)
+    result.out = Path(out) if out is not None else None
     return result
 
 
@@ -462,8 +527,13 @@ def _batches_done(trainer: Trainer) -> int:
 
 
 def _progress(total: int, description: str) -> Any:
-    """A tqdm bar on stderr when stdout is a terminal; None otherwise (one line per epoch is printed)."""
-    if not sys.stdout.isatty():
+    """A tqdm bar on stderr when stdout is a terminal; None otherwise (one line per epoch is printed).
+
+    Never under mpirun/srun (also with --distributed off): Open MPI gives the processes a
+    pseudo-terminal even when the job's output goes to a file.
+    """
+    world = launched_world()
+    if not sys.stdout.isatty() or (world is not None and world[0] > 1):
         return None
     try:
         import tqdm
