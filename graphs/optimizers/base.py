@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -72,6 +73,8 @@ class ParamGroup:
             raise TypeError(f"ParamGroup.params must be a sequence of names, got the string {self.params!r}")
         object.__setattr__(self, "params", tuple(self.params))
         if self.betas is not None:
+            if isinstance(self.betas, (str, numbers.Real)):
+                raise TypeError(f"ParamGroup.betas must be two numbers, e.g. (0.9, 0.999), got {self.betas!r}")
             object.__setattr__(self, "betas", tuple(self.betas))
         if not (math.isfinite(self.lr_scale) and self.lr_scale >= 0.0):
             raise ValueError(f"Invalid lr_scale value: {self.lr_scale}")
@@ -86,7 +89,79 @@ class ParamGroup:
         }
 
 
+def as_param_groups(groups: Sequence[ParamGroup | Mapping[str, Any]], label: str) -> tuple[ParamGroup, ...]:
+    """``ParamGroup``s from ``ParamGroup``s or torch's dicts (``[{"params": ["lstm.bias"], "weight_decay": 0.0}]``).
+
+    ``label`` names the option in messages (``param_groups``, ``--param-groups``).
+
+    Raises:
+        TypeError: Not a list of groups.
+        ValueError: A group without params, a key ParamGroup does not have (torch's ``lr``: say
+            ``lr_scale``), or a bad value.
+    """
+    fields = [field.name for field in dataclasses.fields(ParamGroup)]
+    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
+    if isinstance(groups, (str, Mapping)) or not all(isinstance(group, (ParamGroup, Mapping)) for group in groups):
+        raise TypeError(f"{label}: expected a list of groups, e.g. {example}, got {groups!r}")
+    built = []
+    for index, group in enumerate(groups):
+        if isinstance(group, ParamGroup):
+            built.append(group)
+            continue
+        unknown = sorted(set(group) - set(fields))
+        if unknown or "params" not in group:
+            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
+            raise ValueError(
+                f"{label}: group {index} {dict(group)!r}: needs params (a list of parameter names) and "
+                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
+            )
+        try:
+            built.append(ParamGroup(**group))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{label}: group {index} {dict(group)!r}: {error}") from None
+    return tuple(built)
+
+
 # ---- hyperparameter checks ---------------------------------------------------------------------
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+_EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "float": (_is_real, "a number"),
+    "int": (lambda value: isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)), "an int"),
+    "bool": (lambda value: isinstance(value, (bool, np.bool_)), "True or False"),
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "tuple[float, float]": (
+        lambda value: isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2
+        and all(map(_is_real, value)),
+        "two numbers",
+    ),
+}
+"""A hyperparameter's annotation -> (accepts, in words); annotations not listed are not checked."""
+
+
+def check_hyperparameter_types(optimizer: Any) -> None:
+    """Refuses a hyperparameter of another type than its field's, naming it, the value and torch's default.
+
+    Runs before each optimizer's own ``__post_init__`` (``Optimizer.__init_subclass__``), whose
+    torch checks (``lr >= 0``, ``tuple(betas)``) would otherwise fail with ``'int' object is not
+    iterable`` or ``'>=' not supported between instances of 'str' and 'float'``.
+
+    Raises:
+        TypeError: A value of another type.
+    """
+    for field in dataclasses.fields(optimizer):
+        expected = _EXPECTED.get(str(field.type))
+        value = getattr(optimizer, field.name)
+        if expected is not None and not expected[0](value):
+            default = "" if field.default is dataclasses.MISSING else f", e.g. {field.name}={field.default!r}"
+            raise TypeError(
+                f"{type(optimizer).__name__}: {field.name} must be {expected[1]}{default} (torch's default), "
+                f"got {type(value).__name__} {value!r}"
+            )
 
 
 IMPLEMENTATIONS = ("ortlstm", "onnx")
@@ -219,6 +294,19 @@ class Optimizer:
 
     torch_name: ClassVar[str] = ""
     kernel: ClassVar[schema.OpSpec | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every optimizer's own checks run after the types are known good (check_hyperparameter_types).
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None:
+
+            def __post_init__(self: Any) -> None:
+                check_hyperparameter_types(self)
+                own(self)
+
+            cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
     """The ortlstm op that does the whole update in one node, or None."""
     lr: float
     fused_multiply_add: bool
@@ -375,7 +463,7 @@ def optimizer_from_torch(name: str, **kwargs: Any) -> Optimizer:
     unknown = sorted(set(kwargs) - names)
     if unknown:
         raise ValueError(f"{name} has no hyperparameter {', '.join(unknown)} here (it has {', '.join(sorted(names))})")
-    if "betas" in kwargs:
+    if isinstance(kwargs.get("betas"), list):  # JSON's; anything else is the optimizer's to refuse
         kwargs["betas"] = tuple(kwargs["betas"])
     return cls(**kwargs)
 

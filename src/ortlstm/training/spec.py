@@ -19,6 +19,7 @@ import numpy as np
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.optimizers.clip import ClipGradNorm
 from ortlstm.graphs.train_step import TrainStepSignature
 
 LearningRate = float | Callable[[int], float]
@@ -45,6 +46,75 @@ def _fixed_shapes(
 ) -> dict[str, tuple[int | str | None, ...]] | None:
     """``fixed_shapes`` in the spec's form (tuples, so that specs compare and hash alike)."""
     return None if shapes is None else {name: tuple(dims) for name, dims in shapes.items()}
+
+
+def _names(keyword: str, names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple, refusing one string (``tuple("lstm")`` would be its characters).
+
+    Raises:
+        TypeError: A string, or not a sequence of strings.
+    """
+    if isinstance(names, str):
+        raise TypeError(f"{keyword} must be a list of names, got the string {names!r}; pass {keyword}=[{names!r}]")
+    try:
+        values = tuple(names)
+    except TypeError:
+        raise TypeError(
+            f"{keyword} must be a list of names, got {type(names).__name__} {names!r}; pass e.g. {keyword}=['lstm']"
+        ) from None
+    wrong = [value for value in values if not isinstance(value, str)]
+    if wrong:
+        raise TypeError(f"{keyword} must be a list of names (strings), got {wrong[0]!r} in {list(values)!r}")
+    return values
+
+
+def _is_number(value: Any) -> bool:
+    """A real number as torch's options take it (bool is not one)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_option_types(spec: TrainingSpec) -> None:
+    """Refuses an option of the wrong type before anything is built, naming the keyword and what to pass.
+
+    Without this a string ``loss`` ends in ``'str' object has no attribute 'kind'``, a string ``lr``
+    at the first step, and a negative ``clip_grad_norm`` flips the gradients' sign (``ClipGradNorm``).
+
+    Raises:
+        TypeError: A loss, optimizer or option of another type.
+        ValueError: A value no run can use (a negative ``lr`` or ``clip_grad_norm``).
+    """
+    if not isinstance(spec.loss, losses.Loss):
+        hint = f"Loss.{spec.loss}()" if isinstance(spec.loss, str) and hasattr(losses.Loss, spec.loss) else None
+        raise TypeError(
+            f"loss must be an ortlstm.graphs.losses.Loss, got {type(spec.loss).__name__} {spec.loss!r}; "
+            f"pass loss={hint or 'Loss.cross_entropy()'} (torch.nn.functional's names and keywords)"
+        )
+    if not isinstance(spec.optimizer, optimizers.Optimizer):
+        given = spec.optimizer
+        named = {key.lower(): key for key in optimizers.OPTIMIZERS}
+        text = given.__name__ if isinstance(given, type) else given if isinstance(given, str) else "AdamW"
+        name = named.get(text.lower(), "AdamW")
+        what = "the class" if isinstance(given, type) else type(given).__name__
+        raise TypeError(
+            f"optimizer must be an ortlstm.graphs.optimizers optimizer instance, got {what} {given!r}; "
+            f"pass optimizer={name}(lr=1e-3) (ortlstm.graphs.optimizers.{name}, torch.optim's keywords)"
+        )
+    if spec.lr is not None and not (callable(spec.lr) or _is_number(spec.lr)):
+        raise TypeError(f"lr must be a number or a schedule f(done) -> lr, got {type(spec.lr).__name__} {spec.lr!r}")
+    if spec.lr is not None and not callable(spec.lr) and not spec.lr >= 0.0:
+        raise ValueError(f"Invalid learning rate: {spec.lr}")  # torch.optim's words
+    if spec.clip_grad_norm is not None:
+        ClipGradNorm(spec.clip_grad_norm, spec.clip_norm_type)  # its checks (the builder's, before it runs)
+    threads = spec.threads
+    if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 0):
+        raise TypeError(
+            f"threads must be an int >= 0 (onnxruntime's intra-op threads; 0: its choice) or None, got {threads!r}"
+        )
+    if not isinstance(spec.stateful, (bool, np.bool_)):
+        raise TypeError(f"stateful must be True or False, got {type(spec.stateful).__name__} {spec.stateful!r}")
+    for keyword, value in (("output", spec.prediction), ("target", spec.target)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{keyword} must be a name (a string), got {type(value).__name__} {value!r}")
 
 
 # ---- the JSON of each field that is saved ----------------------------------------------------------
@@ -206,6 +276,9 @@ class TrainingSpec:
     threads: int | None = dataclasses.field(default=None, metadata=_role())
     nonfinite: str = dataclasses.field(default="raise", metadata=_role())
 
+    def __post_init__(self) -> None:
+        _check_option_types(self)
+
     @classmethod
     def from_options(
         cls,
@@ -221,11 +294,11 @@ class TrainingSpec:
     ) -> TrainingSpec:
         """A spec from ``Trainer``'s keywords, as given (sequences and mappings in the spec's form)."""
         return cls(
-            requires_grad=None if requires_grad is None else tuple(requires_grad),
+            requires_grad=None if requires_grad is None else _names("requires_grad", requires_grad),
             prediction=output,
-            extra_outputs=tuple(extra_outputs),
-            param_groups=tuple(param_groups),
-            frozen=tuple(frozen),
+            extra_outputs=_names("extra_outputs", extra_outputs),
+            param_groups=optimizers.as_param_groups(param_groups, "param_groups"),
+            frozen=_names("frozen", frozen),
             fixed_inputs={name: np.asarray(value) for name, value in (fixed_inputs or {}).items()},
             fixed_shapes=_fixed_shapes(fixed_shapes),
             **options,

@@ -1,0 +1,166 @@
+"""A new user's mistakes in the Python API and on the command line: each a clear error, never a silent wrong run.
+
+The model is the real torch export of tests/test_parameter_names.py (a 2-layer LSTM + Linear
+classifier, dynamo, optimize=True: torch names differ from the ONNX names ``val_41``...). Each
+mistake below used to end in a raw Python error (``'int' object is not iterable``, ``'str' object
+has no attribute 'kind'``), to be split into characters (``frozen="lstm"``), or to train wrong
+(``clip_grad_norm=-1`` multiplies every gradient by a negative coefficient, as torch's does).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.optimizers.clip import ClipGradNorm
+
+from ortlstm.__main__ import main
+from ortlstm.training import NonFiniteStepError, Trainer
+
+MODEL_PATH = Path(__file__).resolve().parent / "data" / "lstm2_classifier_dynamo.onnx"
+MODEL = onnx.load(MODEL_PATH)  # input x [6, 4, 3] (batch 6 fixed by the export, freed), output logits [6, 5]
+
+
+def _trainer(**options: Any) -> Trainer:
+    options.setdefault("loss", losses.Loss.cross_entropy())
+    options.setdefault("optimizer", optimizers.SGD(lr=0.1))
+    return Trainer(MODEL, **options)
+
+
+@pytest.mark.parametrize("keyword", ["frozen", "requires_grad", "extra_outputs"])
+def test_a_string_where_a_list_of_names_goes_is_refused_not_split_into_characters(keyword: str) -> None:
+    with pytest.raises(TypeError, match=rf"^{keyword} must be a list of names, got the string 'lstm'; "
+                       rf"pass {keyword}=\['lstm'\]$"):
+        _trainer(**{keyword: "lstm"})
+
+
+def test_param_groups_take_torch_dicts_as_param_group_does() -> None:
+    as_dicts = _trainer(param_groups=[{"params": ["lstm"], "weight_decay": 0.0, "lr_scale": 0.5}])
+    as_groups = _trainer(param_groups=[optimizers.ParamGroup(("lstm",), weight_decay=0.0, lr_scale=0.5)])
+    assert as_dicts.spec.param_groups == as_groups.spec.param_groups
+    assert as_dicts.spec.param_groups[0].lr_scale == 0.5
+
+
+@pytest.mark.parametrize(
+    ("groups", "error", "message"),
+    [
+        ({"params": ["lstm"]}, TypeError, r"^param_groups: expected a list of groups, e\.g\. \[\{\"params\""),
+        ([{"params": ["lstm"], "lr": 0.1}], ValueError, r"unknown: lr \(lr: give lr_scale = the group's lr / the"),
+        ([{"params": "lstm"}], ValueError, r"ParamGroup\.params must be a sequence of names, got the string 'lstm'"),
+        ([{"params": ["lstm"], "betas": 3}], ValueError, r"betas must be two numbers, e\.g\. \(0\.9, 0\.999\), got 3"),
+    ],
+)
+def test_param_groups_of_the_wrong_form_name_the_group_and_the_fix(groups: Any, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        _trainer(param_groups=groups)
+
+
+def test_a_param_group_naming_only_frozen_parameters_says_they_are_not_trained() -> None:
+    # torch.optim takes such a group and ignores it; here it is refused with the reason.
+    with pytest.raises(ValueError, match=r"^param_groups\[0\]: 'head\.weight' matches no trained parameter of the "
+                       r"model; 'head\.weight' names only parameters that are not trained \(frozen, left out of "
+                       r"requires_grad, or not reaching the loss\)"):
+        _trainer(frozen=["head"], param_groups=[{"params": ["head.weight"]}])
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"loss": "cross_entropy"}, TypeError, r"^loss must be an ortlstm\.graphs\.losses\.Loss, got str "
+         r"'cross_entropy'; pass loss=Loss\.cross_entropy\(\)"),
+        ({"optimizer": "adamw"}, TypeError, r"got str 'adamw'; pass optimizer=AdamW\(lr=1e-3\)"),
+        ({"optimizer": optimizers.NAdam}, TypeError, r"got the class .*; pass optimizer=NAdam\(lr=1e-3\)"),
+        ({"lr": "0.1"}, TypeError, r"^lr must be a number or a schedule f\(done\) -> lr, got str '0\.1'$"),
+        ({"lr": -1.0}, ValueError, r"^Invalid learning rate: -1\.0$"),
+        ({"threads": "2"}, TypeError, r"^threads must be an int >= 0 .* or None, got '2'$"),
+        ({"stateful": "yes"}, TypeError, r"^stateful must be True or False, got str 'yes'$"),
+        ({"clip_grad_norm": -1.0}, ValueError, r"^clip_grad_norm must be a number >= 0 .*, got -1\.0; a negative one "
+         r"would flip the gradients' sign"),
+        ({"clip_grad_norm": "1"}, ValueError, r"^clip_grad_norm must be a number >= 0"),
+        ({"output": 0}, TypeError, r"^output must be a name \(a string\), got int 0$"),
+    ],
+)
+def test_trainer_options_of_the_wrong_type_are_refused_before_building(
+    options: dict[str, Any], error: type, message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        _trainer(**options)
+
+
+def test_a_negative_max_norm_is_refused_where_clipping_is_defined() -> None:
+    with pytest.raises(ValueError, match="flip the gradients' sign"):
+        ClipGradNorm(-0.5)
+    assert ClipGradNorm(0.0).max_norm == 0.0  # torch's max_norm=0 zeroes the gradients: allowed
+    assert ClipGradNorm(np.float32(1.0)).max_norm == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(optimizers.OPTIMIZERS))
+def test_every_optimizer_refuses_a_hyperparameter_of_another_type(name: str) -> None:
+    cls = optimizers.OPTIMIZERS[name]
+    with pytest.raises(TypeError, match=rf"^{name}: lr must be a number, e\.g\. lr=.* \(torch's default\), got str "
+                       r"'abc'$"):
+        cls(lr="abc")
+    with pytest.raises(TypeError, match=rf"^{name}: maximize must be True or False, .*got str 'no'$"):
+        cls(maximize="no")
+    assert cls(lr=np.float32(0.5)).lr == 0.5  # NumPy numbers are numbers
+
+
+@pytest.mark.parametrize("betas", [3, 0.9, "0.9,0.99", (0.9,), (0.9, "0.99")])
+def test_adam_betas_that_are_not_two_numbers_are_refused(betas: Any) -> None:
+    with pytest.raises(TypeError, match=r"^Adam: betas must be two numbers, e\.g\. betas=\(0\.9, 0\.999\) \(torch's "
+                       r"default\), got "):
+        optimizers.Adam(betas=betas)
+
+
+def test_a_refused_update_names_the_gradients_by_their_torch_names() -> None:
+    trainer = _trainer()
+    x = np.full((6, 4, 3), np.nan, np.float32)
+    with pytest.raises(NonFiniteStepError, match=r"the gradients of \[.*'lstm\.weight_ih_l0 \(onnx: val_41\)', .*"
+                       r"'lstm\.bias_hh_l0 \+ lstm\.bias_ih_l0 \(onnx: val_64\)'.*\] hold NaN or inf") as error:
+        trainer.step(x, target=np.zeros(6, np.int64))
+    assert "val_41" in error.value.nonfinite_grads  # the attribute keeps the initializer names
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--optimizer", "adam", "--optimizer-option", "betas=3"], "Adam: betas must be two numbers"),
+        (["--optimizer", "adam", "--optimizer-option", "lr=abc"], "Adam: lr must be a number"),
+        (["--optimizer", "sgd", "--clip-grad-norm", "-1"], "clip_grad_norm must be a number >= 0"),
+        (
+            ["--optimizer", "sgd", "--frozen", "head", "--param-groups", '[{"params": ["head.bias"]}]'],
+            "'head.bias' names only parameters that are not trained",
+        ),
+    ],
+)
+def test_the_command_line_says_the_same_in_one_line(
+    options: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "train.npz"
+    np.savez(data, x=np.zeros((6, 4, 3), np.float32), target=np.zeros(6, np.int64))
+    argv = ["fit", str(MODEL_PATH), "--data", str(data), "--loss", "cross_entropy", "--batch-size", "6", "--epochs", "1", *options]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ortlstm fit: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_distributed_save_keeps_an_existing_checkpoints_mode(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py")
+    from ortlstm.distributed import DistributedTrainer
+
+    path = tmp_path / "run.safetensors"
+    path.write_bytes(b"old")
+    os.chmod(path, 0o640)
+    trainer = DistributedTrainer(_trainer(threads=1))
+    trainer.save(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    restored = _trainer(threads=1)
+    restored.load(path)
+    assert restored.global_step == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["run.safetensors"]  # no partial file left beside it
