@@ -150,6 +150,23 @@ def test_the_command_line_says_the_same_in_one_line(
     assert err.startswith("ortlstm fit: error: ") and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize(("flag", "example"), [("--checkpoint", "run.safetensors"), ("--plot", "curves.png")])
+def test_fit_refuses_a_directory_where_it_writes_a_file_before_training(
+    flag: str, example: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "train.npz"
+    np.savez(data, x=np.zeros((6, 4, 3), np.float32), target=np.zeros(6, np.int64))
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    argv = ["fit", str(MODEL_PATH), "--data", str(data), "--loss", "cross_entropy", "--optimizer", "sgd"]
+    assert main([*argv, "--batch-size", "6", "--epochs", "1", flag, str(folder)]) == 1
+    # Before: "--checkpoint runs: runs exists: pass --resume to continue that run" and --plot's example a .onnx file.
+    assert capsys.readouterr().err == (
+        f"ortlstm fit: error: {flag} {folder}: a directory; pass the file to write (e.g. {folder / example})\n"
+    )
+    assert list(folder.iterdir()) == []
+
+
 def test_distributed_save_keeps_an_existing_checkpoints_mode(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     from ortlstm.distributed import DistributedTrainer
@@ -164,3 +181,56 @@ def test_distributed_save_keeps_an_existing_checkpoints_mode(tmp_path: Path) -> 
     restored.load(path)
     assert restored.global_step == 0
     assert [p.name for p in tmp_path.iterdir()] == ["run.safetensors"]  # no partial file left beside it
+
+
+BATCH = np.zeros((6, 4, 3), np.float32)
+LABELS = np.zeros(6, np.int64)
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "message"),
+    [
+        ((BATCH[:0],), {"target": LABELS[:0]}, r"^step\(\): input 'x' holds no samples \(shape \[0, 4, 3\], axis 0 "
+         r"is 0\); a step or evaluation needs at least one \(torch's mean over an empty batch is nan\): skip the batch$"),
+        (({"x": BATCH},), {"target": LABELS}, r"^step\(\): input 'x' is a dict of \['x'\]; pass arrays by name "
+         r"instead: step\(\*\*batch\) or step\(x=\.\.\., target=\.\.\.\)$"),
+        ((BATCH.tolist(),), {"target": LABELS}, r"^step\(\): input 'x' must be float32 \[.*\], got float64 "
+         r"\[6, 4, 3\]; pass np\.asarray\(\.\.\., np\.float32\)$"),
+        (([[1.0, 2.0], [3.0]],), {"target": LABELS}, r"^step\(\): input 'x' is not an array of numbers \(.*\); "
+         r"pass a NumPy array$"),
+        ((BATCH,), {"target": "abc"}, r"^step\(\): target is not numbers: got str 'abc'; pass a NumPy array$"),
+        ((BATCH, LABELS), {}, r"^step\(\): 2 positional inputs, but the model has 1: \['x'\]; the target goes by "
+         r"keyword: target=\.\.\.$"),
+    ],
+)
+def test_a_batch_that_is_not_arrays_of_samples_is_refused_naming_the_input(
+    args: tuple[Any, ...], named: dict[str, Any], message: str
+) -> None:
+    trainer = _trainer()
+    with pytest.raises(ValueError, match=message):
+        trainer.step(*args, **named)
+    assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("where", ["directory", "missing directory"])
+def test_save_to_a_directory_or_into_a_missing_one_says_so_and_writes_nothing(where: str, tmp_path: Path) -> None:
+    trainer = _trainer()
+    target = tmp_path / "runs" if where == "directory" else tmp_path / "missing" / "run.safetensors"
+    if where == "directory":
+        target.mkdir()
+    error = IsADirectoryError if where == "directory" else FileNotFoundError
+    message = r"is a directory: pass a file path, e\.g\. .*run\.safetensors$" if where == "directory" else (
+        r"^cannot write .*run\.safetensors: no directory .*missing \(create it first\)$"
+    )
+    with pytest.raises(error, match=message):
+        trainer.save(target)
+    assert sorted(path.name for path in tmp_path.rglob("*")) == (["runs"] if where == "directory" else [])
+
+
+def test_loading_a_checkpoint_of_another_optimizer_names_the_optimizers_only(tmp_path: Path) -> None:
+    path = tmp_path / "run.safetensors"
+    _trainer(optimizer=optimizers.AdamW(lr=1e-3)).save(path)
+    # Before: every field of both optimizers (optimizer.momentum=None and optimizer.dampening=None and ...).
+    with pytest.raises(ValueError, match=r": the checkpoint was saved with optimizer\.name=AdamW, this trainer has "
+                       r"optimizer\.name=SGD \(build the Trainer with the same options"):
+        _trainer().load(path)

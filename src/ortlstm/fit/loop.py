@@ -154,9 +154,9 @@ def _check_outputs(out: str | Path | None, plot: str | Path | None) -> None:
     Raises:
         ValueError: It is a directory.
     """
-    for flag, path in (("--out", out), ("--plot", plot)):
+    for flag, path, example in (("--out", out, "trained.onnx"), ("--plot", plot, "curves.png")):
         if path is not None and Path(path).is_dir():
-            raise ValueError(f"{flag} {path}: a directory; pass the file to write (e.g. {Path(path) / 'trained.onnx'})")
+            raise ValueError(f"{flag} {path}: a directory; pass the file to write (e.g. {Path(path) / example})")
 
 
 def _training_data(
@@ -274,6 +274,10 @@ class _Run:
                 checkpoint without ``resume``.
         """
         self.checkpoint = checkpoint
+        if checkpoint is not None and checkpoint.is_dir():
+            raise ValueError(
+                f"--checkpoint {checkpoint}: a directory; pass the file to write (e.g. {checkpoint / 'run.safetensors'})"
+            )
         if not resume:
             if checkpoint is not None and checkpoint.exists():
                 raise ValueError(
