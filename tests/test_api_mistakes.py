@@ -84,6 +84,13 @@ def test_a_param_group_naming_only_frozen_parameters_says_they_are_not_trained()
          r"would flip the gradients' sign"),
         ({"clip_grad_norm": "1"}, ValueError, r"^clip_grad_norm must be a number >= 0"),
         ({"output": 0}, TypeError, r"^output must be a name \(a string\), got int 0$"),
+        ({"fixed_shapes": [6, 4, 3]}, TypeError, r"^fixed_shapes must be a mapping of input name -> value, got list "
+         r"\[6, 4, 3\]; pass e\.g\. fixed_shapes=\{'x': \[None, 40, 1\]\}$"),
+        ({"fixed_inputs": "x"}, TypeError, r"^fixed_inputs must be a mapping of input name -> value, got str 'x'"),
+        ({"lr": lambda: 0.1}, TypeError, r"^lr: a schedule is called with the number of updates done \(lr\(0\) for "
+         r"the first\), but .* cannot take one argument; pass e\.g\. lr=lambda done: 1e-3 \* 0\.95 \*\* done$"),
+        ({"ir_version": "10"}, TypeError, r"^ir_version must be an int \(e\.g\. \d+\), got '10'$"),
+        ({"clip_grad_norm": 1.0, "clip_norm_type": "inf"}, ValueError, r"norm_type must be positive or inf, got 'inf'"),
     ],
 )
 def test_trainer_options_of_the_wrong_type_are_refused_before_building(
@@ -144,7 +151,8 @@ def test_the_command_line_says_the_same_in_one_line(
 ) -> None:
     data = tmp_path / "train.npz"
     np.savez(data, x=np.zeros((6, 4, 3), np.float32), target=np.zeros(6, np.int64))
-    argv = ["fit", str(MODEL_PATH), "--data", str(data), "--loss", "cross_entropy", "--batch-size", "6", "--epochs", "1", *options]
+    argv = ["fit", str(MODEL_PATH), "--data", str(data), "--loss", "cross_entropy", "--batch-size", "6"]
+    argv += ["--epochs", "1", *options]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("ortlstm fit: error: ") and message in err and err.count("\n") == 1, err
@@ -191,7 +199,8 @@ LABELS = np.zeros(6, np.int64)
     ("args", "named", "message"),
     [
         ((BATCH[:0],), {"target": LABELS[:0]}, r"^step\(\): input 'x' holds no samples \(shape \[0, 4, 3\], axis 0 "
-         r"is 0\); a step or evaluation needs at least one \(torch's mean over an empty batch is nan\): skip the batch$"),
+         r"is 0\); a step or evaluation needs at least one \(torch's mean over an empty batch is nan\): "
+         r"skip the batch$"),
         (({"x": BATCH},), {"target": LABELS}, r"^step\(\): input 'x' is a dict of \['x'\]; pass arrays by name "
          r"instead: step\(\*\*batch\) or step\(x=\.\.\., target=\.\.\.\)$"),
         ((BATCH.tolist(),), {"target": LABELS}, r"^step\(\): input 'x' must be float32 \[.*\], got float64 "
@@ -234,3 +243,24 @@ def test_loading_a_checkpoint_of_another_optimizer_names_the_optimizers_only(tmp
     with pytest.raises(ValueError, match=r": the checkpoint was saved with optimizer\.name=AdamW, this trainer has "
                        r"optimizer\.name=SGD \(build the Trainer with the same options"):
         _trainer().load(path)
+
+
+def test_nan_in_the_validation_set_under_skip_says_it_is_evaluated_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "train.npz", x=rng.standard_normal((6, 4, 3)).astype(np.float32), target=LABELS)
+    val_x = rng.standard_normal((6, 4, 3)).astype(np.float32)
+    val_x[2, 1, 0] = np.nan
+    np.savez(tmp_path / "val.npz", x=val_x, target=LABELS)
+    argv = ["fit", str(MODEL_PATH), "--data", str(tmp_path / "train.npz"), "--val", str(tmp_path / "val.npz")]
+    argv += ["--loss", "cross_entropy", "--optimizer", "sgd", "--batch-size", "6", "--epochs", "1"]
+    assert main([*argv, "--nonfinite", "skip"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    # Before: "--nonfinite skip: each batch holding one is skipped", which fit does to training batches only.
+    assert lines[0] == (
+        f"ortlstm fit: warning: {tmp_path / 'val.npz'}: array 'x' holds NaN or inf in 1 of 6 samples (the first: "
+        "sample 2); --nonfinite skip: the validation set is evaluated as it is, so its loss will not be finite "
+        "(each epoch's warning counts the samples)"
+    )
+    assert "the validation loss is nan: 1 of 6 samples has a loss that is not finite (the first: sample 2)" in lines[-1]

@@ -34,8 +34,8 @@ class ClipGradNorm:
                 f"clip_grad_norm must be a number >= 0 (the largest total gradient norm), got {max_norm!r}; "
                 "a negative one would flip the gradients' sign: pass e.g. 1.0, or None"
             )
-        if not self.norm_type > 0:
-            raise ValueError(f"clip_grad_norm norm_type must be positive or inf, got {self.norm_type}")
+        if isinstance(self.norm_type, bool) or not isinstance(self.norm_type, numbers.Real) or not self.norm_type > 0:
+            raise ValueError(f"clip_grad_norm norm_type must be positive or inf, got {self.norm_type!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,7 +119,7 @@ def fit(
     counts = {data_name: samples}
     if val is not None:
         val, counts[val_name] = prepare_data(val, specs, val_name)
-        check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn)
+        check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn, validation=True)
     check_export_batch(specs, batch_size, counts)  # before an epoch is spent on a batch the export fixed
     run = _Run.plan(trainer, data, specs, val, samples, epochs, batch_size, seed, shuffle, schedule)
     run.val_name, run.warn = val_name, warn
@@ -275,9 +275,8 @@ class _Run:
         """
         self.checkpoint = checkpoint
         if checkpoint is not None and checkpoint.is_dir():
-            raise ValueError(
-                f"--checkpoint {checkpoint}: a directory; pass the file to write (e.g. {checkpoint / 'run.safetensors'})"
-            )
+            example = checkpoint / "run.safetensors"
+            raise ValueError(f"--checkpoint {checkpoint}: a directory; pass the file to write (e.g. {example})")
         if not resume:
             if checkpoint is not None and checkpoint.exists():
                 raise ValueError(

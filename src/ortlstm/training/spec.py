@@ -12,6 +12,7 @@ train step's lr input), which its field declares.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -68,6 +69,22 @@ def _names(keyword: str, names: Sequence[str]) -> tuple[str, ...]:
     return values
 
 
+def _mapping(keyword: str, value: Mapping[str, Any] | None, example: str) -> Iterator[tuple[str, Any]]:
+    """The items of a mapping option (none for None).
+
+    Raises:
+        TypeError: Not a mapping (a list of dims without the input's name, a string).
+    """
+    if value is None:
+        return iter(())
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{keyword} must be a mapping of input name -> value, got {type(value).__name__} {value!r}; "
+            f"pass e.g. {keyword}={example}"
+        )
+    return iter(value.items())
+
+
 def _is_number(value: Any) -> bool:
     """A real number as torch's options take it (bool is not one)."""
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
@@ -103,6 +120,18 @@ def _check_option_types(spec: TrainingSpec) -> None:
         raise TypeError(f"lr must be a number or a schedule f(done) -> lr, got {type(spec.lr).__name__} {spec.lr!r}")
     if spec.lr is not None and not callable(spec.lr) and not spec.lr >= 0.0:
         raise ValueError(f"Invalid learning rate: {spec.lr}")  # torch.optim's words
+    if callable(spec.lr):
+        try:
+            inspect.signature(spec.lr).bind(0)
+        except TypeError:
+            raise TypeError(
+                f"lr: a schedule is called with the number of updates done (lr(0) for the first), but {spec.lr!r} "
+                "cannot take one argument; pass e.g. lr=lambda done: 1e-3 * 0.95 ** done"
+            ) from None
+        except ValueError:  # a builtin without a signature: called as it is
+            pass
+    if isinstance(spec.ir_version, bool) or not isinstance(spec.ir_version, (int, np.integer)):
+        raise TypeError(f"ir_version must be an int (e.g. {MAX_IR_VERSION}), got {spec.ir_version!r}")
     if spec.clip_grad_norm is not None:
         ClipGradNorm(spec.clip_grad_norm, spec.clip_norm_type)  # its checks (the builder's, before it runs)
     threads = spec.threads
@@ -299,8 +328,12 @@ class TrainingSpec:
             extra_outputs=_names("extra_outputs", extra_outputs),
             param_groups=optimizers.as_param_groups(param_groups, "param_groups"),
             frozen=_names("frozen", frozen),
-            fixed_inputs={name: np.asarray(value) for name, value in (fixed_inputs or {}).items()},
-            fixed_shapes=_fixed_shapes(fixed_shapes),
+            fixed_inputs={
+                name: np.asarray(value) for name, value in _mapping("fixed_inputs", fixed_inputs, "{'rate': 16000}")
+            },
+            fixed_shapes=None
+            if fixed_shapes is None
+            else _fixed_shapes(dict(_mapping("fixed_shapes", fixed_shapes, "{'x': [None, 40, 1]}"))),
             **options,
         )
 
