@@ -264,3 +264,29 @@ def test_nan_in_the_validation_set_under_skip_says_it_is_evaluated_not_skipped(
         "(each epoch's warning counts the samples)"
     )
     assert "the validation loss is nan: 1 of 6 samples has a loss that is not finite (the first: sample 2)" in lines[-1]
+
+
+def test_a_class_loss_on_a_regressors_one_axis_output_says_what_torch_makes_of_it() -> None:
+    # A regressor's output [batch] (x @ w with w [3]), given cross_entropy by mistake: torch reads a
+    # 1-D input as the classes of one unbatched sample, so its target is 0-D and the labels [batch] do not fit.
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "regressor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    trainer = Trainer(model, loss=losses.Loss.cross_entropy(), optimizer=optimizers.SGD(lr=0.1))
+    hint = (
+        r"the prediction \[(batch|4)\] has one axis, which torch's cross_entropy reads as the classes of one unbatched "
+        r"sample: a classifier's output is \[batch, classes\], and a regressor's \[batch\] output needs a regression "
+        r"loss \(mse_loss, l1_loss, \.\.\.\)"
+    )
+    x = np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match=r"expects class indices int64 \[\] .*got int64 \[4\]; " + hint + "$"):
+        trainer.step(x, target=np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match=r"got float32 \[4\]; " + hint + r"; class probabilities need"):
+        trainer.step(x, target=np.zeros(4, np.float32))

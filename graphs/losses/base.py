@@ -413,6 +413,21 @@ class TargetFacts:
         return f"{' or '.join(type_name(elem) for elem in self.elem_types)} {shape_text(self.shape)}"
 
 
+def unbatched_hint(spec: Loss, pred_shape: Sequence[int | str | None] | None) -> str:
+    """For a class loss on a 1-D prediction, what torch makes of it (one unbatched sample), else "".
+
+    A regressor's ``[batch]`` output given a class loss by mistake is refused for a target of
+    ``[batch]``; the refusal says why the expected target is 0-D.
+    """
+    if pred_shape is None or len(pred_shape) != 1:
+        return ""
+    return (
+        f"the prediction {shape_text(pred_shape)} has one axis, which torch's {spec.kind} reads as the classes of "
+        "one unbatched sample: a classifier's output is [batch, classes], and a regressor's [batch] output needs a "
+        "regression loss (mse_loss, l1_loss, ...)"
+    )
+
+
 def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None:
     """What the target of ``spec`` may be for ``prediction`` (None: the loss reads no target)."""
     entry = LOSSES[spec.kind]
@@ -429,6 +444,7 @@ def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None
     if spec.class_target:
         shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())
         other = f"class probabilities need Loss.{spec.kind}(class_probabilities=True)" if probabilities else ""
+        other = "; ".join(filter(None, [unbatched_hint(spec, pred_shape), other]))
         return TargetFacts("class indices", indices, shape, "exact", other)
     floats = (pred_elem,) if pred_elem else (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
     if entry.class_target:
