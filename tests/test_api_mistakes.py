@@ -290,3 +290,18 @@ def test_a_class_loss_on_a_regressors_one_axis_output_says_what_torch_makes_of_i
         trainer.step(x, target=np.zeros(4, np.int64))
     with pytest.raises(ValueError, match=r"got float32 \[4\]; " + hint + r"; class probabilities need"):
         trainer.step(x, target=np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: losses.Loss.cross_entropy(ignore_index="a"), r"^cross_entropy: ignore_index must be an int, e\.g\. "
+         r"ignore_index=-100 \(torch's default\), got str 'a'$"),
+        (lambda: losses.Loss.cross_entropy(label_smoothing="0.1"), r"^cross_entropy: label_smoothing must be a number"),
+        (lambda: losses.Loss.ctc_loss(zero_infinity="yes"), r"^ctc_loss: zero_infinity must be True or False"),
+    ],
+)
+def test_a_loss_option_of_another_type_is_refused_naming_it(make: Any, message: str) -> None:
+    # Before: accepted, to fail (or not) somewhere in the graph; label_smoothing="0.1": '<=' not supported ...
+    with pytest.raises(TypeError, match=message):
+        make()

@@ -24,6 +24,7 @@ import onnx
 import onnx.helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.field_types import check_field_types
 
 REDUCTIONS = ("mean", "sum", "none")
 KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
@@ -224,6 +225,7 @@ class Loss(metaclass=_LossConstructors):
         entry = LOSSES.get(self.kind)
         if entry is None:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(LOSSES)}")
+        check_field_types(self, self.kind)
         if self.reduction not in entry.reductions:
             raise ValueError(
                 f"{self.reduction} is not a valid value for reduction (choose {_choices(entry.reductions)})"
@@ -414,11 +416,7 @@ class TargetFacts:
 
 
 def unbatched_hint(spec: Loss, pred_shape: Sequence[int | str | None] | None) -> str:
-    """For a class loss on a 1-D prediction, what torch makes of it (one unbatched sample), else "".
-
-    A regressor's ``[batch]`` output given a class loss by mistake is refused for a target of
-    ``[batch]``; the refusal says why the expected target is 0-D.
-    """
+    """For a class loss on a 1-D prediction (a regressor's by mistake): why torch's target is 0-D, else ""."""
     if pred_shape is None or len(pred_shape) != 1:
         return ""
     return (

@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import onnx
 
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.field_types import check_field_types
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
 from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value
 from ortlstm.graphs.parameters import ParameterNames
@@ -123,45 +124,6 @@ def as_param_groups(groups: Sequence[ParamGroup | Mapping[str, Any]], label: str
 
 
 # ---- hyperparameter checks ---------------------------------------------------------------------
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
-_EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "float": (_is_real, "a number"),
-    "int": (lambda value: isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)), "an int"),
-    "bool": (lambda value: isinstance(value, (bool, np.bool_)), "True or False"),
-    "str": (lambda value: isinstance(value, str), "a string"),
-    "tuple[float, float]": (
-        lambda value: isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2
-        and all(map(_is_real, value)),
-        "two numbers",
-    ),
-}
-"""A hyperparameter's annotation -> (accepts, in words); annotations not listed are not checked."""
-
-
-def check_hyperparameter_types(optimizer: Any) -> None:
-    """Refuses a hyperparameter of another type than its field's, naming it, the value and torch's default.
-
-    Runs before each optimizer's own ``__post_init__`` (``Optimizer.__init_subclass__``), whose
-    torch checks (``lr >= 0``, ``tuple(betas)``) would otherwise fail with ``'int' object is not
-    iterable`` or ``'>=' not supported between instances of 'str' and 'float'``.
-
-    Raises:
-        TypeError: A value of another type.
-    """
-    for field in dataclasses.fields(optimizer):
-        expected = _EXPECTED.get(str(field.type))
-        value = getattr(optimizer, field.name)
-        if expected is not None and not expected[0](value):
-            default = "" if field.default is dataclasses.MISSING else f", e.g. {field.name}={field.default!r}"
-            raise TypeError(
-                f"{type(optimizer).__name__}: {field.name} must be {expected[1]}{default} (torch's default), "
-                f"got {type(value).__name__} {value!r}"
-            )
 
 
 IMPLEMENTATIONS = ("ortlstm", "onnx")
@@ -296,13 +258,13 @@ class Optimizer:
     kernel: ClassVar[schema.OpSpec | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Every optimizer's own checks run after the types are known good (check_hyperparameter_types).
+        # Every optimizer's own checks run after the types are known good (check_field_types).
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__post_init__")
         if own is not None:
 
             def __post_init__(self: Any) -> None:
-                check_hyperparameter_types(self)
+                check_field_types(self, type(self).__name__)
                 own(self)
 
             cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
