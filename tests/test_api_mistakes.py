@@ -305,3 +305,20 @@ def test_a_loss_option_of_another_type_is_refused_naming_it(make: Any, message: 
     # Before: accepted, to fail (or not) somewhere in the graph; label_smoothing="0.1": '<=' not supported ...
     with pytest.raises(TypeError, match=message):
         make()
+
+
+def test_fit_takes_torchs_class_names_and_learning_rate_with_a_deprecation_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README: "the older spellings (--loss CrossEntropyLoss, --optimizer AdamW, ..., --learning-rate) still
+    # work and print a deprecation warning"; fit and train-step refused them ("invalid choice: 'AdamW'").
+    np.savez(tmp_path / "train.npz", x=np.zeros((6, 4, 3), np.float32), target=LABELS)
+    argv = ["fit", str(MODEL_PATH), "--data", str(tmp_path / "train.npz"), "--batch-size", "6", "--epochs", "1"]
+    assert main([*argv, "--loss", "CrossEntropyLoss", "--optimizer", "AdamW", "--learning-rate", "0.01"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "ortlstm fit: warning: --loss CrossEntropyLoss is deprecated; use --loss cross_entropy",
+        "ortlstm fit: warning: --optimizer AdamW is deprecated; use --optimizer adamw",
+        "ortlstm fit: warning: --learning-rate is deprecated; use --lr",
+    ]
+    assert "lr 0.01" in captured.out
