@@ -99,6 +99,8 @@ class ParameterNames:
         noun: What ``initializers`` are, for the refusals ("parameter", "trained parameter").
         dropped: Torch parameters the export lost (``export_metadata.TorchOrigins.dropped``): a
             refusal of a name that selects one says so, and how to keep it.
+        untrained: The model's other initializers (frozen, not in ``requires_grad``, buffers): a
+            refusal of a name that selects only those says that they are not trained.
     """
 
     initializers: tuple[str, ...]
@@ -106,6 +108,7 @@ class ParameterNames:
     known: frozenset[str] = frozenset()
     noun: str = "parameter"
     dropped: tuple[str, ...] = ()
+    untrained: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -115,9 +118,12 @@ class ParameterNames:
         known: Collection[str] = (),
         noun: str = "parameter",
         dropped: Sequence[str] = (),
+        untrained: Sequence[str] = (),
     ) -> ParameterNames:
         """The names of ``initializers`` (duplicates dropped, order kept)."""
-        return cls(tuple(dict.fromkeys(initializers)), dict(sources), frozenset(known), noun, tuple(dropped))
+        return cls(
+            tuple(dict.fromkeys(initializers)), dict(sources), frozenset(known), noun, tuple(dropped), tuple(untrained)
+        )
 
     def label(self, name: str) -> str:
         """``name`` as errors show it (``torch_name (onnx: val_29)``)."""
@@ -200,7 +206,12 @@ class ParameterNames:
         modules = [name.rsplit(".", depth)[0] for name in every_name for depth in range(1, name.count(".") + 1)]
         spellings = list(dict.fromkeys([*every_name, *modules]))  # "decoder" is close to the module "encoder"
         lost = [name for name in self.dropped if any(matches(miss, name) for miss in misses)]
-        typos = [miss for miss in misses if not any(matches(miss, name) for name in lost)]
+        idle = [
+            miss
+            for miss in misses
+            if any(self._selects(miss, name) for name in self.untrained if name not in self.initializers)
+        ]
+        typos = [miss for miss in misses if not any(matches(miss, name) for name in lost) and miss not in idle]
         close = [candidate for miss in typos for candidate in _closest(miss, spellings)]
         subject = f"{misses[0]!r} matches" if len(misses) == 1 else f"{list(misses)} match"
         message = f"{option}: {subject} no {self.noun} of the model"
@@ -210,6 +221,12 @@ class ParameterNames:
             message += (
                 f"; the export dropped torch parameters {lost} (torch.onnx.export's optimizer removes a zero-valued "
                 "bias and merges equal tensors): export with optimize=False to keep them"
+            )
+        if idle:
+            message += (
+                f"; {', '.join(map(repr, idle))} {'names' if len(idle) == 1 else 'name'} only parameters that are not "
+                "trained (frozen, left out of requires_grad, or not reaching the loss): a group sets how trained "
+                "parameters train (torch would ignore it), so leave those out of it or train them"
             )
         listed = self.valid_names(misses)
         if not listed:

@@ -210,7 +210,8 @@ def build_training_models(
         _warn_dropped(prepared.dropped)
     forward = _add_loss(prepared.model, loss, output, target, extra_outputs)
     params = choose_params(prepared, forward.graph, forward.seed, forward.emitter, requires_grad, frozen)
-    trained = ParameterNames.of(params, prepared.sources, noun="trained parameter")
+    untrained = [tensor.name for tensor in prepared.model.graph.initializer if tensor.name not in params]
+    trained = ParameterNames.of(params, prepared.sources, noun="trained parameter", untrained=untrained)
     param_groups = trained.resolve_groups(param_groups)
     emitter = forward.emitter
     emitter.ortlstm_ops = emitter.ortlstm_ops and _kernel_gradients(kernel_gradients, optimizer, forward.graph)

@@ -89,8 +89,8 @@ def test_with_skip_the_data_check_warns_and_a_nonfinite_validation_loss_is_a_war
         warn=warnings.append, val_name="val.npz",
     )  # fmt: skip
     assert warnings[0] == (
-        "val.npz: array 'pixels' holds NaN or inf in 3 of 30 samples (the first: sample 4); --nonfinite skip: each "
-        "batch holding one is skipped, its other samples too"
+        "val.npz: array 'pixels' holds NaN or inf in 3 of 30 samples (the first: sample 4); --nonfinite skip: the "
+        "validation set is evaluated as it is, so its loss will not be finite (each epoch's warning counts the samples)"
     )
     # An LSTM reads a lone -inf pixel into saturated gates: sample 22's loss stays finite, only the NaN ones are not.
     count = sum(

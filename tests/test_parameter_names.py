@@ -148,7 +148,10 @@ def test_param_groups_by_any_spelling_train_as_torch_did(groups: tuple[list[str]
         ),
         (
             {"frozen": ["head"], "param_groups": [optimizers.ParamGroup(["head.bias"])]},
-            "param_groups[0]: 'head.bias' matches no trained parameter of the model. Its trained parameters are: "
+            "param_groups[0]: 'head.bias' matches no trained parameter of the model; 'head.bias' names only "
+            "parameters that are not trained (frozen, left out of requires_grad, or not reaching the loss): a group "
+            "sets how trained parameters train (torch would ignore it), so leave those out of it or train them. "
+            "Its trained parameters are: "
             + VALID_NAMES.replace("head.weight, head.bias, ", "")
             + ". "
             + HOW.format(noun="trained parameter"),

@@ -24,6 +24,7 @@ import onnx
 import onnx.helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.field_types import check_field_types
 
 REDUCTIONS = ("mean", "sum", "none")
 KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
@@ -224,6 +225,7 @@ class Loss(metaclass=_LossConstructors):
         entry = LOSSES.get(self.kind)
         if entry is None:
             raise ValueError(f"unknown loss kind {self.kind!r}; choose one of {', '.join(LOSSES)}")
+        check_field_types(self, self.kind)
         if self.reduction not in entry.reductions:
             raise ValueError(
                 f"{self.reduction} is not a valid value for reduction (choose {_choices(entry.reductions)})"
@@ -413,6 +415,17 @@ class TargetFacts:
         return f"{' or '.join(type_name(elem) for elem in self.elem_types)} {shape_text(self.shape)}"
 
 
+def unbatched_hint(spec: Loss, pred_shape: Sequence[int | str | None] | None) -> str:
+    """For a class loss on a 1-D prediction (a regressor's by mistake): why torch's target is 0-D, else ""."""
+    if pred_shape is None or len(pred_shape) != 1:
+        return ""
+    return (
+        f"the prediction {shape_text(pred_shape)} has one axis, which torch's {spec.kind} reads as the classes of "
+        "one unbatched sample: a classifier's output is [batch, classes], and a regressor's [batch] output needs a "
+        "regression loss (mse_loss, l1_loss, ...)"
+    )
+
+
 def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None:
     """What the target of ``spec`` may be for ``prediction`` (None: the loss reads no target)."""
     entry = LOSSES[spec.kind]
@@ -429,6 +442,7 @@ def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None
     if spec.class_target:
         shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())
         other = f"class probabilities need Loss.{spec.kind}(class_probabilities=True)" if probabilities else ""
+        other = "; ".join(filter(None, [unbatched_hint(spec, pred_shape), other]))
         return TargetFacts("class indices", indices, shape, "exact", other)
     floats = (pred_elem,) if pred_elem else (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
     if entry.class_target:

@@ -26,6 +26,7 @@ from ortlstm.graphs.losses.base import (
     shape_conflict,
     shape_text,
     type_name,
+    unbatched_hint,
 )
 
 # ---- checks ------------------------------------------------------------------------------------
@@ -118,6 +119,7 @@ def _check_class_target(
         raise ValueError(
             f"loss target {target_name!r}: {spec.kind} expects class indices int64 {shape_text(index_shape)} "
             f"(the prediction {prediction_name!r} {shape_text(pred_shape)} without its class axis), {got}{batch}"
+            + "".join(f"; {hint}" for hint in [unbatched_hint(spec, pred_shape)] if hint)
         )
 
 

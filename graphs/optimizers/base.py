@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -22,6 +23,7 @@ import numpy as np
 import onnx
 
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.field_types import check_field_types
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
 from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value
 from ortlstm.graphs.parameters import ParameterNames
@@ -72,6 +74,8 @@ class ParamGroup:
             raise TypeError(f"ParamGroup.params must be a sequence of names, got the string {self.params!r}")
         object.__setattr__(self, "params", tuple(self.params))
         if self.betas is not None:
+            if isinstance(self.betas, (str, numbers.Real)):
+                raise TypeError(f"ParamGroup.betas must be two numbers, e.g. (0.9, 0.999), got {self.betas!r}")
             object.__setattr__(self, "betas", tuple(self.betas))
         if not (math.isfinite(self.lr_scale) and self.lr_scale >= 0.0):
             raise ValueError(f"Invalid lr_scale value: {self.lr_scale}")
@@ -84,6 +88,39 @@ class ParamGroup:
             for field in dataclasses.fields(self)
             if field.name not in skip and getattr(self, field.name) is not None
         }
+
+
+def as_param_groups(groups: Sequence[ParamGroup | Mapping[str, Any]], label: str) -> tuple[ParamGroup, ...]:
+    """``ParamGroup``s from ``ParamGroup``s or torch's dicts (``[{"params": ["lstm.bias"], "weight_decay": 0.0}]``).
+
+    ``label`` names the option in messages (``param_groups``, ``--param-groups``).
+
+    Raises:
+        TypeError: Not a list of groups.
+        ValueError: A group without params, a key ParamGroup does not have (torch's ``lr``: say
+            ``lr_scale``), or a bad value.
+    """
+    fields = [field.name for field in dataclasses.fields(ParamGroup)]
+    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
+    if isinstance(groups, (str, Mapping)) or not all(isinstance(group, (ParamGroup, Mapping)) for group in groups):
+        raise TypeError(f"{label}: expected a list of groups, e.g. {example}, got {groups!r}")
+    built = []
+    for index, group in enumerate(groups):
+        if isinstance(group, ParamGroup):
+            built.append(group)
+            continue
+        unknown = sorted(set(group) - set(fields))
+        if unknown or "params" not in group:
+            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
+            raise ValueError(
+                f"{label}: group {index} {dict(group)!r}: needs params (a list of parameter names) and "
+                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
+            )
+        try:
+            built.append(ParamGroup(**group))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{label}: group {index} {dict(group)!r}: {error}") from None
+    return tuple(built)
 
 
 # ---- hyperparameter checks ---------------------------------------------------------------------
@@ -219,6 +256,19 @@ class Optimizer:
 
     torch_name: ClassVar[str] = ""
     kernel: ClassVar[schema.OpSpec | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every optimizer's own checks run after the types are known good (check_field_types).
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None:
+
+            def __post_init__(self: Any) -> None:
+                check_field_types(self, type(self).__name__)
+                own(self)
+
+            cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
     """The ortlstm op that does the whole update in one node, or None."""
     lr: float
     fused_multiply_add: bool
@@ -375,7 +425,7 @@ def optimizer_from_torch(name: str, **kwargs: Any) -> Optimizer:
     unknown = sorted(set(kwargs) - names)
     if unknown:
         raise ValueError(f"{name} has no hyperparameter {', '.join(unknown)} here (it has {', '.join(sorted(names))})")
-    if "betas" in kwargs:
+    if isinstance(kwargs.get("betas"), list):  # JSON's; anything else is the optimizer's to refuse
         kwargs["betas"] = tuple(kwargs["betas"])
     return cls(**kwargs)
 

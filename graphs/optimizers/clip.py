@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
@@ -26,8 +27,15 @@ class ClipGradNorm:
     norm_type: float = 2.0
 
     def __post_init__(self) -> None:
-        if not self.norm_type > 0:
-            raise ValueError(f"clip_grad_norm norm_type must be positive or inf, got {self.norm_type}")
+        # torch does not check max_norm: a negative one multiplies every gradient by a negative coefficient.
+        max_norm = self.max_norm
+        if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm >= 0:
+            raise ValueError(
+                f"clip_grad_norm must be a number >= 0 (the largest total gradient norm), got {max_norm!r}; "
+                "a negative one would flip the gradients' sign: pass e.g. 1.0, or None"
+            )
+        if isinstance(self.norm_type, bool) or not isinstance(self.norm_type, numbers.Real) or not self.norm_type > 0:
+            raise ValueError(f"clip_grad_norm norm_type must be positive or inf, got {self.norm_type!r}")
 
 
 @dataclasses.dataclass(frozen=True)

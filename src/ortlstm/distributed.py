@@ -462,21 +462,17 @@ class DistributedTrainer:
     def save(self, path: str | Path) -> Path:
         """Rank 0 writes the Trainer checkpoint atomically (a collective: every rank calls it).
 
-        The file is written beside ``path`` under a temporary name, flushed to disk and renamed
-        over ``path``, so a crash leaves the previous checkpoint loadable. It is a plain
-        ``Trainer`` checkpoint: any number of ranks, or one ``Trainer``, resumes from it.
+        ``Trainer.save`` writes it atomically (``checkpoint.atomic_write``: flushed and renamed over
+        ``path``, so a crash leaves the previous checkpoint loadable, with an existing file's mode or
+        the umask's). It is a plain ``Trainer`` checkpoint: any number of ranks, or one ``Trainer``,
+        resumes from it.
         """
         path = Path(path)
         error: str | None = None
         if self.rank == 0:
-            partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
             try:
-                self.trainer.save(partial)
-                with open(partial, "rb+") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(partial, path)
+                self.trainer.save(path)
             except Exception as failure:  # every rank must hear of it, or they would wait for rank 0
-                partial.unlink(missing_ok=True)
                 error = f"{type(failure).__name__}: {failure}"
         with self._waiting("rank 0's checkpoint write"):
             error = self.comm.bcast(error, root=0)

@@ -20,7 +20,24 @@ from pathlib import Path
 from typing import Any
 
 # Old spellings, still accepted with a deprecation message on stderr: old -> new.
-_OLD_TRAIN_LOSSES = {"bce": "binary_cross_entropy", "bce_with_logits": "binary_cross_entropy_with_logits"}
+_OLD_TRAIN_LOSSES = {
+    "bce": "binary_cross_entropy",
+    "bce_with_logits": "binary_cross_entropy_with_logits",
+    # torch.nn's class names (artifacts' old spelling, and what a torch user writes first)
+    **{
+        "CrossEntropyLoss": "cross_entropy",
+        "NLLLoss": "nll_loss",
+        "MSELoss": "mse_loss",
+        "L1Loss": "l1_loss",
+        "SmoothL1Loss": "smooth_l1_loss",
+        "HuberLoss": "huber_loss",
+        "KLDivLoss": "kl_div",
+        "BCELoss": "binary_cross_entropy",
+        "BCEWithLogitsLoss": "binary_cross_entropy_with_logits",
+        "SoftMarginLoss": "soft_margin_loss",
+        "CTCLoss": "ctc_loss",
+    },
+}
 
 
 def _train_optimizers() -> dict[str, str]:
@@ -216,10 +233,16 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         help="a torch argument of the loss (e.g. reduction=sum, blank=0; ctc_loss also input=logits and "
         "batch_first=true for a batch-major output of logits); repeat for several",
     )
+    optimizers = _train_optimizers()
     parser.add_argument(
-        "--optimizer", choices=tuple(_train_optimizers()), required=True, help="a torch.optim optimizer, in lower case"
+        "--optimizer",
+        choices=tuple(optimizers),
+        type=renamed_values(parser.prog, "--optimizer", {torch: name for name, torch in optimizers.items()}),
+        required=True,
+        help="a torch.optim optimizer, in lower case",
     )
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
+    parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
     parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
     parser.add_argument(
         "--clip-grad-norm",

@@ -61,6 +61,7 @@ def check_finite(
     *,
     skip: bool,
     warn: Callable[[str], None],
+    validation: bool = False,
 ) -> None:
     """Checks the floating-point arrays of a data file for NaN and inf, before anything is trained.
 
@@ -70,6 +71,7 @@ def check_finite(
         where: The data's name in messages (its file).
         skip: The trainer skips non-finite updates (``nonfinite="skip"``): warn and go on.
         warn: Receives the warning.
+        validation: The arrays are the validation set, which is evaluated, never skipped.
 
     Raises:
         ValueError: Without ``skip``, an array holds NaN or inf; the message names each such array,
@@ -87,7 +89,13 @@ def check_finite(
     if not found:
         return
     if skip:
-        warn(f"{where}: {'; '.join(found)}; --nonfinite skip: each batch holding one is skipped, its other samples too")
+        effect = (
+            "the validation set is evaluated as it is, so its loss will not be finite (each epoch's warning counts "
+            "the samples)"
+            if validation
+            else "each batch holding one is skipped, its other samples too"
+        )
+        warn(f"{where}: {'; '.join(found)}; --nonfinite skip: {effect}")
         return
     raise ValueError(
         f"{where}: {'; '.join(found)}; a batch holding one has a NaN loss and gradients. Fix or drop those samples, "

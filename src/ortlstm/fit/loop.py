@@ -130,7 +130,7 @@ def fit(
     counts = {data_name: samples}
     if val is not None:
         val, counts[val_name] = prepare_data(val, specs, val_name)
-        check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn)
+        check_finite(val, specs, val_name, skip=trainer.nonfinite == "skip", warn=warn, validation=True)
     check_export_batch(specs, batch_size, counts)  # before an epoch is spent on a batch the export fixed
     ranks = Ranks.open(trainer, distributed, accumulate)
     if ranks is not None and ranks.rank != 0:  # rank 0 alone prints
@@ -178,9 +178,9 @@ def _check_outputs(out: str | Path | None, plot: str | Path | None) -> None:
     Raises:
         ValueError: It is a directory.
     """
-    for flag, path in (("--out", out), ("--plot", plot)):
+    for flag, path, example in (("--out", out, "trained.onnx"), ("--plot", plot, "curves.png")):
         if path is not None and Path(path).is_dir():
-            raise ValueError(f"{flag} {path}: a directory; pass the file to write (e.g. {Path(path) / 'trained.onnx'})")
+            raise ValueError(f"{flag} {path}: a directory; pass the file to write (e.g. {Path(path) / example})")
 
 
 def _training_data(
@@ -302,6 +302,9 @@ class _Run:
                 checkpoint without ``resume``.
         """
         self.checkpoint = checkpoint
+        if checkpoint is not None and checkpoint.is_dir():
+            example = checkpoint / "run.safetensors"
+            raise ValueError(f"--checkpoint {checkpoint}: a directory; pass the file to write (e.g. {example})")
         if not resume:
             if checkpoint is not None and checkpoint.exists():
                 raise ValueError(

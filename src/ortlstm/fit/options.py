@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -80,24 +79,10 @@ def param_groups_from_json(groups: Any) -> tuple[optimizers.ParamGroup, ...]:
     """
     if groups is None:
         return ()
-    fields = [field.name for field in dataclasses.fields(optimizers.ParamGroup)]
-    example = '[{"params": ["lstm.bias"], "weight_decay": 0.0}]'
-    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
-        raise ValueError(f"--param-groups: expected a JSON list of objects, e.g. {example}, got {groups!r}")
-    built = []
-    for index, group in enumerate(groups):
-        unknown = sorted(set(group) - set(fields))
-        if unknown or "params" not in group:
-            hint = " (lr: give lr_scale = the group's lr / the optimizer's lr)" if "lr" in unknown else ""
-            raise ValueError(
-                f"--param-groups: group {index} {json.dumps(group)}: needs params (a list of parameter names) and "
-                f"takes {', '.join(fields[1:])}; {'unknown: ' + ', '.join(unknown) if unknown else 'no params'}{hint}"
-            )
-        try:
-            built.append(optimizers.ParamGroup(**group))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"--param-groups: group {index} {json.dumps(group)}: {error}") from None
-    return tuple(built)
+    try:
+        return optimizers.as_param_groups(groups, "--param-groups")
+    except TypeError as error:
+        raise ValueError(str(error)) from None
 
 
 def build_trainer(

@@ -115,9 +115,18 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     old file as it was. The file gets the mode ``open()`` would give it: an existing file's own
     mode, else 0o666 less the umask (0644 with umask 022), not ``mkstemp``'s private 0600, so that
     a checkpoint is as readable as any other file the user writes.
+
+    Raises:
+        IsADirectoryError: ``path`` is a directory.
+        FileNotFoundError: Its directory does not exist.
     """
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
+    # Refused before the temporary file is made: it would go beside the folder, in its parent.
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory: pass a file path, e.g. {path / 'run.safetensors'}")
+    if not directory.is_dir():
+        raise FileNotFoundError(f"cannot write {path}: no directory {directory} (create it first)")
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
@@ -216,14 +225,18 @@ Difference = tuple[str, Any, Any]
 def differing_settings(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[Difference]:
     """Each setting whose value differs, nested objects walked down to the field (``optimizer.betas``).
 
-    A refusal then names the one field that differs, not two whole dicts of settings. A key that
-    one side lacks has the value None there.
+    A refusal then names the one field that differs, not two whole dicts of settings; of another
+    optimizer or loss, only its ``name`` / ``kind``. A key that one side lacks has the value None there.
     """
     differing: list[Difference] = []
     for key in [*current, *(key for key in saved if key not in current)]:
         old, new, name = saved.get(key), current.get(key), f"{prefix}{key}"
         if isinstance(old, Mapping) and isinstance(new, Mapping):
-            differing += differing_settings(old, new, f"{name}.")
+            # Another optimizer (or loss) differs in every field: its name (kind) alone says it.
+            other = [field for field in ("name", "kind") if field in new and old.get(field) != new[field]]
+            differing += [(f"{name}.{other[0]}", old.get(other[0]), new[other[0]])] if other else differing_settings(
+                old, new, f"{name}."
+            )
         elif old != new:
             differing.append((name, old, new))
     return differing

@@ -23,6 +23,31 @@ from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.spec import TrainingSpec
 
 
+def _as_array(value: Any, what: str, where: str) -> np.ndarray:
+    """``value`` as a NumPy array (a list or a scalar is converted as NumPy converts it).
+
+    Raises:
+        ValueError: Something that is not numbers: a dict (``step(**batch)`` passes one by name),
+            a string, a ragged list.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, Mapping):
+        raise ValueError(
+            f"{where}: {what} is a {type(value).__name__} of {list(value)}; pass arrays by name instead: "
+            f"{where.rstrip('()')}(**batch) or {where.rstrip('()')}(x=..., target=...)"
+        )
+    try:
+        array = np.asarray(value)
+    except ValueError as error:
+        raise ValueError(f"{where}: {what} is not an array of numbers ({error}); pass a NumPy array") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{where}: {what} is not numbers: got {type(value).__name__} {str(value)[:60]!r}; pass a NumPy array"
+        )
+    return array
+
+
 def _constrains(dim: int | str | None) -> bool:
     """Whether a declared dim fixes a size: only a positive int (an exporter's -1 or 0 means dynamic)."""
     return isinstance(dim, int) and dim > 0
@@ -100,22 +125,25 @@ class Feeds:
             return feeds
         if target is None:
             raise ValueError(f"{where}: the loss {spec.loss.kind} needs target=... (the labels of this batch)")
-        feeds.update(self._target_feeds(np.asarray(target), extra_given, sizes, where, feeds))
+        feeds.update(self._target_feeds(_as_array(target, "target", where), extra_given, sizes, where, feeds))
         return feeds
 
     def _inputs(self, batch: Sequence[Any], named: Mapping[str, Any], where: str) -> dict[str, np.ndarray]:
         names = self._user_inputs
         if len(batch) > len(names):
-            raise ValueError(f"{where}: {len(batch)} positional inputs, but the model has {len(names)}: {list(names)}")
+            hint = "; the target goes by keyword: target=..." if len(batch) == len(names) + 1 else ""
+            raise ValueError(
+                f"{where}: {len(batch)} positional inputs, but the model has {len(names)}: {list(names)}{hint}"
+            )
         feeds: dict[str, np.ndarray] = {}
         for name, value in zip(names, batch, strict=False):
-            feeds[name] = np.asarray(value)
+            feeds[name] = _as_array(value, f"input {name!r}", where)
         for name, value in named.items():
             if name not in names:
                 raise ValueError(f"{where}: {name!r} is not an input of the model; its inputs are {list(names)}")
             if name in feeds:
                 raise ValueError(f"{where}: input {name!r} given both by position and by name")
-            feeds[name] = np.asarray(value)
+            feeds[name] = _as_array(value, f"input {name!r}", where)
         missing = [name for name in names if name not in feeds]
         if missing:
             raise ValueError(
@@ -144,6 +172,14 @@ class Feeds:
                 raise ValueError(
                     f"{where}: input {name!r} must be {expected_dtype} {_dims_text(declared.shape)}, "
                     f"got {value.dtype} {list(value.shape)}"
+                    + (f"; pass np.asarray(..., np.{expected_dtype})" if value.dtype != expected_dtype else "")
+                )
+            free = [axis for axis, dim in enumerate(declared.shape or ()) if not _constrains(dim)]
+            empty = [axis for axis in free if not value.shape[axis]]
+            if empty:
+                raise ValueError(
+                    f"{where}: input {name!r} holds no samples (shape {list(value.shape)}, axis {empty[0]} is 0); "
+                    "a step or evaluation needs at least one (torch's mean over an empty batch is nan): skip the batch"
                 )
             for dim, actual in zip(declared.shape or (), value.shape, strict=False):
                 if isinstance(dim, str):

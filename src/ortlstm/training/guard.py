@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ortlstm.graphs.parameters import label
+
 NONFINITE_MODES = ("raise", "skip")
 """What a Trainer does with an update whose loss or gradients are not finite (``Trainer(nonfinite=...)``)."""
 
@@ -96,6 +98,7 @@ def refusal(
     gradients: Callable[[], Mapping[str, np.ndarray]],
     carried: bool,
     discarded: str = "",
+    sources: Mapping[str, tuple[str, ...]] | None = None,
 ) -> NonFiniteStepError:
     """The error of a refused update, saying what was not finite.
 
@@ -108,6 +111,8 @@ def refusal(
             step's are recomputed with the gradients model, on this path only).
         carried: The trainer carries LSTM state (the message says it is unchanged too).
         discarded: What else the refusal dropped, for the message.
+        sources: Initializer -> the torch parameters behind it (``parameters.torch_sources``): the
+            message names a gradient by them, as the user's model does (``lstm.weight_ih_l0 (onnx: val_41)``).
     """
     nonfinite_grads: tuple[str, ...] | None = None
     try:
@@ -124,7 +129,8 @@ def refusal(
     if grad_norm is not None:
         found.append(f"the gradient norm is {grad_norm}")
     if nonfinite_grads:
-        found.append(f"the gradients of {list(nonfinite_grads)} hold NaN or inf")
+        named = [label(name, sources or {}) for name in nonfinite_grads]
+        found.append(f"the gradients of {named} hold NaN or inf")
     elif loss is None or all_finite(np.asarray(loss[1])):
         found.append("the gradients' sum of squares is not finite")
     state = ", the carried LSTM state" if carried else ""

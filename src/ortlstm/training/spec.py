@@ -12,6 +12,7 @@ train step's lr input), which its field declares.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.optimizers.clip import ClipGradNorm
 from ortlstm.graphs.train_step import TrainStepSignature
 
 LearningRate = float | Callable[[int], float]
@@ -45,6 +47,103 @@ def _fixed_shapes(
 ) -> dict[str, tuple[int | str | None, ...]] | None:
     """``fixed_shapes`` in the spec's form (tuples, so that specs compare and hash alike)."""
     return None if shapes is None else {name: tuple(dims) for name, dims in shapes.items()}
+
+
+def _names(keyword: str, names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple, refusing one string (``tuple("lstm")`` would be its characters).
+
+    Raises:
+        TypeError: A string, or not a sequence of strings.
+    """
+    if isinstance(names, str):
+        raise TypeError(f"{keyword} must be a list of names, got the string {names!r}; pass {keyword}=[{names!r}]")
+    try:
+        values = tuple(names)
+    except TypeError:
+        raise TypeError(
+            f"{keyword} must be a list of names, got {type(names).__name__} {names!r}; pass e.g. {keyword}=['lstm']"
+        ) from None
+    wrong = [value for value in values if not isinstance(value, str)]
+    if wrong:
+        raise TypeError(f"{keyword} must be a list of names (strings), got {wrong[0]!r} in {list(values)!r}")
+    return values
+
+
+def _mapping(keyword: str, value: Mapping[str, Any] | None, example: str) -> Iterator[tuple[str, Any]]:
+    """The items of a mapping option (none for None).
+
+    Raises:
+        TypeError: Not a mapping (a list of dims without the input's name, a string).
+    """
+    if value is None:
+        return iter(())
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{keyword} must be a mapping of input name -> value, got {type(value).__name__} {value!r}; "
+            f"pass e.g. {keyword}={example}"
+        )
+    return iter(value.items())
+
+
+def _is_number(value: Any) -> bool:
+    """A real number as torch's options take it (bool is not one)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_option_types(spec: TrainingSpec) -> None:
+    """Refuses an option of the wrong type before anything is built, naming the keyword and what to pass.
+
+    Without this a string ``loss`` ends in ``'str' object has no attribute 'kind'``, a string ``lr``
+    at the first step, and a negative ``clip_grad_norm`` flips the gradients' sign (``ClipGradNorm``).
+
+    Raises:
+        TypeError: A loss, optimizer or option of another type.
+        ValueError: A value no run can use (a negative ``lr`` or ``clip_grad_norm``).
+    """
+    if not isinstance(spec.loss, losses.Loss):
+        hint = f"Loss.{spec.loss}()" if isinstance(spec.loss, str) and hasattr(losses.Loss, spec.loss) else None
+        raise TypeError(
+            f"loss must be an ortlstm.graphs.losses.Loss, got {type(spec.loss).__name__} {spec.loss!r}; "
+            f"pass loss={hint or 'Loss.cross_entropy()'} (torch.nn.functional's names and keywords)"
+        )
+    if not isinstance(spec.optimizer, optimizers.Optimizer):
+        given = spec.optimizer
+        named = {key.lower(): key for key in optimizers.OPTIMIZERS}
+        text = given.__name__ if isinstance(given, type) else given if isinstance(given, str) else "AdamW"
+        name = named.get(text.lower(), "AdamW")
+        what = "the class" if isinstance(given, type) else type(given).__name__
+        raise TypeError(
+            f"optimizer must be an ortlstm.graphs.optimizers optimizer instance, got {what} {given!r}; "
+            f"pass optimizer={name}(lr=1e-3) (ortlstm.graphs.optimizers.{name}, torch.optim's keywords)"
+        )
+    if spec.lr is not None and not (callable(spec.lr) or _is_number(spec.lr)):
+        raise TypeError(f"lr must be a number or a schedule f(done) -> lr, got {type(spec.lr).__name__} {spec.lr!r}")
+    if spec.lr is not None and not callable(spec.lr) and not spec.lr >= 0.0:
+        raise ValueError(f"Invalid learning rate: {spec.lr}")  # torch.optim's words
+    if callable(spec.lr):
+        try:
+            inspect.signature(spec.lr).bind(0)
+        except TypeError:
+            raise TypeError(
+                f"lr: a schedule is called with the number of updates done (lr(0) for the first), but {spec.lr!r} "
+                "cannot take one argument; pass e.g. lr=lambda done: 1e-3 * 0.95 ** done"
+            ) from None
+        except ValueError:  # a builtin without a signature: called as it is
+            pass
+    if isinstance(spec.ir_version, bool) or not isinstance(spec.ir_version, (int, np.integer)):
+        raise TypeError(f"ir_version must be an int (e.g. {MAX_IR_VERSION}), got {spec.ir_version!r}")
+    if spec.clip_grad_norm is not None:
+        ClipGradNorm(spec.clip_grad_norm, spec.clip_norm_type)  # its checks (the builder's, before it runs)
+    threads = spec.threads
+    if threads is not None and (not isinstance(threads, (int, np.integer)) or isinstance(threads, bool) or threads < 0):
+        raise TypeError(
+            f"threads must be an int >= 0 (onnxruntime's intra-op threads; 0: its choice) or None, got {threads!r}"
+        )
+    if not isinstance(spec.stateful, (bool, np.bool_)):
+        raise TypeError(f"stateful must be True or False, got {type(spec.stateful).__name__} {spec.stateful!r}")
+    for keyword, value in (("output", spec.prediction), ("target", spec.target)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{keyword} must be a name (a string), got {type(value).__name__} {value!r}")
 
 
 # ---- the JSON of each field that is saved ----------------------------------------------------------
@@ -206,6 +305,9 @@ class TrainingSpec:
     threads: int | None = dataclasses.field(default=None, metadata=_role())
     nonfinite: str = dataclasses.field(default="raise", metadata=_role())
 
+    def __post_init__(self) -> None:
+        _check_option_types(self)
+
     @classmethod
     def from_options(
         cls,
@@ -221,13 +323,17 @@ class TrainingSpec:
     ) -> TrainingSpec:
         """A spec from ``Trainer``'s keywords, as given (sequences and mappings in the spec's form)."""
         return cls(
-            requires_grad=None if requires_grad is None else tuple(requires_grad),
+            requires_grad=None if requires_grad is None else _names("requires_grad", requires_grad),
             prediction=output,
-            extra_outputs=tuple(extra_outputs),
-            param_groups=tuple(param_groups),
-            frozen=tuple(frozen),
-            fixed_inputs={name: np.asarray(value) for name, value in (fixed_inputs or {}).items()},
-            fixed_shapes=_fixed_shapes(fixed_shapes),
+            extra_outputs=_names("extra_outputs", extra_outputs),
+            param_groups=optimizers.as_param_groups(param_groups, "param_groups"),
+            frozen=_names("frozen", frozen),
+            fixed_inputs={
+                name: np.asarray(value) for name, value in _mapping("fixed_inputs", fixed_inputs, "{'rate': 16000}")
+            },
+            fixed_shapes=None
+            if fixed_shapes is None
+            else _fixed_shapes(dict(_mapping("fixed_shapes", fixed_shapes, "{'x': [None, 40, 1]}"))),
             **options,
         )
 

@@ -509,6 +509,7 @@ class Trainer:
             gradients=gradients,
             carried=bool(self._feeds.carried),
             discarded=discarded,
+            sources=torch_sources(self._original),
         )
 
     # ---- state --------------------------------------------------------------------------------------
