@@ -1,0 +1,239 @@
+"""int8 models fine-tune (issue 32): quantize_dynamic's patterns become float ops with float32 parameters.
+
+A float model (a bidirectional LSTM, a MatMul head, a Conv) is quantized by
+onnxruntime.quantization.quantize_dynamic itself, per tensor and per channel. The oracles, none of
+them the rewrite under test:
+
+- the float weights it was quantized from: each dequantized weight is within half a quantization
+  step of them, and equal to NumPy's ``(q - zero_point) * scale`` of the int8 initializers;
+- onnxruntime running the int8 model: the float forward is within the bound the activations'
+  quantization step gives (one LSTM step, so that the bound is exact, and the ops after it);
+- the float model carrying NumPy's dequantized weights, trained by the Trainer: training the int8
+  model is training it, and its exports (float32, and int8 again) run in onnxruntime without ortlstm.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import quantize_dynamic
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.prepare import dequantize_model
+from ortlstm.training import Trainer
+
+INPUT, HIDDEN, DIRECTIONS, CLASSES = 6, 5, 2, 3
+
+
+def _float_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """x [T, N, 6] -> bidirectional LSTM (H=5) -> Y -> flattened -> MatMul + Add -> out; img -> Conv -> c."""
+    weights = {
+        "W": rng.normal(size=(DIRECTIONS, 4 * HIDDEN, INPUT)) * 0.3,
+        "R": rng.normal(size=(DIRECTIONS, 4 * HIDDEN, HIDDEN)) * 0.3,
+        "B": rng.normal(size=(DIRECTIONS, 8 * HIDDEN)) * 0.1,
+        "fcW": rng.normal(size=(DIRECTIONS * HIDDEN, CLASSES)),
+        "fcB": rng.normal(size=(CLASSES,)),
+        "convW": rng.normal(size=(4, 1, 3, 3)),
+        "convB": rng.normal(size=(4,)),
+    }
+    initializers = [numpy_helper.from_array(value.astype(np.float32), name) for name, value in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array([0, 0, -1], np.int64), "shape"))
+    nodes = [
+        helper.make_node("LSTM", ["x", "W", "R", "B"], ["Y"], hidden_size=HIDDEN, direction="bidirectional"),
+        helper.make_node("Transpose", ["Y"], ["Y_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["Y_t", "shape"], ["Y_flat"]),
+        helper.make_node("MatMul", ["Y_flat", "fcW"], ["product"]),
+        helper.make_node("Add", ["product", "fcB"], ["out"]),
+        helper.make_node("Conv", ["img", "convW", "convB"], ["c"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int8_source",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", INPUT]),
+            helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 1, 8, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("out", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("c", TensorProto.FLOAT, None),
+        ],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _quantized(model: onnx.ModelProto, folder: Path, per_channel: bool) -> onnx.ModelProto:
+    source, target = folder / "float.onnx", folder / f"int8_{per_channel}.onnx"
+    onnx.save(model, str(source))
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice to pre-process, on every call
+    quantize_dynamic(source, target, per_channel=per_channel)
+    return onnx.load(str(target))
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["per_tensor", "per_channel"])
+def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """(the float model, its int8 quantization, NumPy's dequantization of the int8 weights by name)."""
+    float_model = _float_model(np.random.default_rng(0))
+    int8 = _quantized(float_model, tmp_path_factory.mktemp("int8"), request.param)
+    return float_model, int8, _numpy_dequantized(int8)
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+
+
+def _numpy_dequantized(int8: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """(q - zero_point) * scale of each int8 weight, in the float op's layout: the reference."""
+    values = _initializers(int8)
+    result = {}
+    for name in ("W", "R"):  # DynamicQuantizeLSTM: [D, in, 4H], a scale per direction [D] or per gate row [D, 4H]
+        q, scale, zero = (values[f"{name}_{suffix}"] for suffix in ("quantized", "scale", "zero_point"))
+        scale, zero = (v.reshape(DIRECTIONS, 1, -1).astype(np.float32) for v in (scale, zero))
+        result[name] = ((q.astype(np.float32) - zero) * scale).transpose(0, 2, 1)
+    for name, shape in (("fcW", (1, -1)), ("convW", (-1, 1, 1, 1))):  # per column / per output channel
+        q, scale, zero = (values[f"{name}_{suffix}"] for suffix in ("quantized", "scale", "zero_point"))
+        result[name] = (q.astype(np.float32) - zero.reshape(shape)) * scale.reshape(shape)
+    return result
+
+
+def _plain(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Onnxruntime without the ortlstm library."""
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([value.name for value in model.graph.output], session.run(None, feeds), strict=True))
+
+
+def _with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    for init in result.graph.initializer:
+        if init.name in weights:
+            init.CopyFrom(numpy_helper.from_array(weights[init.name].astype(np.float32), init.name))
+    return result
+
+
+def test_dequantized_weights_are_the_int8_values_within_half_a_step_of_the_float_ones(models: tuple) -> None:
+    float_model, int8, reference = models
+    dequantized, made = dequantize_model(int8)
+    assert {item.name: item.quantized for item in made} == {name: f"{name}_quantized" for name in reference}
+    values, original = _initializers(dequantized), _initializers(float_model)
+    int8_values = _initializers(int8)
+    for name, expected in reference.items():
+        np.testing.assert_array_equal(values[name], expected)
+        step = int8_values[f"{name}_scale"].max()
+        assert np.abs(values[name] - original[name]).max() <= step / 2 * (1 + 1e-6), name
+    assert {node.domain for node in dequantized.graph.node} == {""}
+    assert not any(node.op_type.endswith("Integer") or "Quantize" in node.op_type for node in dequantized.graph.node)
+    onnx.checker.check_model(dequantized, full_check=True)
+
+
+def _lstm_step_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """|Y_float - Y_int8| over one LSTM step from zero states, x quantized to uint8 over its range.
+
+    The gates' pre-activations move by at most step/2 * sum|W row| (h0 = 0 is exact), sigmoid by a
+    quarter of that, tanh by as much; c = i * g and h = o * tanh(c) then bound the output.
+    """
+    step = (max(x.max(), 0.0) - min(x.min(), 0.0)) / 255.0
+    moves = step / 2 * np.abs(w).sum(axis=2)  # [D, 4H]: per gate unit, ONNX's order i, o, f, c
+    i, o, _, g = (moves[:, k * HIDDEN : (k + 1) * HIDDEN] for k in range(4))
+    cell = i / 4 + g + i / 4 * g
+    return o / 4 + cell + o / 4 * cell  # [D, H]
+
+
+def test_float_forward_is_the_int8_one_within_the_activation_rounding(models: tuple) -> None:
+    _, int8, reference = models
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(size=(1, 4, INPUT)).astype(np.float32), "img": rng.normal(size=(2, 1, 8, 8))}
+    feeds["img"] = feeds["img"].astype(np.float32)
+    dequantized = _plain(dequantize_model(int8)[0], feeds)
+    quantized = _plain(int8, feeds)
+    slack = 1e-5  # float32 sums and onnxruntime's activations
+    lstm_bound = _lstm_step_bound(feeds["x"], reference["W"])[None, :, None, :]
+    assert np.all(np.abs(dequantized["Y"] - quantized["Y"]) <= lstm_bound + slack)
+    image_step = (max(feeds["img"].max(), 0) - min(feeds["img"].min(), 0)) / 255.0
+    conv_bound = image_step / 2 * np.abs(reference["convW"]).sum(axis=(1, 2, 3))
+    assert np.all(np.abs(dequantized["c"] - quantized["c"]) <= conv_bound[None, :, None, None] + slack)
+    y = quantized["Y"]  # the head's input moves by the LSTM's bound and is quantized again
+    head_step = (max(y.max(), 0) - min(y.min(), 0)) / 255.0
+    head_bound = (lstm_bound.max() + head_step / 2) * np.abs(reference["fcW"]).sum(axis=0)
+    assert np.all(np.abs(dequantized["out"] - quantized["out"]) <= head_bound + slack)
+    assert np.abs(dequantized["out"] - quantized["out"]).max() > 0  # int8 arithmetic really ran
+
+
+def _trainer(model: onnx.ModelProto) -> Trainer:
+    return Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam(lr=0.01), output="out")
+
+
+def _batch(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = rng.normal(size=(5, 3, INPUT)).astype(np.float32)
+    return x, rng.normal(size=(2, 1, 8, 8)).astype(np.float32), rng.normal(size=(5, 3, CLASSES)).astype(np.float32)
+
+
+def test_training_the_int8_model_is_training_its_dequantized_float_model(models: tuple, tmp_path: Path) -> None:
+    float_model, int8, reference = models
+    trainers = [_trainer(int8), _trainer(_with_weights(float_model, reference))]
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        x, img, target = _batch(rng)
+        losses_ = [trainer.step(x, img, target=target) for trainer in trainers]
+        np.testing.assert_allclose(losses_[0], losses_[1], rtol=1e-6)
+    trained, expected = (trainer.parameters for trainer in trainers)
+    assert set(trained) == set(expected) == {"W", "R", "B", "fcW", "fcB"}  # the Conv does not reach "out"
+    for name, value in expected.items():
+        np.testing.assert_allclose(trained[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert np.abs(trained["W"] - reference["W"]).max() > 1e-3  # it trained
+    summary = trainers[0].summary()
+    assert "dequantized from int8 to float32 (export(path, quantize='dynamic') writes int8 again):" in summary
+    assert "  W <- int8 W_quantized of '(unnamed)' (com.microsoft::DynamicQuantizeLSTM) input 1, per " in summary
+    assert "  fcW <- int8 fcW_quantized of '(unnamed)' (MatMulInteger) input 1, per " in summary
+    _check_exports(trainers[0], int8, trained, tmp_path)
+
+
+def _check_exports(trainer: Trainer, int8: onnx.ModelProto, trained: dict, folder: Path) -> None:
+    """The float32 export holds the trained weights; the int8 one is them quantized as quantize_dynamic does."""
+    rng = np.random.default_rng(3)
+    x, img, _ = _batch(rng)
+    float_export = trainer.export(folder / "trained.onnx")
+    assert onnx.load(str(folder / "trained.onnx")) == float_export
+    assert {node.domain for node in float_export.graph.node} == {""}
+    values = _initializers(float_export)
+    for name, value in trained.items():
+        np.testing.assert_array_equal(values[name], value)
+    (prediction,) = trainer.evaluate(x, img, target=np.zeros((5, 3, CLASSES), np.float32), outputs=["out"])[1:]
+    np.testing.assert_allclose(_plain(float_export, {"x": x, "img": img})["out"], prediction, rtol=1e-5, atol=1e-5)
+
+    requantized = trainer.export(folder / "trained_int8.onnx", quantize="dynamic")
+    assert sorted((n.domain, n.op_type) for n in requantized.graph.node) == sorted(
+        (n.domain, n.op_type) for n in int8.graph.node
+    )
+    # Its int8 weights are the trained ones within half a step: quantized from them, not from the shipped ones.
+    steps, back = _initializers(requantized), _initializers(dequantize_model(requantized)[0])
+    for name in ("W", "R", "fcW"):
+        assert np.abs(back[name] - trained[name]).max() <= steps[f"{name}_scale"].max() / 2 * (1 + 1e-6), name
+    outputs = _plain(requantized, {"x": x, "img": img})
+    assert outputs["out"].shape == prediction.shape
+
+
+def test_export_refuses_another_quantization(models: tuple) -> None:
+    _, int8, _ = models
+    expected = r"^export: quantize='static'; pass None \(float32, the default\) or 'dynamic'$"
+    with pytest.raises(ValueError, match=expected):
+        _trainer(int8).export(quantize="static")
+
+
+def test_an_int8_weight_that_is_not_an_initializer_is_refused_by_name(models: tuple) -> None:
+    _, int8, _ = models
+    model = onnx.ModelProto()
+    model.CopyFrom(int8)
+    weight = next(init for init in model.graph.initializer if init.name == "R_quantized")
+    model.graph.input.append(helper.make_tensor_value_info("R_quantized", weight.data_type, list(weight.dims)))
+    model.graph.initializer.remove(weight)
+    with pytest.raises(ValueError, match=r"\(com.microsoft::DynamicQuantizeLSTM\): its input 2 \(the int8 weight\)"):
+        _trainer(model)
