@@ -15,6 +15,7 @@ them the rewrite under test:
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import quantize_dynamic
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from ortlstm import fit as fitting
+from ortlstm.demo import build_classifier
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.prepare import dequantize_model
+from ortlstm.graphs.prepare.dequantize import Quantization, quantization_of
 from ortlstm.training import Trainer
+from test_cli import ortlstm_cli
 
 INPUT, HIDDEN, DIRECTIONS, CLASSES = 6, 5, 2, 3
 
@@ -70,19 +75,30 @@ def _float_model(rng: np.random.Generator) -> onnx.ModelProto:
     return model
 
 
-def _quantized(model: onnx.ModelProto, folder: Path, per_channel: bool) -> onnx.ModelProto:
-    source, target = folder / "float.onnx", folder / f"int8_{per_channel}.onnx"
+def _quantized(
+    model: onnx.ModelProto, folder: Path, per_channel: bool, weight_type: QuantType = QuantType.QInt8
+) -> onnx.ModelProto:
+    source, target = folder / "float.onnx", folder / "int8.onnx"
     onnx.save(model, str(source))
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice to pre-process, on every call
-    quantize_dynamic(source, target, per_channel=per_channel)
+    quantize_dynamic(source, target, per_channel=per_channel, weight_type=weight_type)
     return onnx.load(str(target))
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["per_tensor", "per_channel"])
+# quantize_dynamic's default (int8 weights, per tensor), per channel, and the older default (uint8 weights:
+# ddddocr's MatMulInteger and ConvInteger; the LSTM's are int8 whatever the option).
+QUANTIZATIONS = {
+    "per_tensor": (False, QuantType.QInt8),
+    "per_channel": (True, QuantType.QInt8),
+    "uint8": (False, QuantType.QUInt8),
+}
+
+
+@pytest.fixture(scope="module", params=list(QUANTIZATIONS))
 def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     """(the float model, its int8 quantization, NumPy's dequantization of the int8 weights by name)."""
     float_model = _float_model(np.random.default_rng(0))
-    int8 = _quantized(float_model, tmp_path_factory.mktemp("int8"), request.param)
+    int8 = _quantized(float_model, tmp_path_factory.mktemp("int8"), *QUANTIZATIONS[request.param])
     return float_model, int8, _numpy_dequantized(int8)
 
 
@@ -105,8 +121,13 @@ def _numpy_dequantized(int8: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _plain(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Onnxruntime without the ortlstm library."""
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    """Onnxruntime without the ortlstm library (onnxruntime < 1.20 runs ConvInteger on uint8 weights only)."""
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime's NotImplemented
+        if "ConvInteger" not in str(error) or not ort.__version__.startswith("1.19."):
+            raise
+        pytest.skip(f"onnxruntime {ort.__version__} has no ConvInteger for int8 weights")
     return dict(zip([value.name for value in model.graph.output], session.run(None, feeds), strict=True))
 
 
@@ -130,6 +151,8 @@ def test_dequantized_weights_are_the_int8_values_within_half_a_step_of_the_float
         step = int8_values[f"{name}_scale"].max()
         assert np.abs(values[name] - original[name]).max() <= step / 2 * (1 + 1e-6), name
     assert {node.domain for node in dequantized.graph.node} == {""}
+    expected = Quantization(int8_values["W_scale"].ndim == 2, int8_values["fcW_quantized"].dtype == np.uint8)
+    assert quantization_of(int8) == expected
     assert not any(node.op_type.endswith("Integer") or "Quantize" in node.op_type for node in dequantized.graph.node)
     onnx.checker.check_model(dequantized, full_check=True)
 
@@ -210,6 +233,7 @@ def _check_exports(trainer: Trainer, int8: onnx.ModelProto, trained: dict, folde
     np.testing.assert_allclose(_plain(float_export, {"x": x, "img": img})["out"], prediction, rtol=1e-5, atol=1e-5)
 
     requantized = trainer.export(folder / "trained_int8.onnx", quantize="dynamic")
+    assert quantization_of(requantized) == quantization_of(int8)  # quantized as the shipped model was
     assert sorted((n.domain, n.op_type) for n in requantized.graph.node) == sorted(
         (n.domain, n.op_type) for n in int8.graph.node
     )
@@ -237,3 +261,35 @@ def test_an_int8_weight_that_is_not_an_initializer_is_refused_by_name(models: tu
     model.graph.initializer.remove(weight)
     with pytest.raises(ValueError, match=r"\(com.microsoft::DynamicQuantizeLSTM\): its input 2 \(the int8 weight\)"):
         _trainer(model)
+
+
+def test_cli_trains_the_int8_model_and_exports_it_as_int8(tmp_path: Path) -> None:
+    onnx.save(_quantized(_float_model(np.random.default_rng(0)), tmp_path, False), str(tmp_path / "int8.onnx"))
+    step = ortlstm_cli(
+        "train-step", "int8.onnx", "--out", "run", "--loss", "mse_loss", "--optimizer", "adam", "--output", "out",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert step.returncode == 0, step.stderr
+    assert "dequantized from int8 to float32 (export(path, quantize='dynamic') writes int8 again):" in step.stdout
+    exported = ortlstm_cli("export", "run", "--out", "trained.onnx", "--quantize", "dynamic", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    kind = "int8, onnxruntime.quantization.quantize_dynamic"
+    assert exported.stdout == f"trained.onnx: the original model with the trained parameters ({kind})\n"
+    ops = {(node.domain, node.op_type) for node in onnx.load(str(tmp_path / "trained.onnx")).graph.node}
+    assert {("com.microsoft", "DynamicQuantizeLSTM"), ("", "MatMulInteger"), ("", "ConvInteger")} <= ops
+    refused = ortlstm_cli("export", "run", "--out", "trained.onnx", "--quantize", "static", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert re.search(r"argument --quantize: invalid choice: 'static' \(choose from '?dynamic'?\)", refused.stderr)
+
+
+def test_fit_trains_an_int8_classifier_and_exports_it_int8(tmp_path: Path) -> None:
+    """``ortlstm fit``'s loop with ``--quantize dynamic``: the demo's digit classifier, quantized, then fitted."""
+    int8 = _quantized(build_classifier(8, seed=0), tmp_path, False)
+    trainer = Trainer(int8, loss=losses.Loss.cross_entropy(), optimizer=optimizers.AdamW(lr=0.02), threads=1)
+    rng = np.random.default_rng(4)
+    data = {"pixels": rng.uniform(0, 1, (12, 8, 8)).astype(np.float32), "target": rng.integers(0, 10, 12)}
+    out = tmp_path / "fitted.onnx"
+    fitting.fit(trainer, data, model=int8, epochs=1, batch_size=6, out=out, quantize="dynamic", log=lambda line: None)
+    assert {"DynamicQuantizeLSTM", "MatMulInteger"} <= {node.op_type for node in onnx.load(str(out)).graph.node}
+    with pytest.raises(ValueError, match=r"^quantize='int4': pass None \(float32, the default\) or 'dynamic'$"):
+        fitting.fit(trainer, data, model=int8, epochs=1, batch_size=6, out=out, quantize="int4")

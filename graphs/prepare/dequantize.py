@@ -80,6 +80,40 @@ def describe_int8(model: onnx.ModelProto) -> tuple[str, ...]:
     return tuple(item.describe() for item in dequantize_model(model)[1]) if is_quantized(model) else ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """How an int8 model was quantized, so that its trained float model is quantized the same way.
+
+    Attributes:
+        per_channel: A scale per channel (per gate row of an LSTM) rather than per tensor (per direction).
+        unsigned: uint8 weights in MatMulInteger/ConvInteger (``QuantType.QUInt8``, the older quantizer's
+            default and ddddocr's; onnxruntime before 1.20 has no ConvInteger for int8 weights).
+    """
+
+    per_channel: bool = False
+    unsigned: bool = False
+
+
+def quantization_of(model: onnx.ModelProto) -> Quantization:
+    """How ``model``'s weights were quantized; quantize_dynamic's defaults for a float model (int8, per tensor)."""
+    initializers = {init.name: init for init in model.graph.initializer}
+
+    def read(node: onnx.NodeProto, index: int) -> onnx.TensorProto | None:
+        return initializers.get(node.input[index]) if index < len(node.input) else None
+
+    per_channel = unsigned = False
+    for node in model.graph.node:
+        kind = _kind(node)
+        if kind == "DynamicQuantizeLSTM":
+            zero = read(node, 9)  # [D] per direction, [D, 4H] per gate row
+            per_channel |= zero is not None and len(zero.dims) == 2
+        elif kind in _INTEGER_OPS:
+            weight, zero = read(node, 1), read(node, 3)
+            unsigned |= weight is not None and weight.data_type == onnx.TensorProto.UINT8
+            per_channel |= zero is not None and int(np.prod(zero.dims)) > 1
+    return Quantization(per_channel, unsigned)
+
+
 def _kind(node: onnx.NodeProto) -> str | None:
     if (node.domain, node.op_type) in (INT8_LSTM, _FUSED_MATMUL):
         return node.op_type

@@ -29,7 +29,13 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.graph_utils import walk_graphs
 from ortlstm.graphs.model_files import load_model_file
-from ortlstm.graphs.prepare.dequantize import QUANTIZE_CHOICES, dequantize_model, is_quantized
+from ortlstm.graphs.prepare.dequantize import (
+    QUANTIZE_CHOICES,
+    Quantization,
+    dequantize_model,
+    is_quantized,
+    quantization_of,
+)
 from ortlstm.graphs.prepare.torch_folds import restructure_for_export
 from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
@@ -110,9 +116,11 @@ def export_model(
 ) -> onnx.ModelProto:
     """``export_trained_model``, re-quantized when ``quantize="dynamic"``, written to ``path`` when given.
 
-    ``"dynamic"`` runs onnxruntime.quantization.quantize_dynamic with its defaults on the trained float
-    model (int8 weights, activations quantized at run time: DynamicQuantizeLSTM, MatMulInteger,
-    ConvInteger), the tool that wrote shipped int8 models such as ddddocr's; None writes float32.
+    ``"dynamic"`` runs onnxruntime.quantization.quantize_dynamic on the trained float model (int8
+    weights, activations quantized at run time: DynamicQuantizeLSTM, MatMulInteger, ConvInteger), the
+    tool that wrote shipped int8 models such as ddddocr's, as the original was quantized (per channel
+    or per tensor, uint8 or int8 weights: ``prepare.dequantize.quantization_of``; its defaults for a
+    float original); None writes float32.
 
     Raises:
         ValueError: ``quantize`` is not None or ``"dynamic"``; as ``export_trained_model``.
@@ -121,15 +129,16 @@ def export_model(
         raise ValueError(f"export: quantize={quantize!r}; pass None (float32, the default) or 'dynamic'")
     model = export_trained_model(original, params)
     if quantize == "dynamic":
-        model = quantize_dynamic(model)
+        model = quantize_dynamic(model, quantization_of(original))
     if path is not None:
         onnx.save(model, str(path))
     return model
 
 
-def quantize_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` quantized by onnxruntime.quantization.quantize_dynamic (its defaults; it works on files)."""
-    from onnxruntime.quantization import quantize_dynamic as quantize  # ships with onnxruntime, imports no torch
+def quantize_dynamic(model: onnx.ModelProto, quantization: Quantization) -> onnx.ModelProto:
+    """``model`` quantized by onnxruntime.quantization.quantize_dynamic (which works on files)."""
+    from onnxruntime.quantization import QuantType  # ships with onnxruntime, imports no torch
+    from onnxruntime.quantization import quantize_dynamic as quantize
 
     with tempfile.TemporaryDirectory() as folder:
         source, target = Path(folder, "float.onnx"), Path(folder, "int8.onnx")
@@ -138,7 +147,8 @@ def quantize_dynamic(model: onnx.ModelProto) -> onnx.ModelProto:
         level = root.level
         root.setLevel(logging.ERROR)  # its advice to run onnxruntime's pre-processing script first, on every call
         try:
-            quantize(source, target)
+            weight_type = QuantType.QUInt8 if quantization.unsigned else QuantType.QInt8
+            quantize(source, target, per_channel=quantization.per_channel, weight_type=weight_type)
         finally:
             root.setLevel(level)
         return onnx.load(str(target))
