@@ -151,8 +151,7 @@ def test_dequantized_weights_are_the_int8_values_within_half_a_step_of_the_float
         step = int8_values[f"{name}_scale"].max()
         assert np.abs(values[name] - original[name]).max() <= step / 2 * (1 + 1e-6), name
     assert {node.domain for node in dequantized.graph.node} == {""}
-    expected = Quantization(int8_values["W_scale"].ndim == 2, int8_values["fcW_quantized"].dtype == np.uint8)
-    assert quantization_of(int8) == expected
+    assert quantization_of(int8) == Quantization(per_channel=int8_values["W_scale"].ndim == 2)
     assert not any(node.op_type.endswith("Integer") or "Quantize" in node.op_type for node in dequantized.graph.node)
     onnx.checker.check_model(dequantized, full_check=True)
 
@@ -293,3 +292,32 @@ def test_fit_trains_an_int8_classifier_and_exports_it_int8(tmp_path: Path) -> No
     assert {"DynamicQuantizeLSTM", "MatMulInteger"} <= {node.op_type for node in onnx.load(str(out)).graph.node}
     with pytest.raises(ValueError, match=r"^quantize='int4': pass None \(float32, the default\) or 'dynamic'$"):
         fitting.fit(trainer, data, model=int8, epochs=1, batch_size=6, out=out, quantize="int4")
+
+
+def test_an_optimized_sessions_dynamic_quantize_matmul_is_a_matmul_plus_bias() -> None:
+    """com.microsoft DynamicQuantizeMatMul (what an optimized session saves) -> MatMul + Add, per column scales."""
+    rng = np.random.default_rng(5)
+    weight = rng.integers(-127, 128, (6, 4)).astype(np.int8)
+    scale, zero = rng.uniform(0.01, 0.02, 4).astype(np.float32), np.zeros(4, np.int8)
+    bias = rng.normal(size=4).astype(np.float32)
+    initializers = [numpy_helper.from_array(v, n) for n, v in (("B", weight), ("s", scale), ("z", zero), ("b", bias))]
+    node = helper.make_node("DynamicQuantizeMatMul", ["A", "B", "s", "z", "b"], ["Y"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "fused",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 4])],
+        initializers,
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    dequantized, made = dequantize_model(model)
+    assert [(n.op_type, n.domain) for n in dequantized.graph.node] == [("MatMul", ""), ("Add", "")]
+    assert [(item.name, item.scale) for item in made] == [("B_1", "per channel")]  # "B" is the int8 one
+    a = rng.normal(size=(3, 6)).astype(np.float32)
+    expected = a @ (weight.astype(np.float32) * scale) + bias
+    np.testing.assert_allclose(_plain(dequantized, {"A": a})["Y"], expected, rtol=1e-5, atol=1e-6)
+    a_step = (max(a.max(), 0) - min(a.min(), 0)) / 255.0  # onnxruntime's int8 kernel: A quantized to uint8
+    bound = a_step / 2 * np.abs(weight.astype(np.float32) * scale).sum(axis=0) + 1e-5
+    assert np.all(np.abs(_plain(model, {"A": a})["Y"] - expected) <= bound)

@@ -118,9 +118,9 @@ def export_model(
 
     ``"dynamic"`` runs onnxruntime.quantization.quantize_dynamic on the trained float model (int8
     weights, activations quantized at run time: DynamicQuantizeLSTM, MatMulInteger, ConvInteger), the
-    tool that wrote shipped int8 models such as ddddocr's, as the original was quantized (per channel
-    or per tensor, uint8 or int8 weights: ``prepare.dequantize.quantization_of``; its defaults for a
-    float original); None writes float32.
+    tool that wrote shipped int8 models such as ddddocr's: per channel or per tensor as the original
+    was (``prepare.dequantize.quantization_of``), int8 weights (its default; onnxruntime before 1.20
+    runs ConvInteger on uint8 weights only); None writes float32.
 
     Raises:
         ValueError: ``quantize`` is not None or ``"dynamic"``; as ``export_trained_model``.
@@ -137,8 +137,7 @@ def export_model(
 
 def quantize_dynamic(model: onnx.ModelProto, quantization: Quantization) -> onnx.ModelProto:
     """``model`` quantized by onnxruntime.quantization.quantize_dynamic (which works on files)."""
-    from onnxruntime.quantization import QuantType  # ships with onnxruntime, imports no torch
-    from onnxruntime.quantization import quantize_dynamic as quantize
+    from onnxruntime.quantization import quantize_dynamic as quantize  # ships with onnxruntime, imports no torch
 
     with tempfile.TemporaryDirectory() as folder:
         source, target = Path(folder, "float.onnx"), Path(folder, "int8.onnx")
@@ -147,8 +146,7 @@ def quantize_dynamic(model: onnx.ModelProto, quantization: Quantization) -> onnx
         level = root.level
         root.setLevel(logging.ERROR)  # its advice to run onnxruntime's pre-processing script first, on every call
         try:
-            weight_type = QuantType.QUInt8 if quantization.unsigned else QuantType.QInt8
-            quantize(source, target, per_channel=quantization.per_channel, weight_type=weight_type)
+            quantize(source, target, per_channel=quantization.per_channel)  # int8 weights, its default
         finally:
             root.setLevel(level)
         return onnx.load(str(target))
