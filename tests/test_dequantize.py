@@ -321,3 +321,32 @@ def test_an_optimized_sessions_dynamic_quantize_matmul_is_a_matmul_plus_bias() -
     a_step = (max(a.max(), 0) - min(a.min(), 0)) / 255.0  # onnxruntime's int8 kernel: A quantized to uint8
     bound = a_step / 2 * np.abs(weight.astype(np.float32) * scale).sum(axis=0) + 1e-5
     assert np.all(np.abs(_plain(model, {"A": a})["Y"] - expected) <= bound)
+
+
+def test_static_quantization_is_refused_with_what_to_do() -> None:
+    """QuantizeLinear -> DequantizeLinear (static QDQ) on the way: integer values cut the gradient, and it says so."""
+    initializers = [
+        numpy_helper.from_array(np.ones((3, 2), np.float32), "W"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(128, np.uint8), "z"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"]),
+        helper.make_node("QuantizeLinear", ["m", "s", "z"], ["q"], name="quant"),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    expected = (
+        r"^no float initializer of the model reaches the loss \(candidates: \['W'\]\); nothing to train\. The model "
+        r"computes in int8 \('quant' \(QuantizeLinear\)\): int8 ops have no gradient\. ortlstm dequantizes the "
+        r"patterns onnxruntime\.quantization\.quantize_dynamic writes .* train the float model it was quantized from"
+    )
+    with pytest.raises(ValueError, match=expected):
+        Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizers.SGD(lr=0.1))

@@ -375,7 +375,7 @@ INT8_HINT = (
     "a subgraph, weights computed at run time): train the float model it was quantized from (then "
     "export(path, quantize='dynamic')), or freeze the parameters behind it."
 )
-for _domain, _op_type in (
+_INT8_OPS = (
     ("", "DynamicQuantizeLinear"),
     ("", "MatMulInteger"),
     ("", "ConvInteger"),
@@ -383,5 +383,11 @@ for _domain, _op_type in (
     INT8_LSTM,
     _FUSED_MATMUL,
     ("com.microsoft", "MatMulIntegerToFloat"),
-):
+)
+for _domain, _op_type in _INT8_OPS:
     register_missing_rule_hint(_domain, _op_type, INT8_HINT)
+
+
+def int8_nodes(graph: onnx.GraphProto) -> list[str]:
+    """The int8 nodes left in a prepared main graph (``'name' (Op)``): what cuts a parameter off the loss."""
+    return [_label(node) for node in graph.node if (node.domain or "", node.op_type) in _INT8_OPS]
