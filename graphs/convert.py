@@ -27,6 +27,12 @@ MAX_IR_VERSION = 10
 _ONNX_DOMAINS = ("", "ai.onnx")
 MAIN_GRAPH = "main graph"
 _QUANTIZED_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")
+INT8_ADVICE = (
+    "the Trainer (and `ortlstm train-step` / `ortlstm fit`) trains an int8 model as it is, its int8 weights "
+    "dequantized into float32 parameters; ortlstm.graphs.prepare.dequantize_model(model) writes that float model, "
+    "which convert takes; export(path, quantize='dynamic') writes the trained model as int8 again"
+)
+"""What to do with a quantized LSTM, for every message that meets one."""
 _SUPPORTED_ELEM_TYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}
 
 
@@ -223,9 +229,10 @@ def convert_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[C
     """Like :func:`convert`, and returns the converted nodes with where each sits.
 
     com.microsoft ``DynamicQuantizeLSTM`` nodes (int8 weights, written by onnxruntime's
-    quantization tools) are not converted: a quantized LSTM is not trainable. A model whose only
-    LSTMs are quantized is refused with that explanation; in a model that also has float LSTMs,
-    the quantized ones stay as they are (``quantized_lstms(model)`` lists them).
+    quantization tools) are not converted: their int8 weights have no gradient. The Trainer trains
+    them dequantized (``prepare.dequantize_model`` writes that float model, whose LSTMs convert). A
+    model whose only LSTMs are quantized is refused with that advice; in a model that also has float
+    LSTMs, the quantized ones stay as they are (``quantized_lstms(model)`` lists them).
 
     Returns:
         ``(converted model, converted nodes in graph order)``.
@@ -256,8 +263,7 @@ def convert_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[C
         if quantized:
             raise ValueError(
                 f"the model's LSTMs are quantized (com.microsoft DynamicQuantizeLSTM: {_describe(quantized)}). "
-                "Quantized LSTMs are not trainable: their int8 weights have no gradient. Train the float model the "
-                "quantized one was made from (its ONNX LSTM nodes convert), then quantize the trained model again."
+                f"convert rewrites float LSTMs only: {INT8_ADVICE}"
             )
         raise ValueError(
             "the model has no ONNX LSTM node to convert (looked in the main graph, subgraphs and functions). "

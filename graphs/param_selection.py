@@ -15,6 +15,7 @@ from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
 from ortlstm.graphs.graph_utils import used_names
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import PreparedModel
+from ortlstm.graphs.prepare.dequantize import INT8_HINT, int8_nodes
 
 
 def default_requires_grad(prepared: PreparedModel) -> list[str]:
@@ -26,6 +27,10 @@ def default_requires_grad(prepared: PreparedModel) -> list[str]:
 def _nothing_reaches_the_loss(prepared: PreparedModel, candidates: Sequence[str]) -> str:
     """The refusal when no parameter reaches the loss: names the control flow in the way, if any."""
     message = f"no float initializer of the model reaches the loss (candidates: {list(candidates)}); nothing to train"
+    int8 = int8_nodes(prepared.model.graph)
+    if int8:  # integer values carry no gradient: static (QDQ) quantization cuts every path
+        message = f"{message}. The model computes in int8 ({', '.join(int8[:3])}{', ...' if len(int8) > 3 else ''}): "
+        message += INT8_HINT
     if not prepared.remaining_ifs:
         return message
     inside = "" if candidates else " (its weights are Constant nodes or initializers inside the branches)"

@@ -299,10 +299,12 @@ def describe_trained(
     trained: Sequence[TrainedParameter],
     frozen: Sequence[str] = (),
     sources: Mapping[str, tuple[str, ...]] | None = None,
+    int8: Sequence[str] = (),
 ) -> str:
     """A table of the trained parameters (name, type, shape, values, the torch parameters behind each).
 
-    The frozen ones are listed after it, named as errors name them (``label``) when ``sources`` knows them.
+    The frozen ones are listed after it, named as errors name them (``label``) when ``sources`` knows them;
+    then ``int8``, the lines that say which parameters were dequantized from an int8 model's weights.
     """
     lines = [f"trains {len(trained)} parameters, {sum(p.size for p in trained):,} values:"]
     width = max(len(p.name) for p in trained)
@@ -313,4 +315,7 @@ def describe_trained(
         lines.append(f"  {parameter.name:<{width}}  {parameter.dtype:<7} {shape:<16} {parameter.size:>10,}{origin}")
     if frozen:
         lines.append(f"frozen (constants): {', '.join(label(name, sources or {}) for name in frozen)}")
+    if int8:
+        lines.append("dequantized from int8 to float32 (export(path, quantize='dynamic') writes int8 again):")
+        lines.extend(f"  {line}" for line in int8)
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 """Converting what exporters and tools write, and saying what happened.
 
 ``convert_with_report`` (and ``ortlstm convert``) names every converted LSTM and where it sits,
-also inside ``If`` branches; quantized LSTMs are refused as not trainable; the onnxruntime-training
-path refuses up front what its generator would fail on deep inside; and the per-activation
-alpha/beta lists other exporters write convert and compute what onnxruntime's LSTM computes.
+also inside ``If`` branches; quantized LSTMs are refused with the way to train them (dequantized);
+the onnxruntime-training path refuses up front what its generator would fail on deep inside; and
+the per-activation alpha/beta lists other exporters write convert and compute what onnxruntime's
+LSTM computes.
 """
 
 from __future__ import annotations
@@ -106,8 +107,13 @@ def _quantized_model() -> onnx.ModelProto:
     )
 
 
-def test_quantized_lstm_is_refused_as_not_trainable() -> None:
-    with pytest.raises(ValueError, match=r"'qlstm' in main graph\). Quantized LSTMs are not trainable"):
+def test_quantized_lstm_is_refused_with_how_to_train_it() -> None:
+    expected = (
+        r"'qlstm' in main graph\)\. convert rewrites float LSTMs only: the Trainer \(and `ortlstm train-step` / "
+        r"`ortlstm fit`\) trains an int8 model as it is, its int8 weights dequantized into float32 parameters; "
+        r"ortlstm\.graphs\.prepare\.dequantize_model\(model\) writes that float model"
+    )
+    with pytest.raises(ValueError, match=expected):
         convert_with_report(_quantized_model())
 
 

@@ -64,6 +64,7 @@ def _outputs(state: Preparation) -> list[str]:
 def test_pipeline_order_and_the_probe_stops_after_folding() -> None:
     assert [rewrite.__name__ for rewrite in REWRITES] == [
         "convert_old_opset",
+        "dequantize_int8",
         "make_dynamic_dims_symbolic",
         "fix_inputs",
         "drop_declared_shapes",

@@ -12,6 +12,10 @@ own on one ``state.Preparation``, in this order:
   1.9 wrote; an LSTM converts from opset 7 on, onnx has no adapter from LSTM-1), its IR version
   raised to one that opset needs; weights keep their names, so the trained values go back into
   the model as shipped;
+- ``dequantize_int8`` (``dequantize``): the int8 patterns onnxruntime.quantization.quantize_dynamic
+  writes (com.microsoft ``DynamicQuantizeLSTM``, ``DynamicQuantizeLinear`` + ``MatMulInteger`` /
+  ``ConvInteger``) are the float ops they were made from, each int8 weight dequantized into a
+  float32 initializer that is always a candidate (ddddocr's default model);
 - ``make_dynamic_dims_symbolic``: input dims an exporter declared as -1 or 0 (paddle2onnx's
   batch) are symbolic: only a positive static dim fixes a size;
 - ``fix_inputs``: each fixed input is an initializer, each fixed input shape is declared on its
@@ -63,8 +67,9 @@ folding uses ``onnx.reference``.
 
 from __future__ import annotations
 
+from ortlstm.graphs.prepare.dequantize import dequantize_model
 from ortlstm.graphs.prepare.pipeline import REWRITES, prepare_model
 from ortlstm.graphs.prepare.rewrites import CONVERTED_BELOW, CONVERTED_OPSET
 from ortlstm.graphs.prepare.state import PreparedModel
 
-__all__ = ["CONVERTED_BELOW", "CONVERTED_OPSET", "REWRITES", "PreparedModel", "prepare_model"]
+__all__ = ["CONVERTED_BELOW", "CONVERTED_OPSET", "REWRITES", "PreparedModel", "dequantize_model", "prepare_model"]

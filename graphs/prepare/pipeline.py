@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from ortlstm.graphs.prepare import fixed_dims, folding, rewrites, torch_folds
+from ortlstm.graphs.prepare import dequantize, fixed_dims, folding, rewrites, torch_folds
 from ortlstm.graphs.prepare.advice import ControlFlowAdvice
 from ortlstm.graphs.prepare.state import Preparation, PreparedModel
 
@@ -16,6 +16,7 @@ Rewrite = Callable[[Preparation], None]
 
 REWRITES: tuple[Rewrite, ...] = (
     rewrites.convert_old_opset,
+    dequantize.dequantize_int8,
     rewrites.make_dynamic_dims_symbolic,
     rewrites.fix_inputs,
     rewrites.drop_declared_shapes,

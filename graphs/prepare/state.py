@@ -12,6 +12,7 @@ import onnx
 from ortlstm.graphs.export_metadata import TorchOrigins
 
 if TYPE_CHECKING:
+    from ortlstm.graphs.prepare.dequantize import Dequantized
     from ortlstm.graphs.prepare.fixed_dims import ExportDim
 
 ONNX_DOMAINS = ("", "ai.onnx")
@@ -47,6 +48,7 @@ class PreparedModel:
             folded tensor that cannot be recomputed) -> the error the train step raises if trained.
         export_dims: The batch and sequence dims the export fixed, each freed or kept with the
             node that depends on it (``fixed_dims``).
+        dequantized: The float32 parameters made from int8 weights (``dequantize``).
     """
 
     model: onnx.ModelProto
@@ -61,6 +63,7 @@ class PreparedModel:
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
     refusals: Mapping[str, str] = dataclasses.field(default_factory=dict)
     export_dims: tuple[ExportDim, ...] = ()
+    dequantized: tuple[Dequantized, ...] = ()
 
 
 @dataclasses.dataclass
@@ -83,6 +86,7 @@ class Preparation:
         notes: Each candidate -> the warning training it deserves (``torch_folds``).
         refusals: Each candidate -> the error training it raises (``torch_folds``).
         export_dims: The dims the export fixed, freed or kept (``fixed_dims.free_export_dims``).
+        dequantized: The float32 weights made from int8 ones (``dequantize.dequantize_int8``).
     """
 
     source: onnx.ModelProto
@@ -100,6 +104,7 @@ class Preparation:
     notes: dict[str, str] = dataclasses.field(default_factory=dict)
     refusals: dict[str, str] = dataclasses.field(default_factory=dict)
     export_dims: tuple[ExportDim, ...] = ()
+    dequantized: tuple[Dequantized, ...] = ()
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -144,4 +149,5 @@ class Preparation:
             notes={name: note for name, note in self.notes.items() if name in self.candidates},
             refusals=dict(self.refusals),
             export_dims=self.export_dims,
+            dequantized=self.dequantized,
         )

@@ -203,12 +203,26 @@ def random_texts(rng: np.random.Generator, count: int, words: list[str] | tuple[
 def render_line(text: str, style: LineStyle, rng: np.random.Generator, width: int) -> tuple[np.ndarray, Any]:
     """One line as the recognizer's input, and as the grey image shown in the samples.
 
-    28-pixel text on a 40-pixel light background (the notes' measurements), blurred, noised, resized
-    to height 32 keeping the aspect ratio (squeezed to ``width`` if longer), normalized as PaddleOCR
-    does (``(x / 255 - 0.5) / 0.5``) and padded on the right with zeros (PaddleOCR pads so).
+    ``draw_line``'s image resized to height 32 keeping the aspect ratio (squeezed to ``width`` if
+    longer), normalized as PaddleOCR does (``(x / 255 - 0.5) / 0.5``) and padded on the right with
+    zeros (PaddleOCR pads so).
 
     Returns:
         ``[3, 32, width]`` float32, and the resized PIL image.
+    """
+    pil_image = _require("PIL.Image")
+    image = draw_line(text, style, rng)
+    resized_width = min(width, round(image.width * HEIGHT / image.height))
+    image = image.resize((resized_width, HEIGHT), pil_image.Resampling.BILINEAR)
+    line = np.zeros((3, HEIGHT, width), np.float32)
+    line[:, :, :resized_width] = (np.asarray(image, np.float32) / 255.0 - 0.5) / 0.5
+    return line, image
+
+
+def draw_line(text: str, style: LineStyle, rng: np.random.Generator) -> Any:
+    """``text`` drawn in ``style``: 28-pixel text on a 40-pixel light background (the notes' measurements).
+
+    Blurred, then noised, as the style says; a grey (mode ``L``) PIL image, for any recognizer's own resizing.
     """
     pil_image = _require("PIL.Image")
     image_draw = _require("PIL.ImageDraw")
@@ -224,12 +238,7 @@ def render_line(text: str, style: LineStyle, rng: np.random.Generator, width: in
     pixels = np.asarray(image, np.float32)
     if style.noise:
         pixels = pixels + rng.normal(0.0, style.noise, pixels.shape)
-    image = pil_image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
-    resized_width = min(width, round(image.width * HEIGHT / image.height))
-    image = image.resize((resized_width, HEIGHT), pil_image.Resampling.BILINEAR)
-    line = np.zeros((3, HEIGHT, width), np.float32)
-    line[:, :, :resized_width] = (np.asarray(image, np.float32) / 255.0 - 0.5) / 0.5
-    return line, image
+    return pil_image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
 
 
 def render_lines(

@@ -109,6 +109,19 @@ def add_out(
         parser.add_argument("--output", dest="out", type=Path, action=_RenamedOption, new="--out")
 
 
+def add_quantize(parser: argparse.ArgumentParser) -> None:
+    """``--quantize dynamic``: the trained model exported as int8 (``Trainer.export(..., quantize=...)``)."""
+    from ortlstm.graphs.prepare.dequantize import QUANTIZE_CHOICES
+
+    parser.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        default=None,
+        help="write the trained model as int8 again, as onnxruntime.quantization.quantize_dynamic does "
+        "(what ships int8 models such as ddddocr's); default: float32",
+    )
+
+
 def output_path(args: argparse.Namespace) -> Path:
     """What ``add_out(..., positional=True)`` read: ``--out PATH`` or the positional ``OUT``.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ortlstm.cli.common import (
+    add_quantize,
     add_trainer_extras,
     add_training_options,
     json_option,
@@ -116,6 +117,7 @@ def _add_run_options(fit: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--out", type=Path, default=None, metavar="PATH", help="the trained model (standard ONNX ops)"
     )
+    add_quantize(fit)
     fit.add_argument("--checkpoint", type=Path, default=None, help="saved after each epoch and on Ctrl-C")
     fit.add_argument(
         "--resume", action=argparse.BooleanOptionalAction, default=False, help="continue the run in --checkpoint"
@@ -306,6 +308,7 @@ def fit_command(args: argparse.Namespace) -> int:
             batch_axes=dict(options.batch_axis),
             out=options.out,
             plot=options.plot,
+            quantize=options.quantize,
             log=lambda line: print(line, flush=True),
             data_name=str(options.data),
             val_name=str(options.val),

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ortlstm.cli.common import (
     add_out,
+    add_quantize,
     add_trainer_extras,
     add_training_options,
     output_path,
@@ -78,6 +79,7 @@ def add_export(commands: Any) -> None:
     export.add_argument("directory", type=Path, help="a train-step directory")
     add_out(export, "the trained model (.onnx)", positional=True)
     export.add_argument("--checkpoint", type=Path, default=None, help="default: DIR/state.safetensors")
+    add_quantize(export)
     show_defaults(export)
 
 
@@ -168,7 +170,7 @@ def convert_command(args: argparse.Namespace) -> int:
     """``ortlstm convert``: writes the converted model and lists the LSTM nodes converted."""
     import onnx
 
-    from ortlstm.graphs.convert import convert_with_report, quantized_lstms
+    from ortlstm.graphs.convert import INT8_ADVICE, convert_with_report, quantized_lstms
     from ortlstm.graphs.model_files import load_model_file
 
     out = output_path(args)
@@ -178,7 +180,7 @@ def convert_command(args: argparse.Namespace) -> int:
     for node in nodes:
         print(f"  {node.name!r} in {node.where}")
     for node in quantized_lstms(converted):
-        print(f"  not converted: DynamicQuantizeLSTM {node.name!r} in {node.where} (quantized LSTMs are not trainable)")
+        print(f"  not converted: DynamicQuantizeLSTM {node.name!r} in {node.where} (int8: {INT8_ADVICE})")
     return 0
 
 
@@ -218,8 +220,9 @@ def export_command(args: argparse.Namespace) -> int:
     from ortlstm.training import export_directory
 
     out = output_path(args)
-    export_directory(args.directory, out, args.checkpoint)
-    print(f"{out}: the original model with the trained parameters (standard ONNX ops)")
+    export_directory(args.directory, out, args.checkpoint, args.quantize)
+    kind = "int8, onnxruntime.quantization.quantize_dynamic" if args.quantize else "standard ONNX ops"
+    print(f"{out}: the original model with the trained parameters ({kind})")
     return 0
 
 

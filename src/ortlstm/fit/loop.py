@@ -28,7 +28,7 @@ from ortlstm.fit.parallel import Ranks, launched_world
 from ortlstm.fit.report import plot_history
 from ortlstm.fit.schedule import Schedule
 from ortlstm.fit.state import EpochRecord, FitResult, FitState, StepInfo
-from ortlstm.training import NonFiniteStepError, Trainer
+from ortlstm.training import QUANTIZE_CHOICES, NonFiniteStepError, Trainer
 
 
 def fit(
@@ -47,6 +47,7 @@ def fit(
     batch_axes: Mapping[str, int] | None = None,
     out: str | Path | None = None,
     plot: str | Path | None = None,
+    quantize: str | None = None,
     callback: Callable[[StepInfo], None] | None = None,
     log: Callable[[str], None] = print,
     data_name: str = "data",
@@ -99,6 +100,7 @@ def fit(
         batch_axes: Per array, its batch axis when the declared layout does not say it.
         out: Where to export the trained model at the end.
         plot: Where to draw the curves (PNG) when matplotlib is installed.
+        quantize: ``"dynamic"`` exports ``out`` as int8 again (``Trainer.export``); None: float32.
         callback: Called after every batch with a ``StepInfo`` (e.g. to stop a run).
         log: Receives one line per epoch and the notes.
         data_name: The data's name in messages (its file).
@@ -124,6 +126,8 @@ def fit(
     warn = warn if warn is not None else lambda message: log(f"warning: {message}")
     shuffle = _checked_shuffle(trainer, epochs, batch_size, shuffle)
     _check_outputs(out, plot)
+    if quantize not in (None, *QUANTIZE_CHOICES):
+        raise ValueError(f"quantize={quantize!r}: pass None (float32, the default) or 'dynamic'")
     specs = data_specs(trainer, model, batch_axes)
     data, samples = _training_data(trainer, model, data, specs, batch_size, data_name)
     check_finite(data, specs, data_name, skip=trainer.nonfinite == "skip", warn=warn)
@@ -145,7 +149,7 @@ def fit(
         ranks.trainer.check_state()
     with contextlib.nullcontext() if ranks is None else ranks.guard():
         run.train(callback, log)
-        return _finish(trainer, run.state.history, resumed_from, out, plot, log, ranks)
+        return _finish(trainer, run.state.history, resumed_from, out, plot, log, ranks, quantize)
 
 
 def _silent(line: str) -> None:
@@ -499,6 +503,7 @@ def _finish(
     plot: str | Path | None,
     log: Callable[[str], None],
     ranks: Ranks | None = None,
+    quantize: str | None = None,
 ) -> FitResult:
     """What the fit did, after the trained model's export to ``out`` and the plot to ``plot`` (folders made).
 
@@ -511,7 +516,7 @@ def _finish(
             if path is not None:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
         if out is not None:
-            trainer.export(Path(out))
+            trainer.export(Path(out), quantize=quantize)
         if plot is not None:
             result.plot = plot_history(history, Path(plot), trainer.spec.loss.kind, log)
 

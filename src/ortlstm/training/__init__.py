@@ -32,8 +32,10 @@ from ortlstm.training.checkpoint import (
     DIRECTORY_FORMAT,
     MANIFEST_FILE,
     ORIGINAL_FILE,
+    QUANTIZE_CHOICES,
     STATE_FILE,
     export_directory,
+    export_model,
     export_trained_model,
 )
 from ortlstm.training.engine import MODEL_KINDS, float64_disabled_optimizers
@@ -49,6 +51,7 @@ __all__ = [
     "NONFINITE_MODES",
     "ORIGINAL_FILE",
     "ORT_TRAINING_ADAMW_EPS",
+    "QUANTIZE_CHOICES",
     "STATE_FILE",
     "CarriedState",
     "LearningRate",
@@ -58,6 +61,7 @@ __all__ = [
     "Trainer",
     "TrainingSpec",
     "export_directory",
+    "export_model",
     "export_trained_model",
     "float64_disabled_optimizers",
     "graph_hash",

@@ -6,13 +6,15 @@
   the graph hash of the original model.
 - A training directory (``ortlstm train-step``, ``Trainer.write``) holds the original model, the
   four training models, a manifest (format, graph hash, spec, signature) and a checkpoint.
-- ``export_trained_model`` writes trained values back into the original model.
+- ``export_trained_model`` writes trained values back into the original model; ``export_model``
+  writes it to a file, float32 or re-quantized (``quantize="dynamic"``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import stat
 import tempfile
@@ -27,6 +29,13 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.graph_utils import walk_graphs
 from ortlstm.graphs.model_files import load_model_file
+from ortlstm.graphs.prepare.dequantize import (
+    QUANTIZE_CHOICES,
+    Quantization,
+    dequantize_model,
+    is_quantized,
+    quantization_of,
+)
 from ortlstm.graphs.prepare.torch_folds import restructure_for_export
 from ortlstm.graphs.structure import graph_hash, set_constant
 from ortlstm.graphs.train_step import TrainStepSignature
@@ -57,9 +66,14 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
     goes back where preparation found it: an initializer of the main graph or of a subgraph (a
     specialized ``If`` branch), or a ``Constant`` node's value in the form the node held it.
 
+    An int8 model (onnxruntime.quantization's dynamic patterns) is written as the float model it
+    trained as: each quantized op the float op it was made from (``prepare.dequantize``).
+
     Raises:
         ValueError: A parameter is found nowhere in the model, or its shape or type differs.
     """
+    if is_quantized(original):
+        original = dequantize_model(original)[0]
     result = onnx.ModelProto()
     # Parameters an exporter merged are untied, and tensors it folded from trained ones recomputed,
     # as in the train step (prepare.torch_folds): the trained copies need places of their own.
@@ -92,6 +106,50 @@ def export_trained_model(original: onnx.ModelProto, params: Mapping[str, np.ndar
         else:
             set_constant(place, contiguous)
     return result
+
+
+def export_model(
+    original: onnx.ModelProto,
+    params: Mapping[str, np.ndarray],
+    path: str | Path | None = None,
+    quantize: str | None = None,
+) -> onnx.ModelProto:
+    """``export_trained_model``, re-quantized when ``quantize="dynamic"``, written to ``path`` when given.
+
+    ``"dynamic"`` runs onnxruntime.quantization.quantize_dynamic on the trained float model (int8
+    weights, activations quantized at run time: DynamicQuantizeLSTM, MatMulInteger, ConvInteger), the
+    tool that wrote shipped int8 models such as ddddocr's: per channel or per tensor as the original
+    was (``prepare.dequantize.quantization_of``), int8 weights (its default; onnxruntime before 1.20
+    runs ConvInteger on uint8 weights only); None writes float32.
+
+    Raises:
+        ValueError: ``quantize`` is not None or ``"dynamic"``; as ``export_trained_model``.
+    """
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"export: quantize={quantize!r}; pass None (float32, the default) or 'dynamic'")
+    model = export_trained_model(original, params)
+    if quantize == "dynamic":
+        model = quantize_dynamic(model, quantization_of(original))
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+def quantize_dynamic(model: onnx.ModelProto, quantization: Quantization) -> onnx.ModelProto:
+    """``model`` quantized by onnxruntime.quantization.quantize_dynamic (which works on files)."""
+    from onnxruntime.quantization import quantize_dynamic as quantize  # ships with onnxruntime, imports no torch
+
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = Path(folder, "float.onnx"), Path(folder, "int8.onnx")
+        onnx.save(model, str(source))
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # its advice to run onnxruntime's pre-processing script first, on every call
+        try:
+            quantize(source, target, per_channel=quantization.per_channel)  # int8 weights, its default
+        finally:
+            root.setLevel(level)
+        return onnx.load(str(target))
 
 
 # ---- checkpoint files ---------------------------------------------------------------------------
@@ -361,7 +419,7 @@ def read_directory(
 
 
 def export_directory(
-    directory: str | Path, output: str | Path, checkpoint: str | Path | None = None
+    directory: str | Path, output: str | Path, checkpoint: str | Path | None = None, quantize: str | None = None
 ) -> onnx.ModelProto:
     """Writes the trained original model of a training directory (``ortlstm export``).
 
@@ -369,6 +427,7 @@ def export_directory(
         directory: Written by ``ortlstm train-step`` or ``Trainer.write``.
         output: Where to write the model.
         checkpoint: The state to export (default: ``directory/state.safetensors``).
+        quantize: None (float32) or ``"dynamic"`` (``export_model``).
 
     Raises:
         FileNotFoundError: The directory or checkpoint is missing.
@@ -384,6 +443,4 @@ def export_directory(
     metadata, tensors = read_checkpoint(checkpoint if checkpoint is not None else directory / STATE_FILE)
     if metadata.get("graph_sha256") != graph_hash(original):
         raise ValueError(f"the checkpoint was saved for another model than {original_path}")
-    model = export_trained_model(original, tensors_under(tensors, "param"))
-    onnx.save(model, str(output))
-    return model
+    return export_model(original, tensors_under(tensors, "param"), output, quantize)

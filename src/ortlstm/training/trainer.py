@@ -22,6 +22,7 @@ from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
 from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.parameters import TrainedParameter, describe_trained, torch_sources
+from ortlstm.graphs.prepare.dequantize import describe_int8
 from ortlstm.graphs.structure import graph_hash
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
 from ortlstm.ort_training import (
@@ -532,7 +533,8 @@ class Trainer:
 
     def summary(self) -> str:
         """A table of the trained and frozen parameters, for a reader to check against their torch model."""
-        return describe_trained(self.trained, self.signature.frozen, torch_sources(self._original))
+        sources, int8 = torch_sources(self._original), describe_int8(self._original)
+        return describe_trained(self.trained, self.signature.frozen, sources, int8)
 
     @property
     def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
@@ -689,12 +691,9 @@ class Trainer:
         self.last_import = imported
         return imported
 
-    def export(self, path: str | Path | None = None) -> onnx.ModelProto:
-        """The original model with the trained parameters (standard ops; runs without ortlstm).
+    def export(self, path: str | Path | None = None, quantize: str | None = None) -> onnx.ModelProto:
+        """The original model with the trained parameters (standard ops; runs without ortlstm), written to ``path``.
 
-        Writes it to ``path`` when given.
+        ``quantize="dynamic"``: int8 again, as onnxruntime.quantization.quantize_dynamic writes it (``export_model``).
         """
-        model = files.export_trained_model(self._original, self.parameters)
-        if path is not None:
-            onnx.save(model, str(path))
-        return model
+        return files.export_model(self._original, self.parameters, path, quantize)
