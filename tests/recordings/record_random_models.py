@@ -48,23 +48,38 @@ def torch_loss(spec: dict[str, Any], y: torch.Tensor, batch: dict[str, np.ndarra
     return F.ctc_loss(y.log_softmax(2).transpose(0, 1), target, lengths, torch.from_numpy(batch["target_lengths"]))
 
 
-def export(model: torch.nn.Module, spec: dict[str, Any], flavour: str, x: torch.Tensor, path: pathlib.Path) -> str:
-    """Exports ``model`` as ``flavour``; the error's message when the exporter fails, else ''."""
+def export(model: torch.nn.Module, spec: dict[str, Any], flavour: str, x: torch.Tensor, out: pathlib.Path) -> dict[str, str]:
+    """Exports ``model`` as ``flavour`` ('torchscript', or 'dynamo': both dynamo flavours at once).
+
+    torch.onnx.export(optimize=True) is the optimize=False export followed by
+    ``ONNXProgram.optimize()`` (torch 2.13's ``_core.export``), so one dynamo export serves both.
+
+    Returns:
+        Each flavour whose exporter failed -> the error's message.
+    """
+    seed = spec["seed"]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if flavour == "torchscript":
                 mode = torch.onnx.TrainingMode.TRAINING if spec["train_mode"] else torch.onnx.TrainingMode.EVAL
+                path = out / f"{seed}-torchscript.onnx"
                 torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"],
                                   training=mode)
+                shrink(path)
             else:
                 program = torch.onnx.export(model, (x,), dynamo=True, input_names=["x"], output_names=["y"],
-                                            optimize=flavour == "dynamo")
-                program.save(str(path))
+                                            optimize=False, verbose=False)
+                program.save(str(out / f"{seed}-dynamo_unoptimized.onnx"))
+                shrink(out / f"{seed}-dynamo_unoptimized.onnx")
+                program.optimize()
+                program.save(str(out / f"{seed}-dynamo.onnx"))
+                shrink(out / f"{seed}-dynamo.onnx")
     except Exception as error:  # noqa: BLE001 - any exporter failure is recorded as what it says
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
-    shrink(path)
-    return ""
+        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+        flavours = ("torchscript",) if flavour == "torchscript" else ("dynamo", "dynamo_unoptimized")
+        return {name: message for name in flavours}
+    return {}
 
 
 # Per-node metadata the training never reads: half of a dynamo export's bytes.
@@ -86,12 +101,11 @@ def record(seed: int, output: pathlib.Path) -> None:
     spec = grammar.draw(seed)
     data = grammar.batches(spec)
     arrays: dict[str, np.ndarray] = {}
-    for flavour in FLAVOURS:
+    for flavour in ("dynamo", "torchscript"):
         # A fresh copy per export: TorchScript's TRAINING mode and dynamo may touch the module's state.
-        error = export(grammar.build(spec), spec, flavour, torch.from_numpy(data[0]["x"]),
-                       output / f"{seed}-{flavour}.onnx")
-        if error:
-            arrays[f"export_error/{flavour}"] = np.frombuffer(error.encode(), dtype=np.uint8)
+        errors = export(grammar.build(spec), spec, flavour, torch.from_numpy(data[0]["x"]), output)
+        for name, error in errors.items():
+            arrays[f"export_error/{name}"] = np.frombuffer(error.encode(), dtype=np.uint8)
     model = grammar.build(spec)
     name, kwargs = spec["optimizer"], spec["optimizer_kwargs"]
     optimizer = getattr(torch.optim, name)(model.parameters(), **kwargs)
