@@ -61,7 +61,8 @@ def replay_all(seeds: list[int], out: Path) -> list[Outcome]:
 
 
 def _row(label: str, counts: collections.Counter[str]) -> str:
-    return f"| {label} | " + " | ".join(str(counts.get(outcome, 0)) for outcome in OUTCOMES) + f" | {sum(counts.values())} |"
+    cells = " | ".join(str(counts.get(outcome, 0)) for outcome in OUTCOMES)
+    return f"| {label} | {cells} | {sum(counts.values())} |"
 
 
 def table(results: list[Outcome]) -> str:

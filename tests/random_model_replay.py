@@ -226,7 +226,8 @@ def differences(run: Trainer, arrays: dict[str, np.ndarray], spec: dict[str, Any
             expected = mapped[name](torch_after) - mapped[name](torch_before)
             if not _close(value - before[name], expected, UPDATE_RTOL, UPDATE_ATOL):
                 error = np.max(np.abs(value - before[name] - expected))
-                found.append(f"step {step}: update of {name!r} differs by {error:.3g} (torch's: {np.abs(expected).max():.3g})")
+                size = np.abs(expected).max()
+                found.append(f"step {step}: update of {name!r} differs by {error:.3g} (torch's: {size:.3g})")
         if found:
             break
     return found

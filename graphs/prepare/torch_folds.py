@@ -39,6 +39,7 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
 from ortlstm.graphs.export_metadata import (
+    FUSES_BATCHNORM,
     PARAMETER,
     TorchOrigins,
     fused_batchnorms,
@@ -126,7 +127,7 @@ def _merged_reads(
     modules, or are the only such pair.
     """
     call = fx_call(node)
-    if call is None or (node.op_type == "Conv" and "batch_norm" in call.target):
+    if call is None or (node.op_type in FUSES_BATCHNORM and "batch_norm" in call.target):
         return []
     named = [origins.placeholders[name] for name in call.placeholders() if name in origins.placeholders]
     wanted = [target for target in named if target in origins.dropped]
@@ -429,11 +430,14 @@ def warn_fused_batchnorms(state: Preparation) -> None:
         fused = fused_batchnorms(state.source.graph, state.origins.placeholders, state.origins.kinds)
         fused = {name: parameters for name, parameters in fused.items() if name in state.candidates}
         if fused:
+            ops = {node.op_type for node in state.source.graph.node if set(node.input[1:3]) & set(fused)}
+            into = "the Conv" if ops <= {"Conv"} else "the Conv or Linear (Gemm)"
             message = (
-                f"the export folded a BatchNorm into the Conv before it: {sorted(fused)} are each "
-                f"conv * bn.weight / sqrt(bn.running_var + eps) (+ bn.bias), one tensor standing for torch's "
+                f"the export folded a BatchNorm into {into} before it: {sorted(fused)} are each "
+                f"weight * bn.weight / sqrt(bn.running_var + eps) (+ bn.bias), one tensor standing for torch's "
                 f"{sorted({p for name in fused for p in state.origins.sources.get(name, (name,))})}; trained as such, "
-                "they do not train as torch's separate Conv and BatchNorm parameters do. To train those, export with "
+                "they do not train as torch's separate Conv (Linear) and BatchNorm parameters do. To train those, "
+                "export with "
                 "torch.onnx.export(..., optimize=False)."
             )
             state.notes.update(dict.fromkeys(fused, message))
