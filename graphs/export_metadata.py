@@ -94,6 +94,22 @@ def fx_call(node: onnx.NodeProto) -> FxCall | None:
     return FxCall(match["target"], tuple(_split_args(match["args"])))
 
 
+def batch_norm_in_train_mode(call: FxCall | None) -> bool:
+    """Whether ``call`` is torch's batch_norm with ``training=True`` (the model was exported in train mode).
+
+    torch.onnx.export(dynamo=True) of a model in train mode writes an inference BatchNormalization
+    (running statistics) for ``aten._native_batch_norm_legit_functional(x, w, b, mean, var, True, ...)``:
+    the export's forward is not the one torch trains. The 6th argument is ``training`` in that call
+    and in ``aten.batch_norm``; ``_native_batch_norm_legit_no_training`` has none.
+    """
+    return (
+        call is not None
+        and "batch_norm" in call.target
+        and "no_training" not in call.target
+        and call.args[5:6] == ("True",)
+    )
+
+
 def _split_args(text: str) -> list[str]:
     """Splits ``a, [1, 2], b`` at the commas outside brackets."""
     args: list[str] = []

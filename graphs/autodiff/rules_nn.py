@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 from ortlstm.graphs.autodiff.rules_math import activation_grad
-from ortlstm.graphs.export_metadata import fx_call
+from ortlstm.graphs.export_metadata import batch_norm_in_train_mode, fx_call
 from ortlstm.ops import schema
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -399,23 +399,6 @@ def instance_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str
     return [dx, dscale, dbias]
 
 
-def _batch_norm_called_in_train_mode(ctx: GradientContext) -> bool:
-    """Whether dynamo's metadata says torch ran this node's batch_norm with ``training=True``.
-
-    torch.onnx.export(dynamo=True) of a model in train mode writes an inference BatchNormalization
-    (running statistics) for ``aten._native_batch_norm_legit_functional(x, w, b, mean, var, True, ...)``:
-    the export's forward is not the one torch trains. The 6th argument is ``training`` in that call
-    and in ``aten.batch_norm``; ``_native_batch_norm_legit_no_training`` has none.
-    """
-    call = fx_call(ctx.node)
-    return (
-        call is not None
-        and "batch_norm" in call.target
-        and "no_training" not in call.target
-        and call.args[5:6] == ("True",)
-    )
-
-
 @register_gradient_rule("", "BatchNormalization", differentiable=(0, 1, 2))
 def batch_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
     """dX = dY * scale[c] * invstd[c]; dscale = sum(dY * (X - mean[c]) * invstd[c]); dB = sum(dY).
@@ -429,7 +412,7 @@ def batch_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
             "training_mode=1 (normalizing by batch statistics) has no gradient rule; export the model in eval "
             "mode (model.eval()) so the running statistics are used and stay frozen"
         )
-    if _batch_norm_called_in_train_mode(ctx):
+    if batch_norm_in_train_mode(fx_call(ctx.node)):
         raise ctx.fail(
             "torch called batch_norm in training mode here (the model was exported in train mode: torch normalizes "
             "by each batch's statistics), but the export normalizes by the running statistics, so training it would "

@@ -42,6 +42,7 @@ from ortlstm.graphs.export_metadata import (
     FUSES_BATCHNORM,
     PARAMETER,
     TorchOrigins,
+    batch_norm_in_train_mode,
     fused_batchnorms,
     fx_call,
     read_torch_origins,
@@ -441,6 +442,21 @@ def warn_fused_batchnorms(state: Preparation) -> None:
                 "torch.onnx.export(..., optimize=False)."
             )
             state.notes.update(dict.fromkeys(fused, message))
+            trained_mode = [
+                name
+                for node in state.source.graph.node
+                if node.op_type in FUSES_BATCHNORM and batch_norm_in_train_mode(fx_call(node))
+                for name in node.input[1:3]
+                if name in fused
+            ]
+            refusal = (
+                f"the tensors {sorted(trained_mode)} hold a BatchNorm that torch called in training mode (the model "
+                "was exported in train mode: torch normalizes by each batch's statistics), folded into the Conv or "
+                "Linear before it on the running statistics, so training them would differ from torch's; export the "
+                "model in eval mode (model.eval()), with torch.onnx.export(..., optimize=False) to keep the BatchNorm "
+                "apart."
+            )
+            state.refusals.update(dict.fromkeys(trained_mode, refusal))
         return
     torch_named = any("." in init.name for init in graph.initializer)
     folded = [
