@@ -33,6 +33,9 @@ KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 FOLDED_FROM_KEY = "pkg.onnxscript.optimizer.folded_from"
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 PARAMETER = "PARAMETER"
+# The ops onnxscript's optimizer folds an eval-mode BatchNormalization into (Conv2d + BatchNorm2d,
+# Linear + BatchNorm1d), keeping their initializer names; their weight and bias are inputs 1 and 2.
+FUSES_BATCHNORM = ("Conv", "Gemm")
 
 # "p_lstm_weight_ih_l0: PARAMETER target='lstm.weight_ih_l0'" (USER_INPUT lines have no target).
 _SIGNATURE_LINE = re.compile(r"^\s*(?P<node>[\w.]+): (?P<kind>[A-Z_]+)(?: target='(?P<target>[^']*)')?")
@@ -89,6 +92,22 @@ def fx_call(node: onnx.NodeProto) -> FxCall | None:
     if match is None:
         return None
     return FxCall(match["target"], tuple(_split_args(match["args"])))
+
+
+def batch_norm_in_train_mode(call: FxCall | None) -> bool:
+    """Whether ``call`` is torch's batch_norm with ``training=True`` (the model was exported in train mode).
+
+    torch.onnx.export(dynamo=True) of a model in train mode writes an inference BatchNormalization
+    (running statistics) for ``aten._native_batch_norm_legit_functional(x, w, b, mean, var, True, ...)``:
+    the export's forward is not the one torch trains. The 6th argument is ``training`` in that call
+    and in ``aten.batch_norm``; ``_native_batch_norm_legit_no_training`` has none.
+    """
+    return (
+        call is not None
+        and "batch_norm" in call.target
+        and "no_training" not in call.target
+        and call.args[5:6] == ("True",)
+    )
 
 
 def _split_args(text: str) -> list[str]:
@@ -168,15 +187,15 @@ def read_torch_origins(model: onnx.ModelProto) -> TorchOrigins | None:
 def fused_batchnorms(
     graph: onnx.GraphProto, placeholders: dict[str, str], kinds: dict[str, str]
 ) -> dict[str, tuple[str, ...]]:
-    """Each Conv weight or bias a BatchNorm was folded into -> the BatchNorm's torch parameters.
+    """Each Conv (or Gemm) weight or bias a BatchNorm was folded into -> the BatchNorm's torch parameters.
 
-    onnxscript's optimizer fuses ``Conv`` + ``BatchNormalization`` (eval mode) into one Conv that
+    onnxscript's optimizer fuses ``Conv`` (``Gemm``) + ``BatchNormalization`` (eval mode) into one node that
     keeps the Conv's initializer names and records the BatchNorm's call on the node: such a
     tensor is ``conv.weight * bn.weight / sqrt(bn.running_var + eps)``, not torch's ``conv.weight``.
     """
     fused: dict[str, tuple[str, ...]] = {}
     for node in graph.node:
-        call = fx_call(node) if node.op_type == "Conv" and node.domain in ("", "ai.onnx") else None
+        call = fx_call(node) if node.op_type in FUSES_BATCHNORM and node.domain in ("", "ai.onnx") else None
         if call is None or "batch_norm" not in call.target:
             continue
         parameters = tuple(

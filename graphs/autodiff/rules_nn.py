@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ortlstm.graphs.autodiff.registry import GradientContext, register_gradient_rule
 from ortlstm.graphs.autodiff.rules_math import activation_grad
+from ortlstm.graphs.export_metadata import batch_norm_in_train_mode, fx_call
 from ortlstm.ops import schema
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -410,6 +411,12 @@ def batch_normalization_grad(ctx: GradientContext, grad_outputs: Sequence[str | 
         raise ctx.fail(
             "training_mode=1 (normalizing by batch statistics) has no gradient rule; export the model in eval "
             "mode (model.eval()) so the running statistics are used and stay frozen"
+        )
+    if batch_norm_in_train_mode(fx_call(ctx.node)):
+        raise ctx.fail(
+            "torch called batch_norm in training mode here (the model was exported in train mode: torch normalizes "
+            "by each batch's statistics), but the export normalizes by the running statistics, so training it would "
+            "differ from torch's; export the model in eval mode (model.eval()) to train it on the running statistics"
         )
     dy = _only_first_output(ctx, grad_outputs)
     x, scale, bias, mean, var = (ctx.input(index) for index in range(5))

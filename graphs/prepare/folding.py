@@ -92,9 +92,33 @@ def _lift_constant(fold: _FoldPass, node: onnx.NodeProto) -> bool:
     # A 0-D Constant is an exporter's literal (an exponent, an epsilon), not a weight;
     # a torch export's constants are never parameters.
     is_float = onnx.helper.np_dtype_to_tensor_dtype(literal.dtype) in FLOAT_TYPES
-    if is_float and fold.state.is_weight_constant(node.output[0], literal):
+    if (
+        is_float
+        and fold.state.is_weight_constant(node.output[0], literal)
+        and not _is_group_norm_identity(fold.state.graph, node.output[0], literal)
+    ):
         fold.state.candidates.add(node.output[0])
     return True
+
+
+def _is_group_norm_identity(graph: onnx.GraphProto, name: str, value: np.ndarray) -> bool:
+    """Whether ``name`` is TorchScript's ones or zeros of a GroupNorm: not a weight torch has.
+
+    TorchScript writes ``nn.GroupNorm(G, C)`` as ``InstanceNormalization(Reshape(x), ones[G],
+    zeros[G])``, then the Reshape back and the affine ``weight`` / ``bias`` (initializers). With
+    ``G = 1`` the ones and zeros are one-element Constants, which ``is_weight_constant`` would train.
+    """
+    producers = {output: node for node in graph.node for output in node.output}
+    reads = [(node, index) for node in graph.node for index, input_name in enumerate(node.input) if input_name == name]
+    identity = {1: 1.0, 2: 0.0}  # InstanceNormalization's scale and bias
+    return bool(reads) and all(
+        is_onnx(node)
+        and node.op_type == "InstanceNormalization"
+        and index in identity
+        and bool(np.all(value == identity[index]))
+        and getattr(producers.get(node.input[0]), "op_type", "") == "Reshape"
+        for node, index in reads
+    )
 
 
 def _specialize_if(fold: _FoldPass, node: onnx.NodeProto) -> bool:

@@ -39,8 +39,10 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
 from ortlstm.graphs.export_metadata import (
+    FUSES_BATCHNORM,
     PARAMETER,
     TorchOrigins,
+    batch_norm_in_train_mode,
     fused_batchnorms,
     fx_call,
     read_torch_origins,
@@ -126,7 +128,7 @@ def _merged_reads(
     modules, or are the only such pair.
     """
     call = fx_call(node)
-    if call is None or (node.op_type == "Conv" and "batch_norm" in call.target):
+    if call is None or (node.op_type in FUSES_BATCHNORM and "batch_norm" in call.target):
         return []
     named = [origins.placeholders[name] for name in call.placeholders() if name in origins.placeholders]
     wanted = [target for target in named if target in origins.dropped]
@@ -436,14 +438,32 @@ def warn_fused_batchnorms(state: Preparation) -> None:
         fused = fused_batchnorms(state.source.graph, state.origins.placeholders, state.origins.kinds)
         fused = {name: parameters for name, parameters in fused.items() if name in state.candidates}
         if fused:
+            ops = {node.op_type for node in state.source.graph.node if set(node.input[1:3]) & set(fused)}
+            into = "the Conv" if ops <= {"Conv"} else "the Conv or Linear (Gemm)"
             message = (
-                f"the export folded a BatchNorm into the Conv before it: {sorted(fused)} are each "
-                f"conv * bn.weight / sqrt(bn.running_var + eps) (+ bn.bias), one tensor standing for torch's "
+                f"the export folded a BatchNorm into {into} before it: {sorted(fused)} are each "
+                f"weight * bn.weight / sqrt(bn.running_var + eps) (+ bn.bias), one tensor standing for torch's "
                 f"{sorted({p for name in fused for p in state.origins.sources.get(name, (name,))})}; trained as such, "
-                "they do not train as torch's separate Conv and BatchNorm parameters do. To train those, export with "
+                "they do not train as torch's separate Conv (Linear) and BatchNorm parameters do. To train those, "
+                "export with "
                 "torch.onnx.export(..., optimize=False)."
             )
             state.notes.update(dict.fromkeys(fused, message))
+            trained_mode = [
+                name
+                for node in state.source.graph.node
+                if node.op_type in FUSES_BATCHNORM and batch_norm_in_train_mode(fx_call(node))
+                for name in node.input[1:3]
+                if name in fused
+            ]
+            refusal = (
+                f"the tensors {sorted(trained_mode)} hold a BatchNorm that torch called in training mode (the model "
+                "was exported in train mode: torch normalizes by each batch's statistics), folded into the Conv or "
+                "Linear before it on the running statistics, so training them would differ from torch's; export the "
+                "model in eval mode (model.eval()), with torch.onnx.export(..., optimize=False) to keep the BatchNorm "
+                "apart."
+            )
+            state.refusals.update(dict.fromkeys(trained_mode, refusal))
         return
     torch_named = any("." in init.name for init in graph.initializer)
     folded = [
