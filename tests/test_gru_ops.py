@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Mapping
 
@@ -264,3 +265,53 @@ def test_hostile_inputs_are_refused_with_the_input_named() -> None:
 def test_bad_attributes_are_refused_when_the_session_is_created(attributes: dict, expected: str) -> None:
     message = _error("GRUTraining", _inputs("forward", seed=9), attributes)
     assert expected in message
+
+
+# ---------------------------------------------------------------------------------------------
+# com.microsoft GRUTraining / GRUGrad (onnxruntime-training): the same ports, the same numbers.
+
+IS_TRAINING_BUILD = importlib.util.find_spec("onnxruntime.training") is not None
+needs_com_microsoft = pytest.mark.skipif(
+    not IS_TRAINING_BUILD, reason=f"needs onnxruntime-training: onnxruntime {ort.__version__} has no com.microsoft GRU"
+)
+
+
+def _com_microsoft(op_type: str, feeds: Mapping[str, np.ndarray | None], outputs: list[str], attributes: dict) -> dict:
+    """One com.microsoft node whose inputs are the ortlstm op's, in the ortlstm op's order (the drop-in claim)."""
+    names = [name if feeds.get(name) is not None else "" for name in schema.input_names(schema.op_by_name(op_type))]
+    node = helper.make_node(op_type, names, outputs, domain="com.microsoft", **attributes)
+    graph = helper.make_graph(
+        [node],
+        op_type,
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names if name],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        ir_version=op_runner.IR_VERSION,
+    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    values = session.run(outputs, {name: np.asarray(feeds[name], np.float32) for name in names if name})
+    return dict(zip(outputs, values, strict=True))
+
+
+@needs_com_microsoft
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_equals_com_microsoft(linear_before_reset: int) -> None:
+    """What com.microsoft accepts: forward, Sigmoid/Tanh, no clip, no sequence_lens, layout 0, float32."""
+    attributes = {"hidden_size": H, "linear_before_reset": linear_before_reset}
+    inputs = _inputs("forward", seed=10, lens=False)
+    forward_ports = list(schema.output_names(schema.GRU_TRAINING))
+    expected = _com_microsoft("GRUTraining", inputs, forward_ports, attributes)
+    actual = op_runner.run("GRUTraining", inputs, attributes, dtype=np.float32)
+    for name in forward_ports:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=0, atol=FLOAT32_ATOL, err_msg=name)
+    rng = np.random.default_rng(11)
+    upstream = {"grad_HAll": rng.standard_normal(expected["HAll"].shape), "grad_Ht": rng.standard_normal((1, N, H))}
+    grad_ports = list(schema.output_names(schema.GRU_GRAD))
+    expected_grads = _com_microsoft("GRUGrad", {**inputs, **expected, **upstream}, grad_ports, attributes)
+    actual_grads = op_runner.run("GRUGrad", {**inputs, **actual, **upstream}, attributes, dtype=np.float32)
+    for name in grad_ports:
+        scale = np.abs(expected_grads[name]).max()
+        np.testing.assert_allclose(actual_grads[name], expected_grads[name], rtol=0, atol=2e-6 * scale, err_msg=name)
