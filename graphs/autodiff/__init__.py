@@ -15,6 +15,7 @@ from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers t
     rules_activations,
     rules_conv,
     rules_ctc,
+    rules_gru,
     rules_lstm,
     rules_math,
     rules_nn,
