@@ -54,7 +54,9 @@ def convert_grus(model: onnx.ModelProto) -> onnx.ModelProto:
         if not any(is_onnx_gru(node) for node in nodes):
             continue
         del container.node[:]
-        container.node.extend(_convert_node(node, where, names, constants) if is_onnx_gru(node) else node for node in nodes)
+        container.node.extend(
+            _convert_node(node, where, names, constants) if is_onnx_gru(node) else node for node in nodes
+        )
         if isinstance(container, onnx.FunctionProto):
             _add_opset(container)
     _add_opset(result)

@@ -65,7 +65,8 @@ def recurrent_attributes(
             )
         if attr.name == "activations_csv":
             attr = dataclasses.replace(attr, doc=attr.doc.replace("Sigmoid,Tanh,Tanh", defaults.replace(" ", "")))
-        shared.append(dataclasses.replace(attr, doc=attr.doc.replace("LSTM", cell), accepts=attr.accepts.replace("LSTM", cell)))
+        doc, accepts = attr.doc.replace("LSTM", cell), attr.accepts.replace("LSTM", cell)
+        shared.append(dataclasses.replace(attr, doc=doc, accepts=accepts))
     return (*shared, *extra)
 
 

@@ -80,6 +80,9 @@ def _id(config: Mapping[str, object]) -> str:
     return "-".join(f"{k}={v}" for k, v in config.items())
 
 
+_ELEM = {False: TensorProto.FLOAT, True: TensorProto.INT32}  # by "is it sequence_lens"
+
+
 def _onnx_gru(inputs: Mapping[str, np.ndarray | None], attributes: Mapping[str, object]) -> list[np.ndarray]:
     """onnxruntime's ONNX GRU (opset 14), float32."""
     names = ["X", "W", "R", "B", "sequence_lens", "initial_h"]
@@ -89,7 +92,7 @@ def _onnx_gru(inputs: Mapping[str, np.ndarray | None], attributes: Mapping[str, 
         [node],
         "gru",
         [
-            helper.make_tensor_value_info(name, TensorProto.INT32 if name == "sequence_lens" else TensorProto.FLOAT, None)
+            helper.make_tensor_value_info(name, _ELEM[name == "sequence_lens"], None)
             for name in present
             if name
         ],
@@ -238,7 +241,8 @@ def test_hostile_inputs_are_refused_with_the_input_named() -> None:
     inputs = _inputs("forward", seed=8)
     attributes = {"hidden_size": H}
     message = _error("GRUTraining", {**inputs, "W": np.zeros((1, 4 * H, I))}, attributes)
-    assert "W: expected [num_directions(direction=forward)=1, 3*hidden_size=12, input_size=5], got [1, 16, 5]" in message
+    expected = "W: expected [num_directions(direction=forward)=1, 3*hidden_size=12, input_size=5], got [1, 16, 5]"
+    assert expected in message
     message = _error("GRUTraining", {**inputs, "B": np.zeros((1, 8 * H))}, attributes)
     assert "B: expected [num_directions=1, 6*hidden_size=24], got [1, 32]" in message
     message = _error("GRUTraining", {**inputs, "sequence_lens": np.array([5, 1, 1], np.int32)}, attributes)

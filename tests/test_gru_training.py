@@ -69,7 +69,8 @@ def test_convert_grus_keeps_outputs_and_names_the_stash() -> None:
     assert len(grus) == len(originals) == 2
     for gru, original in zip(grus, originals, strict=True):
         assert gru.domain == "ortlstm"
-        assert list(gru.output[: len(original.output)]) == [name or gru.output[i] for i, name in enumerate(original.output)]
+        kept = [name or gru.output[index] for index, name in enumerate(original.output)]
+        assert list(gru.output[: len(original.output)]) == kept
         assert all(gru.output), "every output (the ZRH stash included) is named for GRUGrad"
 
 

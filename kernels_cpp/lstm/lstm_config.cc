@@ -61,8 +61,8 @@ std::string ParseRecurrentConfig(const RawLstmAttributes& raw, int activation_co
   const size_t expected_count = per_direction * static_cast<size_t>(cfg.num_directions);
   if (names.size() != expected_count) {
     std::ostringstream msg;
-    msg << "attribute " << raw.activations_attribute << ": expected " << activation_count << "*num_directions=" << expected_count
-        << " names (" << (activation_count == 3 ? "f, g, h" : "f, g") << " per direction, "
+    msg << "attribute " << raw.activations_attribute << ": expected " << activation_count
+        << "*num_directions=" << expected_count << " names (" << (activation_count == 3 ? "f, g, h" : "f, g") << " per direction, "
         << "direction=" << direction << "), got " << names.size() << " [" << JoinStrings(names) << "]";
     return msg.str();
   }

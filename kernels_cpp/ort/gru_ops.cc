@@ -128,15 +128,17 @@ class GruGradKernel {
 std::string ReadGruConfig(const OrtKernelInfo* info, bool gradient, GruConfig* config) {
   RawLstmAttributes raw;
   std::string error = ReadLstmAttributes(info, &raw);
-  if (error.empty() && raw.input_forget) error = "attribute input_forget: the GRU has none (it is ONNX LSTM's); remove it";
+  if (error.empty() && raw.input_forget) {
+    error = "attribute input_forget: the GRU has none (it is ONNX LSTM's); remove it";
+  }
   if (error.empty()) error = ParseRecurrentConfig(raw, 2, &config->cell);
   int64_t linear_before_reset = 0;
   if (error.empty()) {
     error = ReadIntAttribute(info, schema::gru_training::kAttrLinearBeforeReset, 0, &linear_before_reset);
   }
   if (error.empty() && linear_before_reset != 0 && linear_before_reset != 1) {
-    return std::string("attribute linear_before_reset: expected ") + schema::gru_training::kAttrLinearBeforeResetAccepts +
-           ", got " + std::to_string(linear_before_reset);
+    return std::string("attribute linear_before_reset: expected ") +
+           schema::gru_training::kAttrLinearBeforeResetAccepts + ", got " + std::to_string(linear_before_reset);
   }
   config->linear_before_reset = linear_before_reset == 1;
   for (int64_t d = 0; gradient && error.empty() && d < config->cell.num_directions; ++d) {

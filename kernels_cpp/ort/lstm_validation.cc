@@ -163,7 +163,8 @@ std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, Lst
   std::string error =
       CheckShape("W", in.W, {{directions_label, d.num_directions}, {width_label, width}, {"input_size", d.input_size}});
   if (error.empty()) {
-    error = CheckShape("R", in.R, {{directions_label, d.num_directions}, {width_label, width}, {"hidden_size", d.hidden_size}});
+    error = CheckShape("R", in.R,
+                       {{directions_label, d.num_directions}, {width_label, width}, {"hidden_size", d.hidden_size}});
   }
   if (error.empty() && in.sequence_lens.present) {
     error = CheckShape("sequence_lens", in.sequence_lens, {{"batch_size", d.batch_size}});
@@ -224,7 +225,8 @@ std::string ValidateGruTrainingInputs(const LstmConfig& config, const GruTrainin
   std::string error = ValidateCommon(
       config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
   if (error.empty() && at(In::kB).present) {
-    error = CheckShape("B", at(In::kB), {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
+    error = CheckShape("B", at(In::kB),
+                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
   }
   return error;
 }
@@ -236,7 +238,8 @@ std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs&
   std::string error = ValidateCommon(
       config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
   if (error.empty() && at(In::kB).present) {
-    error = CheckShape("B", at(In::kB), {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
+    error = CheckShape("B", at(In::kB),
+                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
   }
   if (!error.empty()) return error;
   const auto hidden_dims = SequenceDims(*dims, "hidden_size", dims->hidden_size);
