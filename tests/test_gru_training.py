@@ -1,8 +1,10 @@
 """nn.GRU models exported with torch.onnx.export's defaults train through the Trainer as torch trains them.
 
 tests/recordings/record_gru.py trained each model in torch (2 layers; uni- and bidirectional;
-batch_first and not; SGD with momentum, Adam) and recorded every parameter after every step, in
-the ONNX layout the export folded it into. Here, without torch, ``Trainer(model, loss=...,
+batch_first and not; SGD with momentum, Adam), exported by each of torch.onnx.export's flavours
+(dynamo with its defaults, dynamo with optimize=False, TorchScript), and recorded every parameter
+after every step, in the layout the export holds it (torch's, or the GRU's ONNX layout it was
+folded into). Here, without torch, ``Trainer(model, loss=...,
 optimizer=...)`` (the ONNX GRU nodes become GRUTraining, their gradient GRUGrad) replays the same
 batches; every parameter must equal torch's after every step, to float32 tolerance.
 """
@@ -34,7 +36,7 @@ def _load(path: Path) -> tuple[dict, onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 def test_recordings_exist() -> None:
-    assert len(RECORDINGS) >= 2, "run tests/recordings/record_gru.py (needs torch) to record them"
+    assert len(RECORDINGS) >= 4, "run tests/recordings/record_gru.py (needs torch) to record them"
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)

@@ -5,9 +5,9 @@ Run with the training environment, which has torch:
     .venvs/train/bin/python tests/recordings/record_gru.py
 
 Each case: an ``nn.GRU`` (2 layers; uni- or bidirectional; batch_first or not) with a Linear head
-on every step's output, exported with ``torch.onnx.export``'s defaults (dynamo, optimize=True,
-which folds torch's weights into the GRU's ONNX layout: gates r z n -> z r h, directions
-stacked, B = [b_ih, b_hh]), then trained in torch for ``STEPS`` steps with MSE. Written in
+on every step's output, exported by each of torch.onnx.export's three flavours (its defaults:
+dynamo with optimize=True, which folds torch's weights into the GRU's ONNX layout: gates r z n ->
+z r h, directions stacked, B = [b_ih, b_hh]; dynamo with optimize=False; TorchScript), then trained in torch for ``STEPS`` steps with MSE. Written in
 record_training.py's format (model, config, batch/<step>/<input>, losses, param/<onnx name> after
 every step), each ONNX initializer's value computed from the torch parameters it was folded from.
 
@@ -37,9 +37,13 @@ STEPS = 4
 BATCH, LENGTH, FEATURES, HIDDEN, OUTPUTS = 4, 6, 3, 5, 2
 OUTPUT_DIR = HERE / "gru"
 
+_SGD = {"name": "SGD", "kwargs": {"lr": 0.3, "momentum": 0.9}}
+_ADAM = {"name": "Adam", "kwargs": {"lr": 0.02}}
 CASES: list[dict[str, Any]] = [
-    {"bidirectional": False, "batch_first": True, "optimizer": {"name": "SGD", "kwargs": {"lr": 0.3, "momentum": 0.9}}},
-    {"bidirectional": True, "batch_first": False, "optimizer": {"name": "Adam", "kwargs": {"lr": 0.02}}},
+    {"bidirectional": False, "batch_first": True, "optimizer": _SGD, "exporter": "dynamo"},
+    {"bidirectional": True, "batch_first": False, "optimizer": _ADAM, "exporter": "dynamo"},
+    {"bidirectional": True, "batch_first": True, "optimizer": _ADAM, "exporter": "dynamo_unoptimized"},
+    {"bidirectional": False, "batch_first": False, "optimizer": _SGD, "exporter": "torchscript"},
 ]
 
 
@@ -63,7 +67,7 @@ def _zrh(stacked: np.ndarray) -> np.ndarray:
 
 
 def onnx_values(net: Net) -> dict[str, tuple[np.ndarray, str]]:
-    """Every tensor the export may hold for the torch parameters: ONNX-layout W, R, B of each layer and the head."""
+    """Every tensor the export may hold for the torch parameters: each parameter, ONNX-layout W, R, B of each layer."""
     gru = net.gru
     params = {name: value.detach().numpy() for name, value in net.named_parameters()}
     suffixes = ("", "_reverse") if gru.bidirectional else ("",)
@@ -77,18 +81,22 @@ def onnx_values(net: Net) -> dict[str, tuple[np.ndarray, str]]:
             np.stack([np.concatenate([_zrh(params[i]), _zrh(params[h])]) for i, h in biases]),
             ", ".join(name for pair in biases for name in pair),
         )
-    for name in ("head.weight", "head.bias"):
+    for name in params:  # as they are (dynamo with optimize=False keeps torch's parameters)
         values[name] = (params[name], name)
+    for name in ("head.weight", "head.bias"):
         if params[name].ndim == 2:  # the export's MatMul may hold the transposed weight
             values[f"{name}^T"] = (params[name].T.copy(), name)
     return values
 
 
-def export(net: Net, x: torch.Tensor) -> onnx.ModelProto:
-    """torch.onnx.export with its defaults (dynamo=True, optimize=True)."""
-    program = torch.onnx.export(net, (x,), dynamo=True)
+def export(net: Net, x: torch.Tensor, exporter: str) -> onnx.ModelProto:
+    """torch.onnx.export: its defaults (``dynamo``: dynamo=True, optimize=True), ``dynamo_unoptimized``
+    (optimize=False) or ``torchscript`` (dynamo=False, the exporter's default opset)."""
     buffer = io.BytesIO()
-    program.save(buffer)
+    if exporter == "torchscript":
+        torch.onnx.export(net, (x,), buffer, dynamo=False, input_names=["x"])
+    else:
+        torch.onnx.export(net, (x,), dynamo=True, optimize=exporter == "dynamo").save(buffer)
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -104,7 +112,7 @@ def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
         }
         for _ in range(STEPS)
     ]
-    model = export(net, torch.from_numpy(batches[0]["x"]))
+    model = export(net, torch.from_numpy(batches[0]["x"]), case["exporter"])
     assert sum(node.op_type == "GRU" for node in model.graph.node) == 2, [node.op_type for node in model.graph.node]
     # ONNX initializer -> the key of onnx_values it equals.
     values = onnx_values(net)
@@ -134,17 +142,17 @@ def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
         arrays[f"param/{name}"] = np.stack(trajectory)
     direction = "bi" if case["bidirectional"] else "uni"
     layout = "batch_first" if case["batch_first"] else "seq_first"
-    name = f"gru2_{direction}_{layout}-dynamo-{case['optimizer']['name']}"
+    name = f"gru2_{direction}_{layout}-{case['exporter']}-{case['optimizer']['name']}"
     config = {
         "scenario": f"gru2_{direction}_{layout}",
-        "exporter": "dynamo",
+        "exporter": case["exporter"],
         "optimizer": case["optimizer"],
         "loss": "mse",
         "steps": STEPS,
         "lr_schedule": [case["optimizer"]["kwargs"]["lr"]] * STEPS,
         "trainable": sorted(pairs),
         "sources": {name: values[key][1] for name, key in pairs.items()},
-        "model_inputs": ["x"],
+        "model_inputs": [value.name for value in model.graph.input if value.name not in pairs],
         "target": "target",
         "torch": torch.__version__,
     }
