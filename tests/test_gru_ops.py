@@ -320,3 +320,12 @@ def test_equals_com_microsoft(linear_before_reset: int) -> None:
     for name in grad_ports:
         scale = np.abs(expected_grads[name]).max()
         np.testing.assert_allclose(actual_grads[name], expected_grads[name], rtol=0, atol=2e-6 * scale, err_msg=name)
+
+
+def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
+    inputs = {**_inputs("forward", seed=12, lens=False, h0=False), "X": np.zeros((2**40, 0, I))}
+    message = _error("GRUTraining", inputs, {"hidden_size": H})
+    assert (
+        "X: seq_length*batch_size=0, seq_length*3*hidden_size=13194139533312, batch_size=0, input_size=5: each must be "
+        "at most 2147483647, the largest dimension BLAS accepts"
+    ) in message
