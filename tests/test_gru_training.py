@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff import registry
@@ -79,3 +80,29 @@ def test_convert_grus_keeps_outputs_and_names_the_stash() -> None:
 def test_an_unconverted_gru_names_the_conversion() -> None:
     hint = registry.missing_rule_hint("", "GRU")
     assert hint is not None and "convert_grus" in hint
+
+
+def test_onnxruntime_training_artifacts_differentiate_the_gru_as_torch(tmp_path: Path) -> None:
+    """The onnxruntime-training 1.19.2 path: generate_artifacts registers GRUGrad for GRUTraining.
+
+    The recording's first step is SGD with momentum from a zero buffer, p1 = p0 - lr * grad, so torch's
+    gradient is (p0 - p1) / lr; the Module's must equal it. Only where onnxruntime-training is installed.
+    """
+    ort_artifacts = pytest.importorskip("onnxruntime.training.artifacts")
+    from ortlstm import graphs
+
+    path = next(path for path in RECORDINGS if path.stem.endswith("-dynamo-SGD"))
+    config, model, arrays = _load(path)
+    artifacts = graphs.generate_artifacts(model, loss=ort_artifacts.LossType.MSELoss, artifact_directory=tmp_path)
+    training_model = onnx.load(str(artifacts.training_model))
+    ortlstm_ops = {node.op_type for node in training_model.graph.node if node.domain == "ortlstm"}
+    assert ortlstm_ops == {"GRUTraining", "GRUGrad"}
+    module, _, state = graphs.open_training(artifacts, intra_op_num_threads=1)
+    module.train()
+    loss = module(arrays["batch/0/x"], arrays["batch/0/target"])
+    np.testing.assert_allclose(float(loss), arrays["losses"][0], rtol=RTOL, atol=ATOL)
+    lr = config["optimizer"]["kwargs"]["lr"]
+    initial = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    for name in config["trainable"]:
+        torch_grad = (initial[name] - arrays[f"param/{name}"][0]) / lr
+        np.testing.assert_allclose(state.parameters[name].grad, torch_grad, rtol=RTOL, atol=ATOL, err_msg=name)
