@@ -1,4 +1,4 @@
-"""The gradient of ``LSTMTraining`` for onnxruntime-training's gradient builder.
+"""The gradients of ``LSTMTraining`` and ``GRUTraining`` for onnxruntime-training's gradient builder.
 
 ``gradient_definition()`` writes LSTMGrad's wiring to LSTMTraining, which ops/schema.py declares
 (``schema.LSTM_TRAINING_GRADIENT``: each port's ``from_forward`` / ``gradient_of``), in
