@@ -8,6 +8,7 @@
 #include "ort/activation_grad_ops.h"
 #include "ort/conv_ops.h"
 #include "ort/ctc_ops.h"
+#include "ort/gru_ops.h"
 #include "ort/lstm_ops.h"
 #include "ort/optimizer_ops.h"
 #include "ort/ort_util.h"
@@ -68,6 +69,7 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* status = Api().CreateCustomOpDomain(ortlstm::schema::kDomain, &domain)) return status;
   std::string error = ortlstm::ort::AddLstmOps(domain);
+  if (error.empty()) error = ortlstm::ort::AddGruOps(domain);
   if (error.empty()) error = ortlstm::ort::AddOptimizerOps(domain);
   if (error.empty()) error = ortlstm::ort::AddCtcOps(domain);
   if (error.empty()) error = ortlstm::ort::AddConvOps(domain);

@@ -80,6 +80,12 @@ def render_header() -> str:
     ]
     for op in schema.OPS:
         lines += ["", *_render_op_namespace(op)]
+    shared = schema.attribute_names(schema.LSTM_TRAINING)
+    for op in schema.GRU_OPS:
+        # The attributes they share with the LSTM ops are attr::'s; their own are named in the op's namespace.
+        namespace = _render_op_namespace(op)
+        own = [attr for attr in op.attributes if attr.name not in shared]
+        lines += ["", *namespace[:-1], *_render_own_attributes(op, own), namespace[-1]]
     for op in schema.OPTIMIZER_OPS:
         # Their attributes are their own (the LSTM ops share attr:: below): named in the op's namespace.
         attributes = _render_own_attributes(op)
@@ -129,6 +135,7 @@ def render_docs() -> str:
         "",
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
         f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
+        f"the GRU: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRU_OPS)}; "
         f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}; "
         f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}; "
         f"gradients of standard ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRADIENT_OPS)}.",
@@ -139,7 +146,8 @@ def render_docs() -> str:
         "",
         "## Dims",
         "",
-        "Shapes use the ONNX LSTM dim names. A shape entry `4*hidden_size` stacks the four gates i, o, f, c.",
+        "Shapes use the ONNX LSTM dim names. A shape entry `4*hidden_size` stacks the four gates i, o, f, c",
+        "(`3*hidden_size`: the GRU's z, r, h).",
         "",
         "| Dim | Value |",
         "|---|---|",
@@ -150,7 +158,7 @@ def render_docs() -> str:
         "With `layout=1` (batch-major, as in ONNX LSTM) batch_size moves to the first axis of every",
         "tensor that has one; the tables show both layouts.",
     ]
-    for op in schema.OPS:
+    for op in schema.OPS + schema.GRU_OPS:
         lines += ["", *_render_op_docs(op)]
     for op in schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
         lines += ["", *_render_op_docs(op)]
@@ -265,14 +273,22 @@ def _render_op_namespace(op: schema.OpSpec) -> list[str]:
     ]
 
 
-def _render_own_attributes(op: schema.OpSpec) -> list[str]:
-    """Names and defaults of the attributes of an op that does not share the LSTM ops' attr:: namespace."""
-    lines = [f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in op.attributes]
+def _render_own_attributes(op: schema.OpSpec, attributes: Sequence[schema.AttrSpec] | None = None) -> list[str]:
+    """Names and defaults of the attributes of an op that does not share the LSTM ops' attr:: namespace.
+
+    ``attributes`` (default: all of the op's) picks those that are its own; with a subset, their
+    accepted values are rendered too, for the messages of the kernel that reads them.
+    """
+    own = op.attributes if attributes is None else tuple(attributes)
+    lines = [f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in own]
     lines += [
-        _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr)
-        for attr in op.attributes
-        if attr.default is not None
+        _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr) for attr in own if attr.default is not None
     ]
+    if attributes is not None:
+        lines += [
+            f"inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}Accepts[] = {json.dumps(attr.accepts)};"
+            for attr in own
+        ]
     return lines
 
 

@@ -7,7 +7,7 @@ nothing else in the repository spells out a port name or index by hand. It must 
 Changing the order or meaning of a port requires bumping the op's version.
 
 The declarations live in the modules beside it, one family each: ``contract`` (what a declaration
-is made of), ``spec_lstm``, ``wiring`` (gradient ops to forward nodes), ``spec_optimizers``,
+is made of), ``spec_lstm``, ``spec_gru``, ``wiring`` (gradient ops to forward nodes), ``spec_optimizers``,
 ``spec_ctc`` and ``spec_gradients``. This module gathers them: every layer reads
 ``ortlstm.ops.schema``.
 """
@@ -50,6 +50,11 @@ from ortlstm.ops.spec_gradients import (  # noqa: F401 - the contract, gathered
     SIGMOID_GRAD,
     TANH_GRAD,
 )
+from ortlstm.ops.spec_gru import (  # noqa: F401 - the contract, gathered
+    GRU_GRAD,
+    GRU_OPS,
+    GRU_TRAINING,
+)
 from ortlstm.ops.spec_lstm import (  # noqa: F401 - the contract, gathered
     LSTM_GRAD,
     LSTM_TRAINING,
@@ -62,6 +67,7 @@ from ortlstm.ops.spec_optimizers import (  # noqa: F401 - the contract, gathered
     SHAPE_AS_PARAM,
 )
 from ortlstm.ops.wiring import (  # noqa: F401 - the contract, gathered
+    GRU_TRAINING_GRADIENT,
     LSTM_TRAINING_GRADIENT,
     GradientLink,
     GradientSource,
@@ -76,7 +82,7 @@ def op_by_name(name: str) -> OpSpec:
     Raises:
         KeyError: If no op of that name is declared.
     """
-    every = OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
+    every = OPS + GRU_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
     for op in every:
         if op.name == name:
             return op

@@ -23,12 +23,12 @@ from ortlstm.ops.contract import (
     TypeConstraintSpec,
 )
 
-_FLOAT_TYPES = TypeConstraintSpec(
+FLOAT_TYPES = TypeConstraintSpec(
     type_str="T",
     allowed_types=("tensor(float)", "tensor(double)"),
     doc="All float tensors of a node share one type: float32 for training, float64 for gradient checks.",
 )
-_SEQUENCE_LENS_TYPE = TypeConstraintSpec(
+SEQUENCE_LENS_TYPE = TypeConstraintSpec(
     type_str="T1",
     allowed_types=("tensor(int32)",),
     doc="sequence_lens is int32, as in ONNX LSTM.",
@@ -37,7 +37,7 @@ _SEQUENCE_LENS_TYPE = TypeConstraintSpec(
 # Both ops take ONNX LSTM's attributes so a gradient node can copy its forward node's attributes
 # verbatim. hidden_size is required (ONNX LSTM makes it optional) because the kernels size every
 # buffer from it before reading R.
-_LSTM_ATTRIBUTES = (
+LSTM_ATTRIBUTES = (
     AttrSpec(
         name="hidden_size",
         type=AttrType.INT,
@@ -296,8 +296,8 @@ the state at each sequence's last valid step.""",
             differentiable=False,
         ),
     ),
-    attributes=_LSTM_ATTRIBUTES,
-    type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+    attributes=LSTM_ATTRIBUTES,
+    type_constraints=(FLOAT_TYPES, SEQUENCE_LENS_TYPE),
     refusals=(*_SESSION_REFUSALS, *_RUN_REFUSALS),
 )
 
@@ -375,8 +375,8 @@ peephole LSTM would be wrong.""",
         _input_gradient("dC0", "initial_c"),
         _input_gradient("dP", "P"),
     ),
-    attributes=_LSTM_ATTRIBUTES,
-    type_constraints=(_FLOAT_TYPES, _SEQUENCE_LENS_TYPE),
+    attributes=LSTM_ATTRIBUTES,
+    type_constraints=(FLOAT_TYPES, SEQUENCE_LENS_TYPE),
     refusals=(
         *_SESSION_REFUSALS,
         "When the session is created: LeakyRelu or Elu as f or g (gate or cell activation) with a negative or NaN "

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 
 from ortlstm.ops.contract import DOMAIN, OpSpec, PortSpec, input_names, output_names
+from ortlstm.ops.spec_gru import GRU_GRAD, GRU_TRAINING
 from ortlstm.ops.spec_lstm import LSTM_TRAINING, OPS
 
 # ---- gradient wiring ----------------------------------------------------------------------------
@@ -123,4 +124,5 @@ def gradient_wiring(forward: OpSpec, gradient: OpSpec | None = None) -> Gradient
 LSTM_TRAINING_GRADIENT = gradient_wiring(LSTM_TRAINING)
 """LSTMGrad's wiring to LSTMTraining, resolved (and checked) when the spec is imported."""
 
-
+GRU_TRAINING_GRADIENT = gradient_wiring(GRU_TRAINING, GRU_GRAD)
+"""GRUGrad's wiring to GRUTraining, resolved (and checked) when the spec is imported."""

@@ -47,6 +47,7 @@ CONTRACT = {
     "ortlstm.ops.contract",
     "ortlstm.ops.wiring",
     "ortlstm.ops.spec_lstm",
+    "ortlstm.ops.spec_gru",
     "ortlstm.ops.spec_optimizers",
     "ortlstm.ops.spec_ctc",
     "ortlstm.ops.spec_gradients",

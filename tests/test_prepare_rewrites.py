@@ -78,6 +78,7 @@ def test_pipeline_order_and_the_probe_stops_after_folding() -> None:
         "resolve_sequences",
         "drop_dead_values",
         "convert_lstms",
+        "convert_grus",
         "drop_pow_exponents",
         "untie_running_statistics",
         "declare_output_shapes",

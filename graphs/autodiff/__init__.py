@@ -17,6 +17,7 @@ from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers t
     rules_convtranspose,
     rules_ctc,
     rules_einsum,
+    rules_gru,
     rules_lstm,
     rules_math,
     rules_nn,

@@ -31,14 +31,25 @@ def lstm_training_grad(ctx: GradientContext, grad_outputs: Sequence[str | None])
     sequence_lens gets no gradient (integer); the CAll and IOFC outputs are a stash for LSTMGrad
     and must not reach the loss. The gradient node carries every attribute of the forward node.
     """
-    carried = {link.index for link in _WIRING.inputs if link.source is _SOURCE.OUTPUT_GRADIENT}
+    return recurrent_training_grad(_WIRING, ctx, grad_outputs)
+
+
+def recurrent_training_grad(
+    wiring: schema.GradientWiring, ctx: GradientContext, grad_outputs: Sequence[str | None]
+) -> list[str | None]:
+    """The gradient node of a recurrent op's forward node, wired as the spec's ``wiring`` says.
+
+    Shared by every recurrent cell (LSTMTraining, GRUTraining): outputs without an upstream
+    gradient port (the stash) must not reach the loss.
+    """
+    carried = {link.index for link in wiring.inputs if link.source is _SOURCE.OUTPUT_GRADIENT}
     for index, grad in enumerate(grad_outputs):
         if grad is not None and index not in carried:
-            port = _WIRING.forward.outputs[index].name
-            raise ctx.fail(f"output {port} is a stash for {_WIRING.gradient.name} and must not reach the loss")
+            port = wiring.forward.outputs[index].name
+            raise ctx.fail(f"output {port} is a stash for {wiring.gradient.name} and must not reach the loss")
 
     inputs = []
-    for link in _WIRING.inputs:
+    for link in wiring.inputs:
         if link.source is _SOURCE.INPUT:
             inputs.append(ctx.input(link.index))
         elif link.source is _SOURCE.OUTPUT:
@@ -50,7 +61,7 @@ def lstm_training_grad(ctx: GradientContext, grad_outputs: Sequence[str | None])
 
     grad_inputs: list[str | None] = [None] * len(ctx.node.input)
     outputs = []
-    for link in _WIRING.outputs:
+    for link in wiring.outputs:
         if not ctx.needs(link.index):
             outputs.append("")
             continue
@@ -63,7 +74,7 @@ def lstm_training_grad(ctx: GradientContext, grad_outputs: Sequence[str | None])
     while outputs and not outputs[-1]:
         outputs.pop()
 
-    ctx.op(_WIRING.gradient.name, inputs, outputs=outputs, domain=_WIRING.gradient.domain)
+    ctx.op(wiring.gradient.name, inputs, outputs=outputs, domain=wiring.gradient.domain)
     grad_node = ctx.emitter.nodes[-1]
     grad_node.attribute.extend(ctx.node.attribute)
     activations = ctx.attribute("activations")

@@ -1,8 +1,8 @@
-"""The onnxruntime-training 1.19.2 path's graphs: its artifacts and the LSTMGrad gradient registration.
+"""The onnxruntime-training 1.19.2 path's graphs: its artifacts and the LSTMGrad/GRUGrad registration.
 
-- ``gradient``: registers LSTMTraining's gradient (LSTMGrad, wired from ``ops/schema.py``) with
-  onnxruntime-training's gradient builder, and imports that runtime with a clear message when it
-  is not installed.
+- ``gradient``: registers LSTMTraining's and GRUTraining's gradients (LSTMGrad, GRUGrad, wired from
+  ``ops/schema.py``) with onnxruntime-training's gradient builder, and imports that runtime with a
+  clear message when it is not installed.
 - ``artifacts``: ``generate_artifacts`` around onnxruntime-training's generator (what it cannot do
   for LSTMs, repaired), ``open_training`` and ``export_inference_model``.
 

@@ -23,8 +23,9 @@ import onnx
 import onnx.numpy_helper
 
 from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
+from ortlstm.graphs.convert_gru import convert_grus
 from ortlstm.graphs.graph_utils import prune_to_outputs
-from ortlstm.graphs.ort_training.gradient import import_training_runtime, register_gradient
+from ortlstm.graphs.ort_training.gradient import RECURRENT_WIRINGS, import_training_runtime, register_gradient
 from ortlstm.graphs.parameters import ParameterNames, torch_sources
 from ortlstm.ops import library_path, schema, session_options
 
@@ -63,24 +64,26 @@ def _resolve_names(
 
 
 def _fix_gradient_nodes(model: onnx.ModelProto) -> None:
-    """Copies forward attributes onto LSTMGrad nodes and blanks inputs nothing produces."""
+    """Copies forward attributes onto LSTMGrad / GRUGrad nodes and blanks inputs nothing produces."""
     graph = model.graph
+    gradient_of = {(wiring.gradient.domain, wiring.gradient.name): wiring.forward for wiring in RECURRENT_WIRINGS}
     forward_by_name = {
         node.name: node
         for node in graph.node
-        if node.op_type == schema.LSTM_TRAINING.name and node.domain == schema.LSTM_TRAINING.domain
+        if any((node.domain, node.op_type) == (forward.domain, forward.name) for forward in gradient_of.values())
     }
     produced = {name for node in graph.node for name in node.output}
     produced.update(value.name for value in graph.input)
     produced.update(init.name for init in graph.initializer)
     for node in graph.node:
-        if node.op_type != schema.LSTM_GRAD.name or node.domain != schema.LSTM_GRAD.domain:
+        forward_spec = gradient_of.get((node.domain, node.op_type))
+        if forward_spec is None:
             continue
         forward_name, _, _ = node.name.rpartition(_GRADIENT_NODE_INFIX)
         forward = forward_by_name.get(forward_name)
-        if forward is None:
+        if forward is None or forward.op_type != forward_spec.name:
             raise RuntimeError(
-                f"gradient node {node.name!r} has no forward LSTMTraining node {forward_name!r}; "
+                f"gradient node {node.name!r} has no forward {forward_spec.name} node {forward_name!r}; "
                 "onnxruntime-training's naming of gradient nodes changed"
             )
         del node.attribute[:]
@@ -98,15 +101,18 @@ def _cap_ir_version(path: Path) -> None:
 
 
 def _lstm_inputs_named(model: onnx.ModelProto, port_names: tuple[str, ...]) -> set[str]:
-    """Values fed to the given inputs of the main graph's LSTMTraining nodes."""
-    ports = [schema.input_index(schema.LSTM_TRAINING, name) for name in port_names]
-    return {
-        node.input[index]
-        for node in model.graph.node
-        if node.op_type == schema.LSTM_TRAINING.name and node.domain == schema.LSTM_TRAINING.domain
-        for index in ports
-        if index < len(node.input) and node.input[index]
-    }
+    """Values fed to the given inputs of the main graph's LSTMTraining and GRUTraining nodes (those they have)."""
+    found = set()
+    for forward in (wiring.forward for wiring in RECURRENT_WIRINGS):
+        ports = [schema.input_index(forward, name) for name in port_names if name in schema.input_names(forward)]
+        found |= {
+            node.input[index]
+            for node in model.graph.node
+            if node.op_type == forward.name and node.domain == forward.domain
+            for index in ports
+            if index < len(node.input) and node.input[index]
+        }
+    return found
 
 
 # onnxruntime-training 1.19 drops output k of a registered gradient node unless forward input k
@@ -213,6 +219,7 @@ def generate_artifacts(
     import_training_runtime()
     artifacts_module = importlib.import_module("onnxruntime.training.artifacts")
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
+    converted = convert_grus(converted)
     frozen = _resolve_names(model, converted, list(frozen_params or []), "frozen_params")
     if requires_grad is None:
         requires_grad = _default_requires_grad(converted, frozen)

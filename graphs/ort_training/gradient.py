@@ -1,4 +1,4 @@
-"""The gradient of ``LSTMTraining`` for onnxruntime-training's gradient builder.
+"""The gradients of ``LSTMTraining`` and ``GRUTraining`` for onnxruntime-training's gradient builder.
 
 ``gradient_definition()`` writes LSTMGrad's wiring to LSTMTraining, which ops/schema.py declares
 (``schema.LSTM_TRAINING_GRADIENT``: each port's ``from_forward`` / ``gradient_of``), in
@@ -29,9 +29,12 @@ class GradientDefinition:
     outputs: tuple[str, ...]
 
 
-def gradient_definition() -> GradientDefinition:
-    """The LSTMGrad node that differentiates one LSTMTraining node, from the spec's wiring."""
-    wiring = schema.LSTM_TRAINING_GRADIENT
+RECURRENT_WIRINGS = (schema.LSTM_TRAINING_GRADIENT, schema.GRU_TRAINING_GRADIENT)
+"""The recurrent ops whose gradient ``register_gradient`` registers: LSTMTraining's and GRUTraining's."""
+
+
+def gradient_definition(wiring: schema.GradientWiring = schema.LSTM_TRAINING_GRADIENT) -> GradientDefinition:
+    """The gradient node (LSTMGrad by default) that differentiates one forward node, from the spec's wiring."""
     return GradientDefinition(
         wiring.gradient.name,
         wiring.gradient.domain,
@@ -40,9 +43,9 @@ def gradient_definition() -> GradientDefinition:
     )
 
 
-def gradient_key() -> str:
+def gradient_key(wiring: schema.GradientWiring = schema.LSTM_TRAINING_GRADIENT) -> str:
     """The registry key onnxruntime-training looks the definition up by."""
-    forward = schema.LSTM_TRAINING_GRADIENT.forward
+    forward = wiring.forward
     return f"{forward.domain}::{forward.name}"
 
 
@@ -71,7 +74,7 @@ def import_training_runtime() -> ModuleType:
 
 @functools.cache
 def register_gradient() -> None:
-    """Registers ``LSTMGrad`` as the gradient of ``LSTMTraining`` with onnxruntime-training.
+    """Registers ``LSTMGrad`` and ``GRUGrad`` as the gradients of ``LSTMTraining`` and ``GRUTraining``.
 
     Idempotent (the registry is process-wide). Call before ``generate_artifacts`` or any other
     use of onnxruntime-training's gradient builder on a converted model.
@@ -81,13 +84,14 @@ def register_gradient() -> None:
     """
     import_training_runtime()
     state = importlib.import_module("onnxruntime.capi._pybind_state")
-    definition = gradient_definition()
-    node = state.GradientNodeDefinition()
-    node.op_type = definition.op_type
-    node.domain = definition.domain
-    node.inputs = list(definition.inputs)
-    node.outputs = list(definition.outputs)
-    # Attributes cannot be copied from the forward node by the registry: generate_artifacts in
-    # ortlstm.graphs.ort_training.artifacts copies them after the gradient graph is built.
-    node.attributes = []
-    state.register_gradient_definition(gradient_key(), [node])
+    for wiring in RECURRENT_WIRINGS:
+        definition = gradient_definition(wiring)
+        node = state.GradientNodeDefinition()
+        node.op_type = definition.op_type
+        node.domain = definition.domain
+        node.inputs = list(definition.inputs)
+        node.outputs = list(definition.outputs)
+        # Attributes cannot be copied from the forward node by the registry: generate_artifacts in
+        # ortlstm.graphs.ort_training.artifacts copies them after the gradient graph is built.
+        node.attributes = []
+        state.register_gradient_definition(gradient_key(wiring), [node])

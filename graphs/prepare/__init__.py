@@ -53,6 +53,7 @@ own on one ``state.Preparation``, in this order:
   ``optimize=False``) are tensor ops (``autodiff.rules_sequence.resolve_static_sequences``);
 - ``drop_dead_values``: nodes and initializers no output needs go (``graph_utils.prune_to_outputs``);
 - ``convert_lstms``: ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
+- ``convert_grus``: ONNX ``GRU`` nodes are ortlstm ``GRUTraining`` nodes (``convert_gru``);
 - ``drop_pow_exponents``: never a candidate, a value read only as a ``Pow`` exponent;
 - ``untie_running_statistics``: a candidate that a ``BatchNormalization`` also reads as its
   running mean or variance gets its own constant copy there (onnxscript's optimizer merges equal

@@ -30,6 +30,7 @@ REWRITES: tuple[Rewrite, ...] = (
     rewrites.resolve_sequences,
     rewrites.drop_dead_values,
     rewrites.convert_lstms,
+    rewrites.convert_grus,
     rewrites.drop_pow_exponents,
     rewrites.untie_running_statistics,
     rewrites.declare_output_shapes,

@@ -22,6 +22,10 @@ std::string JoinStrings(const std::vector<std::string>& items) {
 }  // namespace
 
 std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
+  return ParseRecurrentConfig(raw, 3, config);
+}
+
+std::string ParseRecurrentConfig(const RawLstmAttributes& raw, int activation_count, LstmConfig* config) {
   namespace attr = schema::attr;
   LstmConfig cfg;
   if (!raw.hidden_size) return "attribute hidden_size is required (a positive integer) but is missing";
@@ -44,18 +48,21 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   }
   cfg.num_directions = cfg.direction == Direction::kBidirectional ? 2 : 1;
 
+  const std::vector<std::string> defaults = {"Sigmoid", "Tanh", "Tanh"};
+  const auto per_direction = static_cast<size_t>(activation_count);
   std::vector<std::string> names;
   if (raw.activations && !raw.activations->empty()) {
     names = *raw.activations;
   } else {
     for (int64_t d = 0; d < cfg.num_directions; ++d) {
-      names.insert(names.end(), {"Sigmoid", "Tanh", "Tanh"});
+      names.insert(names.end(), defaults.begin(), defaults.begin() + activation_count);
     }
   }
-  const size_t expected_count = static_cast<size_t>(3 * cfg.num_directions);
+  const size_t expected_count = per_direction * static_cast<size_t>(cfg.num_directions);
   if (names.size() != expected_count) {
     std::ostringstream msg;
-    msg << "attribute " << raw.activations_attribute << ": expected 3*num_directions=" << expected_count << " names (f, g, h per direction, "
+    msg << "attribute " << raw.activations_attribute << ": expected " << activation_count
+        << "*num_directions=" << expected_count << " names (" << (activation_count == 3 ? "f, g, h" : "f, g") << " per direction, "
         << "direction=" << direction << "), got " << names.size() << " [" << JoinStrings(names) << "]";
     return msg.str();
   }
@@ -80,7 +87,9 @@ std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config) {
   // Values past those the activations take are ignored, as onnxruntime's LSTM does: exporters write
   // one alpha and one beta per activation, whether it reads them or not.
   for (int64_t d = 0; d < cfg.num_directions; ++d) {
-    cfg.activations[d] = DirectionActivations{parsed[3 * d], parsed[3 * d + 1], parsed[3 * d + 2]};
+    const size_t first = per_direction * static_cast<size_t>(d);
+    cfg.activations[d] = DirectionActivations{parsed[first], parsed[first + 1],
+                                              activation_count == 3 ? parsed[first + 2] : Activation{}};
   }
 
   if (raw.clip) {

@@ -55,6 +55,11 @@ struct LstmConfig {
 // the expected vs actual value.
 std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config);
 
+// The same for a recurrent cell with `activation_count` activations per direction (3 for the
+// LSTM: f, g, h; 2 for the GRU: f, g, which fill DirectionActivations' f and g). input_forget is
+// the LSTM's alone: a cell without it leaves raw.input_forget unset.
+std::string ParseRecurrentConfig(const RawLstmAttributes& raw, int activation_count, LstmConfig* config);
+
 // The activation names of a config, joined by commas in ONNX spelling (for messages and the
 // companion string attribute).
 std::string JoinActivationNames(const LstmConfig& config);

@@ -33,8 +33,9 @@ struct LstmDims {
   int64_t hidden_size = 0;
   int64_t num_directions = 1;
   int64_t layout = 0;
+  int64_t gates = 4;  // gates of the cell: 4 for the LSTM (i o f c), 3 for the GRU (z r h)
 
-  int64_t GateWidth() const { return 4 * hidden_size; }
+  int64_t GateWidth() const { return gates * hidden_size; }
 
   // Row of X (and of every X-ordered scratch matrix) for time t, batch entry b.
   int64_t XRow(int64_t t, int64_t b) const { return layout == 0 ? t * batch_size + b : b * seq_length + t; }

@@ -21,7 +21,7 @@ static_assert(2 * limits::kBlasDim * limits::kMaxHiddenSize <= limits::kMaxBuffe
 
 // A product of dims as the message shows it.
 struct Quantity {
-  const char* label;  // e.g. "seq_length*4*hidden_size"
+  std::string label;  // e.g. "seq_length*4*hidden_size"
   std::vector<int64_t> factors;
 };
 
@@ -47,9 +47,10 @@ std::string ValidateSizes(const LstmDims& d) {
   // Each of these is a GEMM dimension or leading dimension somewhere (lstm/lstm_dims.h). batch_size
   // is bounded on its own because seq_length = 0 zeroes seq_length*batch_size; seq_length is
   // bounded by seq_length*4*hidden_size, as hidden_size >= 1.
+  const std::string gates = std::to_string(d.gates);
   const Quantity blas[] = {
       {"seq_length*batch_size", {d.seq_length, d.batch_size}},
-      {"seq_length*4*hidden_size", {d.seq_length, 4, d.hidden_size}},
+      {"seq_length*" + gates + "*hidden_size", {d.seq_length, d.gates, d.hidden_size}},
       {"batch_size", {d.batch_size}},
       {"input_size", {d.input_size}},
   };
@@ -68,9 +69,10 @@ std::string ValidateSizes(const LstmDims& d) {
   // the shape of an input. A window of gate gradients holds at least one step even when
   // seq_length = 0 (lstm_backward.cc), hence the second.
   const Quantity buffers[] = {
-      {"[seq_length, num_directions, batch_size, 4*hidden_size] (IOFC and the gate scratch)",
-       {d.seq_length, d.num_directions, d.batch_size, 4, d.hidden_size}},
-      {"[batch_size, 4*hidden_size] (one step's gates)", {d.batch_size, 4, d.hidden_size}},
+      {"[seq_length, num_directions, batch_size, " + gates + "*hidden_size] (" + (d.gates == 4 ? "IOFC" : "ZRH") +
+           " and the gate scratch)",
+       {d.seq_length, d.num_directions, d.batch_size, d.gates, d.hidden_size}},
+      {"[batch_size, " + gates + "*hidden_size] (one step's gates)", {d.batch_size, d.gates, d.hidden_size}},
   };
   for (const Quantity& buffer : buffers) {
     if (!CheckedProduct(buffer.factors, limits::kMaxBufferElements)) {
@@ -83,7 +85,7 @@ std::string ValidateSizes(const LstmDims& d) {
 }
 
 struct Dim {
-  const char* label;  // ONNX dim name or expression, e.g. "4*hidden_size"
+  std::string label;  // ONNX dim name or expression, e.g. "4*hidden_size"
   int64_t value;
 };
 
@@ -100,7 +102,7 @@ std::string CheckShape(const char* name, const TensorArg& arg, const std::vector
   return msg.str();
 }
 
-std::vector<Dim> SequenceDims(const LstmDims& dims, const char* width_label, int64_t width) {
+std::vector<Dim> SequenceDims(const LstmDims& dims, const std::string& width_label, int64_t width) {
   if (dims.layout == 0) {
     return {{"seq_length", dims.seq_length},
             {"num_directions", dims.num_directions},
@@ -131,8 +133,10 @@ struct CommonInputs {
   const TensorArg& P;
 };
 
-std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, LstmDims* dims) {
+// `gates`: 4 for the LSTM, 3 for the GRU (whose initial_c and P are never present).
+std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, LstmDims* dims, int64_t gates = 4) {
   LstmDims d;
+  d.gates = gates;
   d.layout = config.layout;
   d.hidden_size = config.hidden_size;
   d.num_directions = config.num_directions;
@@ -155,11 +159,12 @@ std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, Lst
       (config.direction == Direction::kBidirectional ? "bidirectional"
                                                      : (config.direction == Direction::kReverse ? "reverse" : "forward")) +
       ")";
+  const std::string width_label = std::to_string(gates) + "*hidden_size";
   std::string error =
-      CheckShape("W", in.W, {{directions_label.c_str(), d.num_directions}, {"4*hidden_size", width}, {"input_size", d.input_size}});
+      CheckShape("W", in.W, {{directions_label, d.num_directions}, {width_label, width}, {"input_size", d.input_size}});
   if (error.empty()) {
     error = CheckShape("R", in.R,
-                       {{directions_label.c_str(), d.num_directions}, {"4*hidden_size", width}, {"hidden_size", d.hidden_size}});
+                       {{directions_label, d.num_directions}, {width_label, width}, {"hidden_size", d.hidden_size}});
   }
   if (error.empty() && in.sequence_lens.present) {
     error = CheckShape("sequence_lens", in.sequence_lens, {{"batch_size", d.batch_size}});
@@ -210,6 +215,38 @@ std::string ValidateGradInputs(const LstmConfig& config, const GradInputs& input
   if (error.empty() && at(In::kGradHAll).present) error = CheckShape("grad_HAll", at(In::kGradHAll), hidden_dims);
   if (error.empty() && at(In::kGradHt).present) error = CheckShape("grad_Ht", at(In::kGradHt), StateDims(*dims));
   if (error.empty() && at(In::kGradCt).present) error = CheckShape("grad_Ct", at(In::kGradCt), StateDims(*dims));
+  return error;
+}
+
+std::string ValidateGruTrainingInputs(const LstmConfig& config, const GruTrainingInputs& inputs, LstmDims* dims) {
+  using In = schema::gru_training::In;
+  auto at = [&](In port) -> const TensorArg& { return inputs[schema::gru_training::Index(port)]; };
+  const TensorArg absent;
+  std::string error = ValidateCommon(
+      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
+  if (error.empty() && at(In::kB).present) {
+    error = CheckShape("B", at(In::kB),
+                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
+  }
+  return error;
+}
+
+std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs& inputs, LstmDims* dims) {
+  using In = schema::gru_grad::In;
+  auto at = [&](In port) -> const TensorArg& { return inputs[schema::gru_grad::Index(port)]; };
+  const TensorArg absent;
+  std::string error = ValidateCommon(
+      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
+  if (error.empty() && at(In::kB).present) {
+    error = CheckShape("B", at(In::kB),
+                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
+  }
+  if (!error.empty()) return error;
+  const auto hidden_dims = SequenceDims(*dims, "hidden_size", dims->hidden_size);
+  error = CheckShape("HAll", at(In::kHAll), hidden_dims);
+  if (error.empty()) error = CheckShape("ZRH", at(In::kZRH), SequenceDims(*dims, "3*hidden_size", dims->GateWidth()));
+  if (error.empty() && at(In::kGradHAll).present) error = CheckShape("grad_HAll", at(In::kGradHAll), hidden_dims);
+  if (error.empty() && at(In::kGradHt).present) error = CheckShape("grad_Ht", at(In::kGradHt), StateDims(*dims));
   return error;
 }
 

@@ -1,4 +1,4 @@
-// Runtime checks of every input of LSTMTraining and LSTMGrad, done once per call before any math.
+// Runtime checks of every input of LSTMTraining and LSTMGrad (and GRUTraining, GRUGrad), done once per call before any math.
 // Each returns "" and fills LstmDims, or a message naming the input with expected vs actual shape,
 // type or value (dim names as in docs/ops.md).
 #pragma once
@@ -16,9 +16,14 @@ namespace ortlstm::ort {
 
 using TrainingInputs = std::array<TensorArg, schema::lstm_training::kNumInputs>;
 using GradInputs = std::array<TensorArg, schema::lstm_grad::kNumInputs>;
+using GruTrainingInputs = std::array<TensorArg, schema::gru_training::kNumInputs>;
+using GruGradInputs = std::array<TensorArg, schema::gru_grad::kNumInputs>;
 
 std::string ValidateTrainingInputs(const LstmConfig& config, const TrainingInputs& inputs, LstmDims* dims);
 std::string ValidateGradInputs(const LstmConfig& config, const GradInputs& inputs, LstmDims* dims);
+// The GRU ops' inputs, by the same rules with three gates; dims->gates is 3.
+std::string ValidateGruTrainingInputs(const LstmConfig& config, const GruTrainingInputs& inputs, LstmDims* dims);
+std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs& inputs, LstmDims* dims);
 
 // Output shapes, from validated dims.
 std::vector<int64_t> SequenceShape(const LstmDims& dims, int64_t width);  // HAll, CAll (H), IOFC (4H)

@@ -1,0 +1,256 @@
+// GRU backward for GRUGrad. The activated gates come from the stash (ZRH) and H_{t-1} from HAll
+// (or initial_h), so only dL/dH runs through the time loop; everything that does not depend on
+// it is a GEMM over all steps: with linear_before_reset = 1 the term H_{t-1} Rh^T that the reset
+// gate multiplies (Q below), and afterwards dX, dW and dR. Layouts: lstm/lstm_dims.h (gates = 3).
+//
+// With dH = dL/dH_t (from later steps plus grad_HAll) and primes taken from the activations'
+// outputs (zero where clip held the pre-activation):
+//   dz = dH . (H_{t-1} - h) . f'(z)            da = dH . (1 - z) . g'(h)    (a: h's pre-activation)
+//   linear_before_reset = 1:  dr = da . Q' . f'(r), dq = da . r     (Q' = H_{t-1} Rh^T + Rbh)
+//     dH_{t-1} = dH . z + [dz dr dq] R;    dR = [dz dr dq]^T H_{t-1};  dRb = sum [dz dr dq]
+//   linear_before_reset = 0:  d(rH) = da Rh, dr = d(rH) . H_{t-1} . f'(r)
+//     dH_{t-1} = dH . z + d(rH) . r + [dz dr] Rzr;   dRzr = [dz dr]^T H_{t-1}, dRh = da^T (r . H_{t-1})
+//   dX = [dz dr da] W,  dW = [dz dr da]^T X,  dWb = sum [dz dr da]  (and dRb = dWb when lbr = 0)
+#include <algorithm>
+
+#include "common/blas.h"
+#include "gru/gru_math.h"
+#include "lstm/gate_math.h"
+
+namespace ortlstm {
+namespace {
+
+template <typename T>
+class GruBackwardDirection {
+ public:
+  GruBackwardDirection(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& io, int64_t d,
+                       const ScratchAllocator& allocator)
+      : dims_(dims),
+        config_(config),
+        io_(io),
+        d_(d),
+        H_(dims.hidden_size),
+        width_(dims.GateWidth()),
+        lbr_(config.linear_before_reset),
+        W_(io.W + d * width_ * dims.input_size),
+        R_(io.R + d * width_ * H_),
+        f_(config.cell.activations[d].f, config.cell.clip),
+        g_(config.cell.activations[d].g, config.cell.clip),
+        hidden_prev_(allocator, dims.Rows() * H_),
+        grad_gates_(allocator, dims.Rows() * width_),
+        grad_rec_(allocator, lbr_ ? dims.Rows() * width_ : 0),
+        q_(allocator, lbr_ ? dims.Rows() * H_ : 0),
+        reset_hidden_(allocator, lbr_ ? 0 : dims.Rows() * H_),
+        dh_(allocator, dims.batch_size * H_),
+        dh_prev_(allocator, dims.batch_size * H_),
+        step_grad_(allocator, dims.batch_size * width_),
+        d_rh_(allocator, lbr_ ? 0 : dims.batch_size * H_),
+        prime_(allocator, 2 * H_) {}
+
+  void Run(const Executor& executor) {
+    const int64_t N = dims_.batch_size;
+    const int64_t rows = dims_.Rows();
+    for (int64_t b = 0; b < N; ++b) {
+      T* dh = dh_.get() + b * H_;
+      const bool ran = dims_.seq_length > 0 && (io_.sequence_lens == nullptr || io_.sequence_lens[b] > 0);
+      if (io_.grad_Ht && ran) {
+        std::copy_n(io_.grad_Ht + dims_.StateRow(d_, b) * H_, H_, dh);
+      } else {
+        std::fill_n(dh, H_, T(0));
+      }
+    }
+    if (rows > 0) {
+      GatherHiddenPrev();
+      if (lbr_) {
+        // Q [T*N, H] = H_{t-1} Rh^T, every step at once.
+        ParallelGemm(executor, false, true, rows, H_, H_, T(1), hidden_prev_.get(), H_, R_ + 2 * H_ * H_, H_, T(0),
+                     q_.get(), H_);
+      }
+      const bool reverse = config_.cell.IsReverse(d_);
+      for (int64_t s = dims_.seq_length - 1; s >= 0; --s) Step(reverse ? dims_.seq_length - 1 - s : s);
+    }
+    if (io_.dH0) {
+      for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
+    }
+    WeightGradients(executor);
+  }
+
+ private:
+  bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
+
+  // hidden_prev [T*N, H], X row order: the state each step started from.
+  void GatherHiddenPrev() {
+    const int64_t N = dims_.batch_size;
+    const bool reverse = config_.cell.IsReverse(d_);
+    for (int64_t b = 0; b < N; ++b) {
+      const T* state = io_.initial_h ? io_.initial_h + dims_.StateRow(d_, b) * H_ : nullptr;
+      for (int64_t s = 0; s < dims_.seq_length; ++s) {
+        const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
+        T* out = hidden_prev_.get() + dims_.XRow(t, b) * H_;
+        if (state) {
+          std::copy_n(state, H_, out);
+        } else {
+          std::fill_n(out, H_, T(0));
+        }
+        if (Active(t, b)) state = io_.HAll + dims_.SeqRow(t, d_, b) * H_;
+      }
+    }
+  }
+
+  void Step(int64_t t) {
+    const int64_t N = dims_.batch_size;
+    const int64_t H = H_;
+    const T* rb = io_.B ? io_.B + d_ * 2 * width_ + width_ : nullptr;
+    T* step = step_grad_.get();
+    T* fprime = prime_.get();
+    T* gprime = prime_.get() + H;
+    for (int64_t b = 0; b < N; ++b) {
+      const int64_t row = dims_.XRow(t, b);
+      T* dg = grad_gates_.get() + row * width_;
+      T* sg = step + b * width_;
+      T* dhp = dh_prev_.get() + b * H;
+      const T* dh = dh_.get() + b * H;
+      if (!Active(t, b)) {
+        std::fill_n(dg, width_, T(0));
+        std::fill_n(sg, width_, T(0));
+        if (lbr_) std::fill_n(grad_rec_.get() + row * width_, width_, T(0));
+        if (!lbr_) std::fill_n(reset_hidden_.get() + row * H, H, T(0));
+        std::copy_n(dh, H, dhp);
+        continue;
+      }
+      const int64_t seq_row = dims_.SeqRow(t, d_, b);
+      const T* z = io_.ZRH + seq_row * width_;
+      const T* r = z + H;
+      const T* hh = z + 2 * H;
+      const T* hp = hidden_prev_.get() + row * H;
+      const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * H : nullptr;
+      f_.DerivativesFromOutputs(z, fprime, H);
+      g_.DerivativesFromOutputs(hh, gprime, H);
+      for (int64_t j = 0; j < H; ++j) {
+        const T dH = dh[j] + (grad_hall ? grad_hall[j] : T(0));
+        dg[j] = dH * (hp[j] - hh[j]) * fprime[j];
+        dg[2 * H + j] = dH * (T(1) - z[j]) * gprime[j];
+        dhp[j] = dH * z[j];
+      }
+      f_.DerivativesFromOutputs(r, fprime, H);
+      if (lbr_) {
+        const T* q = q_.get() + row * H;
+        T* dq = grad_rec_.get() + row * width_;
+        for (int64_t j = 0; j < H; ++j) {
+          const T da = dg[2 * H + j];
+          dg[H + j] = da * (q[j] + (rb ? rb[2 * H + j] : T(0))) * fprime[j];
+          dq[j] = dg[j];
+          dq[H + j] = dg[H + j];
+          dq[2 * H + j] = da * r[j];
+        }
+        std::copy_n(dq, width_, sg);
+      } else {
+        T* rhp = reset_hidden_.get() + row * H;
+        for (int64_t j = 0; j < H; ++j) rhp[j] = r[j] * hp[j];
+        std::copy_n(dg, width_, sg);
+      }
+    }
+    if (!lbr_) {
+      // d(r . H_{t-1}) = da Rh; then the reset gate's share.
+      T* d_rh = d_rh_.get();
+      Gemm(false, false, N, H, H, T(1), step + 2 * H, width_, R_ + 2 * H * H, H, T(0), d_rh, H);
+      for (int64_t b = 0; b < N; ++b) {
+        if (!Active(t, b)) continue;
+        const int64_t row = dims_.XRow(t, b);
+        const T* r = io_.ZRH + dims_.SeqRow(t, d_, b) * width_ + H;
+        const T* hp = hidden_prev_.get() + row * H;
+        T* dg = grad_gates_.get() + row * width_;
+        T* dhp = dh_prev_.get() + b * H;
+        f_.DerivativesFromOutputs(r, fprime, H);
+        for (int64_t j = 0; j < H; ++j) {
+          dg[H + j] = d_rh[b * H + j] * hp[j] * fprime[j];
+          step[b * width_ + H + j] = dg[H + j];
+          dhp[j] += d_rh[b * H + j] * r[j];
+        }
+      }
+    }
+    // dH_{t-1} += [dz dr (dq)] R[zr(h)]; inactive rows add zeros to their passed-through dH.
+    Gemm(false, false, N, H, lbr_ ? width_ : 2 * H, T(1), step, width_, R_, H, T(1), dh_prev_.get(), H);
+    std::swap(dh_, dh_prev_);
+  }
+
+  void WeightGradients(const Executor& executor) {
+    const int64_t rows = dims_.Rows();
+    const int64_t I = dims_.input_size;
+    const int64_t H = H_;
+    T* dW = io_.dW ? io_.dW + d_ * width_ * I : nullptr;
+    T* dR = io_.dR ? io_.dR + d_ * width_ * H : nullptr;
+    T* dB = io_.dB ? io_.dB + d_ * 2 * width_ : nullptr;
+    if (rows == 0) {
+      if (dW) std::fill_n(dW, width_ * I, T(0));
+      if (dR) std::fill_n(dR, width_ * H, T(0));
+      if (dB) std::fill_n(dB, 2 * width_, T(0));
+      if (io_.dX && d_ == 0) std::fill_n(io_.dX, rows * I, T(0));
+      return;
+    }
+    const T* dg = grad_gates_.get();
+    if (io_.dX) {
+      ParallelGemm(executor, false, false, rows, I, width_, T(1), dg, width_, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
+    }
+    if (dW) ParallelGemm(executor, true, false, width_, I, rows, T(1), dg, width_, io_.X, I, T(0), dW, I);
+    if (dR) {
+      if (lbr_) {
+        ParallelGemm(executor, true, false, width_, H, rows, T(1), grad_rec_.get(), width_, hidden_prev_.get(), H,
+                     T(0), dR, H);
+      } else {
+        ParallelGemm(executor, true, false, 2 * H, H, rows, T(1), dg, width_, hidden_prev_.get(), H, T(0), dR, H);
+        ParallelGemm(executor, true, false, H, H, rows, T(1), dg + 2 * H, width_, reset_hidden_.get(), H, T(0),
+                     dR + 2 * H * H, H);
+      }
+    }
+    if (dB) {
+      std::fill_n(dB, 2 * width_, T(0));
+      const T* rec = lbr_ ? grad_rec_.get() : dg;
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t j = 0; j < width_; ++j) {
+          dB[j] += dg[row * width_ + j];
+          dB[width_ + j] += rec[row * width_ + j];
+        }
+      }
+    }
+  }
+
+  const LstmDims& dims_;
+  const GruConfig& config_;
+  const GruBackwardTensors<T>& io_;
+  const int64_t d_;
+  const int64_t H_;
+  const int64_t width_;
+  const bool lbr_;  // linear_before_reset
+  const T* W_;      // [3H, I] of this direction
+  const T* R_;      // [3H, H] of this direction
+  const GateActivation<T> f_;
+  const GateActivation<T> g_;
+  Scratch<T> hidden_prev_;   // [T*N, H] H_{t-1} of each step, X row order
+  Scratch<T> grad_gates_;    // [T*N, 3H] dz, dr, da, X row order
+  Scratch<T> grad_rec_;      // [T*N, 3H] dz, dr, dq (linear_before_reset = 1)
+  Scratch<T> q_;             // [T*N, H] H_{t-1} Rh^T (linear_before_reset = 1)
+  Scratch<T> reset_hidden_;  // [T*N, H] r . H_{t-1} (linear_before_reset = 0)
+  Scratch<T> dh_;            // [N, H] dL/dH_t
+  Scratch<T> dh_prev_;       // [N, H] dL/dH_{t-1}
+  Scratch<T> step_grad_;     // [N, 3H] the step's pre-activation gradients that multiply R
+  Scratch<T> d_rh_;          // [N, H] dL/d(r . H_{t-1}) (linear_before_reset = 0)
+  Scratch<T> prime_;         // [2H] f' and g' of one entry
+};
+
+}  // namespace
+
+template <typename T>
+void GruBackward(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& tensors,
+                 const Executor& executor, const ScratchAllocator& allocator) {
+  for (int64_t d = 0; d < dims.num_directions; ++d) {
+    GruBackwardDirection<T>(dims, config, tensors, d, allocator).Run(executor);
+  }
+}
+
+template void GruBackward<float>(const LstmDims&, const GruConfig&, const GruBackwardTensors<float>&,
+                                 const Executor&, const ScratchAllocator&);
+template void GruBackward<double>(const LstmDims&, const GruConfig&, const GruBackwardTensors<double>&,
+                                  const Executor&, const ScratchAllocator&);
+
+}  // namespace ortlstm
