@@ -129,3 +129,29 @@ def test_reference_refusals_name_the_input() -> None:
             activations=["Sigmoid", "LeakyRelu"],
             activation_alpha=[-0.5],
         )
+
+
+@pytest.mark.parametrize(("steps", "batch"), [(0, 2), (3, 0)])
+def test_evaluator_matches_the_kernels_on_empty_inputs(steps: int, batch: int) -> None:
+    """An empty sequence or batch gives empty or zero outputs and gradients, as the kernels give."""
+    rng = np.random.default_rng(13)
+    hidden, size = 2, 3
+    feeds = {
+        "X": rng.standard_normal((steps, batch, size)),
+        "W": rng.standard_normal((1, 3 * hidden, size)),
+        "R": rng.standard_normal((1, 3 * hidden, hidden)),
+        "initial_h": rng.standard_normal((1, batch, hidden)),
+        "grad_HAll": rng.standard_normal((steps, 1, batch, hidden)),
+        "grad_Ht": rng.standard_normal((1, batch, hidden)),
+    }
+    model = _chained_model({"hidden_size": hidden}, ["X", "W", "R", "initial_h"], np.float64)
+    expected = ReferenceEvaluator(model, new_ops=ortlstm.reference.OPS).run(None, feeds)
+    session = ort.InferenceSession(
+        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
+    )
+    for output, want, got in zip(model.graph.output, expected, session.run(None, feeds), strict=True):
+        assert want.shape == got.shape, output.name
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=output.name)
+    if steps == 0:  # nothing ran: Ht is zero (not initial_h), initial_h gets no gradient
+        names = [output.name for output in model.graph.output]
+        assert not expected[names.index("Ht")].any() and not expected[names.index("dH0")].any()
