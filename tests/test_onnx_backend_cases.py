@@ -1,4 +1,4 @@
-"""The ONNX backend test cases of the LSTM operator, run through ortlstm LSTMTraining.
+"""The ONNX backend test cases of the LSTM and GRU operators, run through ortlstm LSTMTraining / GRUTraining.
 
 onnx defines its node cases in code (``onnx.backend.test.case.node.lstm``; the public way to get
 them is ``onnx.backend.test.case.node.collect_testcases("LSTM")``): each case is a one-node model
@@ -13,6 +13,11 @@ and outputs stay the case's own. The result must match the case's expected outpu
 case's tolerance (rtol 1e-3, atol 1e-7 in onnx 1.23). There are no double-typed LSTM cases, so
 each case also runs with every float tensor cast to float64, against the same expected values
 and tolerance, and against the float64 oracle.
+
+The GRU's six cases (onnx 1.23, opset 22, float32: defaults, with_initial_bias, seq_length,
+batchwise, reverse, bidirectional) go through ``convert_grus``, the rewrite the Trainer applies to a
+user's model, so the converter's input and attribute mapping is under test too; the converted graph
+keeps the case's inputs and outputs. The float64 oracle is ``ortlstm.reference_gru``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.backend.test.case import node as node_cases
 from onnx.backend.test.case.test_case import TestCase
+from ortlstm.graphs.convert_gru import convert_grus
 from ortlstm.ops import schema
+from ortlstm.reference_gru import gru_training
 from reference.lstm_ref import lstm_forward
 
 IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
@@ -50,13 +57,20 @@ KNOWN_CASES = {
     "test_lstm_bidirectional",
 }
 
+KNOWN_GRU_CASES = {
+    "test_gru_defaults",
+    "test_gru_with_initial_bias",
+    "test_gru_seq_length",
+    "test_gru_batchwise",
+    "test_gru_reverse",
+    "test_gru_bidirectional",
+}
+GRU_TRAINING = schema.GRU_TRAINING
+GRU_OUTPUT_TO_PORT = dict(zip(("Y", "Y_h"), schema.output_names(GRU_TRAINING)[:2], strict=True))
 
-def _is_lstm(case: TestCase) -> bool:
-    return case.model.graph.node[0].op_type == "LSTM"
 
-
-def _collect_lstm_cases() -> list[TestCase]:
-    """The LSTM node cases of onnx.
+def _collect_cases(op_type: str) -> list[TestCase]:
+    """The node cases of onnx for ``op_type`` (``"LSTM"`` or ``"GRU"``).
 
     onnx registers a case module's cases when the module is imported (its ``export_*`` methods
     run at class creation and call ``expect``), so importing just the LSTM module is enough and
@@ -64,16 +78,21 @@ def _collect_lstm_cases() -> list[TestCase]:
     private module or case list moves, the public ``collect_testcases("LSTM")`` takes over.
     """
     with contextlib.suppress(ImportError):
-        importlib.import_module("onnx.backend.test.case.node.lstm")
-    cases = [case for case in getattr(node_cases, "_NodeTestCases", []) if _is_lstm(case)]
+        importlib.import_module(f"onnx.backend.test.case.node.{op_type.lower()}")
+    cases = [case for case in getattr(node_cases, "_NodeTestCases", []) if _op_type(case) == op_type]
     if not cases:
         with warnings.catch_warnings():  # importing every node case module warns from unrelated ops
             warnings.simplefilter("ignore")
-            cases = [case for case in node_cases.collect_testcases("LSTM") if _is_lstm(case)]
+            cases = [case for case in node_cases.collect_testcases(op_type) if _op_type(case) == op_type]
     return cases
 
 
-CASES = _collect_lstm_cases()
+def _op_type(case: TestCase) -> str:
+    return case.model.graph.node[0].op_type
+
+
+CASES = _collect_cases("LSTM")
+GRU_CASES = _collect_cases("GRU")
 
 
 def _case_id(case: TestCase) -> str:
@@ -100,6 +119,11 @@ def _our_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
     inputs = {input_ports[index]: name for index, name in enumerate(node.input) if name}
     outputs = {LSTM_OUTPUT_TO_PORT[("Y", "Y_h", "Y_c")[index]]: name for index, name in enumerate(node.output) if name}
     ours = ortlstm.ops.make_node("LSTMTraining", inputs, outputs, name=f"{case.name}_ortlstm", **_attributes(node))
+    return _model_around([ours], case, elem_type)
+
+
+def _model_around(nodes: list[onnx.NodeProto], case: TestCase, elem_type: int) -> onnx.ModelProto:
+    """``nodes`` between the case's graph inputs and outputs, float tensors retyped to ``elem_type``."""
 
     def retyped(values: list[onnx.ValueInfoProto]) -> list[onnx.ValueInfoProto]:
         result = []
@@ -111,7 +135,7 @@ def _our_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
         return result
 
     graph = helper.make_graph(
-        [ours], case.name, retyped(list(case.model.graph.input)), retyped(list(case.model.graph.output))
+        nodes, case.name, retyped(list(case.model.graph.input)), retyped(list(case.model.graph.output))
     )
     return helper.make_model(
         graph,
@@ -144,17 +168,51 @@ def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, n
     return dict(zip(names, session.run(names, dict(feeds)), strict=True))
 
 
+def _converted_gru_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
+    """The case's model through ``convert_grus``: its GRU node becomes GRUTraining, nothing else changes."""
+    converted = convert_grus(case.model)
+    (node,) = converted.graph.node
+    assert (node.op_type, node.domain) == (GRU_TRAINING.name, schema.DOMAIN), f"{case.name}: {node.op_type}"
+    (original,) = case.model.graph.node
+    kept = {port: name for port, name in zip(schema.input_names(GRU_TRAINING), node.input, strict=False) if name}
+    given = {port: name for port, name in zip(schema.input_names(GRU_TRAINING), original.input, strict=False) if name}
+    assert kept == given, f"{case.name}: convert_grus rewired the inputs"
+    return _model_around(list(converted.graph.node), case, elem_type)
+
+
+def _lstm_oracle(inputs: Mapping[str, np.ndarray], attributes: Mapping[str, object]) -> dict[str, np.ndarray]:
+    return lstm_forward(**inputs, **attributes)
+
+
+def _gru_oracle(inputs: Mapping[str, np.ndarray], attributes: Mapping[str, object]) -> dict[str, np.ndarray]:
+    return gru_training(inputs, **attributes)
+
+
+# op type -> (the case's model on the library, the float64 oracle, ONNX output -> port, the training op)
+FAMILIES = {
+    "LSTM": (_our_model, _lstm_oracle, LSTM_OUTPUT_TO_PORT, TRAINING),
+    "GRU": (_converted_gru_model, _gru_oracle, GRU_OUTPUT_TO_PORT, GRU_TRAINING),
+}
+
+
 def test_onnx_provides_the_known_lstm_cases() -> None:
     """The cases this file was written against are all collected (onnx may add more)."""
     assert {case.name for case in CASES} >= KNOWN_CASES, f"onnx {onnx.__version__}: {sorted(c.name for c in CASES)}"
 
 
+def test_onnx_provides_the_known_gru_cases() -> None:
+    """The GRU cases this file was written against are all collected (onnx may add more)."""
+    names = {case.name for case in GRU_CASES}
+    assert names >= KNOWN_GRU_CASES, f"onnx {onnx.__version__}: {sorted(names)}"
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda dtype: np.dtype(dtype).name)
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES + GRU_CASES, ids=_case_id)
 def test_onnx_backend_case(case: TestCase, dtype: type) -> None:
-    """LSTMTraining reproduces the case's expected Y / Y_h / Y_c within the case's tolerance."""
+    """LSTMTraining / GRUTraining reproduce the case's expected Y / Y_h (/ Y_c) within the case's tolerance."""
     elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    actual = _run(_our_model(case, elem_type), _feeds(case, dtype))
+    build = FAMILIES[_op_type(case)][0]
+    actual = _run(build(case, elem_type), _feeds(case, dtype))
     for name, expected in _expected(case).items():
         assert actual[name].dtype == dtype, f"{case.name}: {name}"
         assert actual[name].shape == expected.shape, f"{case.name}: {name}"
@@ -163,18 +221,19 @@ def test_onnx_backend_case(case: TestCase, dtype: type) -> None:
         )
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES + GRU_CASES, ids=_case_id)
 def test_onnx_backend_case_float64_matches_oracle(case: TestCase) -> None:
     """In float64 the kernel and the NumPy oracle agree to rounding on every case's inputs."""
+    build, oracle_of, output_to_port, training = FAMILIES[_op_type(case)]
     (node,) = case.model.graph.node
     feeds = _feeds(case, np.float64)
-    input_ports = schema.input_names(TRAINING)
+    input_ports = schema.input_names(training)
     oracle_inputs = {input_ports[index]: feeds[name] for index, name in enumerate(node.input) if name}
-    oracle = lstm_forward(**oracle_inputs, **_attributes(node))
-    actual = _run(_our_model(case, TensorProto.DOUBLE), feeds)
+    oracle = oracle_of(oracle_inputs, _attributes(node))
+    actual = _run(build(case, TensorProto.DOUBLE), feeds)
     for index, name in enumerate(node.output):
         if name:
-            port = LSTM_OUTPUT_TO_PORT[("Y", "Y_h", "Y_c")[index]]
+            port = output_to_port[list(output_to_port)[index]]
             np.testing.assert_allclose(
                 actual[name],
                 oracle[port],

@@ -4,13 +4,16 @@ Role in the flow: the op contract as data another implementation can be checked 
 is a directory in ONNX's node-test layout (as ``onnx/backend/test/data/node/test_*``)::
 
     <case>/model.onnx                   one LSTMTraining or LSTMGrad node, or LSTMTraining -> LSTMGrad
+                                        (the GRU's cases likewise: GRUTraining, GRUGrad, or both)
     <case>/test_data_set_0/input_<k>.pb  TensorProto of graph input k, named as the input
     <case>/test_data_set_0/output_<k>.pb TensorProto of graph output k, named as the output
 
 The expected outputs are computed by ``ortlstm.reference`` through ``onnx.reference``'s
 ``ReferenceEvaluator``. The cases cover every attribute, float32 and float64, both layouts,
 sequence_lens with zeros, omitted optional inputs and outputs, T=1 and batch 1, the 12-input form
-of LSTMGrad that com.microsoft's LSTMGrad takes, and LSTMGrad fed by LSTMTraining in one graph.
+of LSTMGrad that com.microsoft's LSTMGrad takes, and LSTMGrad fed by LSTMTraining in one graph;
+and the same for GRUTraining / GRUGrad (``GRU_SPECS``: linear_before_reset 0 and 1, com.microsoft
+GRUGrad's ten inputs). The cases themselves are data in ``ortlstm.conformance_specs``.
 Tensors are tiny. The repository keeps a generated copy in tests/conformance/data/node; a test
 regenerates it and fails on drift. Command line::
 
@@ -42,6 +45,14 @@ import onnx.helper
 import onnx.numpy_helper
 
 import ortlstm.ops
+from ortlstm.conformance_specs import (  # noqa: F401 - CaseSpec, SPECS and the families are this module's API
+    FAMILIES,
+    GRU_SPECS,
+    LSTM_SPECS,
+    SPECS,
+    CaseSpec,
+    Family,
+)
 from ortlstm.ops import schema
 
 IR_VERSION = 10  # onnxruntime-training 1.19 loads IR <= 10
@@ -57,225 +68,6 @@ every step and may use fast approximations of tanh and sigmoid. float64: roundin
 """
 
 _ELEM_TYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE}
-_TRAINING = schema.LSTM_TRAINING
-_GRAD = schema.LSTM_GRAD
-_STASH = ("HAll", "CAll", "IOFC")
-_FORWARD_INPUTS = schema.input_names(_TRAINING)
-_ALL_FORWARD_OUTPUTS = schema.output_names(_TRAINING)
-_ALL_GRAD_OUTPUTS = schema.output_names(_GRAD)
-_UPSTREAM_GRADIENTS = tuple(port.name for port in _GRAD.inputs if port.gradient_of in _ALL_FORWARD_OUTPUTS)
-
-
-@dataclasses.dataclass(frozen=True)
-class CaseSpec:
-    """One conformance case, as data.
-
-    Attributes:
-        name: Case name without the ``test_ortlstm_`` prefix and the dtype suffix.
-        doc: What the case checks (the model's doc_string).
-        dims: (seq_length, batch_size, input_size, hidden_size).
-        attributes: Node attributes (both nodes of a chained case share them).
-        inputs: Present inputs of the first node, by port name.
-        outputs: Present outputs of the first node that are graph outputs, by port name.
-        grad: ``""``: LSTMTraining alone; ``"node"``: LSTMGrad alone, the stash fed as graph
-            inputs (computed by the reference); ``"chained"``: LSTMTraining feeding LSTMGrad.
-        grad_inputs: Present inputs of LSTMGrad, by port name (stash ports included).
-        grad_outputs: Present outputs of LSTMGrad, by port name.
-        sequence_lens: Values of sequence_lens, when it is an input.
-    """
-
-    name: str
-    doc: str
-    dims: tuple[int, int, int, int]
-    attributes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    inputs: tuple[str, ...] = ("X", "W", "R")
-    outputs: tuple[str, ...] = _ALL_FORWARD_OUTPUTS
-    grad: str = ""
-    grad_inputs: tuple[str, ...] = ()
-    grad_outputs: tuple[str, ...] = _ALL_GRAD_OUTPUTS
-    sequence_lens: tuple[int, ...] | None = None
-
-
-_ALL_INPUTS = _FORWARD_INPUTS
-_GRAD_ALL_INPUTS = schema.input_names(_GRAD)
-_COM_MICROSOFT_INPUTS = tuple(name for name in _GRAD_ALL_INPUTS if name != "P")  # its 12 inputs
-_PER_ACTIVATION = {  # alpha and beta for every activation, as other exporters write them
-    "activations": ["HardSigmoid", "ScaledTanh", "Affine", "LeakyRelu", "Elu", "ThresholdedRelu"],
-    "activation_alpha": [0.3, 1.2, 0.8, 0.2, 0.7, 0.1],
-    "activation_beta": [0.45, 0.6, 0.1, 9.0, 9.0, 9.0],
-}
-
-SPECS: tuple[CaseSpec, ...] = (
-    CaseSpec("training_defaults", "Only X, W, R; default attributes; every output.", (3, 2, 3, 2)),
-    CaseSpec(
-        "training_all_inputs",
-        "B, initial_h, initial_c and peepholes P.",
-        (3, 2, 3, 3),
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c", "P"),
-    ),
-    CaseSpec(
-        "training_reverse_sequence_lens",
-        "direction=reverse with sequence_lens 3, 0, 1: a length-0 entry gives zero outputs, Ht and Ct.",
-        (3, 3, 2, 2),
-        {"direction": "reverse"},
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c"),
-        sequence_lens=(3, 0, 1),
-    ),
-    CaseSpec(
-        "training_bidirectional_layout1",
-        "direction=bidirectional, layout=1 (batch first), sequence_lens with a zero, peepholes.",
-        (3, 3, 2, 2),
-        {"direction": "bidirectional", "layout": 1},
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
-        sequence_lens=(2, 0, 3),
-    ),
-    CaseSpec(
-        "training_layout1",
-        "layout=1, forward, initial state.",
-        (2, 3, 2, 3),
-        {"layout": 1},
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c"),
-    ),
-    CaseSpec(
-        "training_clip_input_forget",
-        "clip=0.5 (gate pre-activations clamped) and input_forget=1 (f = 1 - i), peepholes.",
-        (3, 2, 3, 2),
-        {"clip": 0.5, "input_forget": 1},
-        inputs=("X", "W", "R", "B", "initial_c", "P"),
-    ),
-    CaseSpec(
-        "training_activations_per_activation_alpha_beta",
-        "Bidirectional, six parametrized activations, activation_alpha and activation_beta with one value per "
-        "activation (onnxruntime's LSTM takes them in order, each activation the next value of the lists it reads, "
-        "and ignores the surplus).",
-        (2, 2, 2, 2),
-        {"direction": "bidirectional", **_PER_ACTIVATION},
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c"),
-    ),
-    CaseSpec(
-        "training_activations_defaults_any_case",
-        "Activation names in any case; alpha/beta lists shorter than the activations that read them (the rest take "
-        "the defaults).",
-        (2, 2, 2, 2),
-        {
-            "direction": "bidirectional",
-            "activations": ["sigmoid", "SOFTSIGN", "Softplus", "HardSigmoid", "relu", "LeakyRelu"],
-            "activation_alpha": [0.25],
-        },
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c"),
-    ),
-    CaseSpec(
-        "training_activations_csv_only",
-        "Activations given only as activations_csv (onnxruntime older than 1.25 cannot pass string lists).",
-        (2, 2, 2, 2),
-        {"activations_csv": "Sigmoid,Tanh,Softsign"},
-        inputs=("X", "W", "R", "B"),
-    ),
-    CaseSpec(
-        "training_omitted_outputs_ht",
-        "Only Ht: outputs HAll omitted (empty name), the rest trailing.",
-        (3, 2, 2, 2),
-        inputs=("X", "W", "R", "B"),
-        outputs=("Ht",),
-    ),
-    CaseSpec(
-        "training_omitted_outputs_hall_ct",
-        "HAll and Ct only; Ht omitted in the middle.",
-        (2, 2, 2, 2),
-        inputs=("X", "W", "R", "B", "initial_h"),
-        outputs=("HAll", "Ct"),
-    ),
-    CaseSpec(
-        "training_omitted_middle_inputs",
-        "B, sequence_lens and initial_h omitted in the middle (empty names), initial_c and P given.",
-        (2, 2, 3, 2),
-        inputs=("X", "W", "R", "initial_c", "P"),
-    ),
-    CaseSpec("training_t1_batch1", "seq_length 1, batch_size 1.", (1, 1, 3, 2), inputs=("X", "W", "R", "B")),
-    CaseSpec(
-        "training_size1",
-        "input_size 1 and hidden_size 1, bidirectional.",
-        (2, 2, 1, 1),
-        {"direction": "bidirectional"},
-        inputs=("X", "W", "R", "B", "P"),
-    ),
-    CaseSpec(
-        "grad_all_inputs",
-        "LSTMGrad alone, every input, the stash from LSTMTraining; every output.",
-        (3, 2, 3, 2),
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
-        grad="node",
-        grad_inputs=_GRAD_ALL_INPUTS,
-        sequence_lens=(3, 2),
-    ),
-    CaseSpec(
-        "grad_com_microsoft_inputs",
-        "The 12 inputs of com.microsoft LSTMGrad, in its order (no P): the drop-in form.",
-        (3, 2, 2, 2),
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c"),
-        grad="node",
-        grad_inputs=_COM_MICROSOFT_INPUTS,
-        sequence_lens=(3, 1),
-    ),
-    CaseSpec(
-        "grad_only_ht_omitted_outputs",
-        "Only grad_Ht, no initial state; only dW and dR requested.",
-        (3, 2, 2, 2),
-        inputs=("X", "W", "R", "B"),
-        grad="node",
-        grad_inputs=("X", "W", "R", *_STASH, "grad_Ht"),
-        grad_outputs=("dW", "dR"),
-    ),
-    CaseSpec(
-        "grad_bidirectional_layout1_sequence_lens",
-        "Bidirectional, layout=1, sequence_lens with a zero, peepholes.",
-        (3, 3, 2, 2),
-        {"direction": "bidirectional", "layout": 1},
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
-        grad="node",
-        grad_inputs=_GRAD_ALL_INPUTS,
-        sequence_lens=(0, 3, 2),
-    ),
-    CaseSpec(
-        "grad_t1_batch1_reverse",
-        "seq_length 1, batch_size 1, reverse.",
-        (1, 1, 2, 3),
-        {"direction": "reverse"},
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c"),
-        grad="node",
-        grad_inputs=_COM_MICROSOFT_INPUTS,
-        sequence_lens=(1,),
-    ),
-    CaseSpec(
-        "chained_clip_peephole_bidirectional",
-        "LSTMTraining feeding LSTMGrad in one graph: clip, peepholes, bidirectional, sequence_lens with a zero.",
-        (3, 3, 2, 2),
-        {"direction": "bidirectional", "clip": 0.6},
-        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"),
-        outputs=("HAll", "Ht", "Ct"),
-        grad="chained",
-        grad_inputs=_GRAD_ALL_INPUTS,
-        sequence_lens=(3, 0, 2),
-    ),
-    CaseSpec(
-        "chained_activations_input_forget_layout1",
-        "LSTMTraining feeding LSTMGrad: per-activation alpha/beta lists, input_forget, layout=1, reverse.",
-        (3, 2, 2, 2),
-        {
-            "direction": "reverse",
-            "layout": 1,
-            "input_forget": 1,
-            "activations": ["HardSigmoid", "Softsign", "Elu"],
-            "activation_alpha": [0.3, 0.8, 0.5],
-            "activation_beta": [0.45, 1.0, 1.0],
-        },
-        inputs=("X", "W", "R", "B", "initial_h", "initial_c"),
-        outputs=("Ht",),
-        grad="chained",
-        grad_inputs=("X", "W", "R", "initial_h", "initial_c", *_STASH, "grad_HAll", "grad_Ht"),
-    ),
-)
-"""Every case, each generated in float32 and float64."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,13 +106,14 @@ def build_model(spec: CaseSpec, dtype: str) -> onnx.ModelProto:
     nodes = []
     graph_inputs: list[str] = []
     graph_outputs: list[str] = []
-    shapes = {**{name: _port_shape(port, spec) for name, port in _ports(_TRAINING).items()}}
-    shapes.update({name: _port_shape(port, spec) for name, port in _ports(_GRAD).items()})
+    family = spec.family
+    shapes = {**{name: _port_shape(port, spec) for name, port in _ports(family.training).items()}}
+    shapes.update({name: _port_shape(port, spec) for name, port in _ports(family.grad).items()})
     if spec.grad != "node":
-        forward_outputs = _ALL_FORWARD_OUTPUTS if spec.grad == "chained" else spec.outputs
+        forward_outputs = family.forward_outputs if spec.grad == "chained" else spec.outputs
         nodes.append(
             ortlstm.ops.make_node(
-                _TRAINING.name,
+                family.training.name,
                 {name: name for name in spec.inputs},
                 {name: name for name in forward_outputs},
                 name="training",
@@ -332,14 +125,14 @@ def build_model(spec: CaseSpec, dtype: str) -> onnx.ModelProto:
     if spec.grad:
         nodes.append(
             ortlstm.ops.make_node(
-                _GRAD.name,
+                family.grad.name,
                 {name: name for name in spec.grad_inputs},
                 {name: name for name in spec.grad_outputs},
                 name="grad",
                 **attributes,
             )
         )
-        produced = set(_ALL_FORWARD_OUTPUTS) if spec.grad == "chained" else set()
+        produced = set(family.forward_outputs) if spec.grad == "chained" else set()
         graph_inputs += [name for name in spec.grad_inputs if name not in produced and name not in graph_inputs]
         graph_outputs += list(spec.grad_outputs)
     graph = onnx.helper.make_graph(
@@ -375,8 +168,9 @@ def _draw_inputs(spec: CaseSpec, dtype: str) -> dict[str, np.ndarray]:
         "P": 0.5,
     }
     values = {}
-    ports = _ports(_TRAINING) | _ports(_GRAD)
-    for name in (*_FORWARD_INPUTS, *_UPSTREAM_GRADIENTS):
+    family = spec.family
+    ports = _ports(family.training) | _ports(family.grad)
+    for name in (*family.forward_inputs, *family.upstream_gradients):
         if name == "sequence_lens":
             if spec.sequence_lens is not None:
                 values[name] = np.array(spec.sequence_lens, dtype=np.int32)
@@ -404,13 +198,12 @@ def generate_case(spec: CaseSpec, dtype: str) -> tuple[onnx.ModelProto, list[np.
     model = build_model(spec, dtype)
     values = _draw_inputs(spec, dtype)
     if spec.grad == "node":
-        # The stash comes from LSTMTraining on the same inputs (with B, which LSTMGrad does not take).
-        import ortlstm.reference
-
-        forward = ortlstm.reference.lstm_training(
+        # The stash comes from the forward op on the same inputs (with B, which LSTMGrad does not take).
+        module, function = spec.family.stash_from.split(":")
+        forward = getattr(importlib.import_module(module), function)(
             {name: values.get(name) for name in spec.inputs}, hidden_size=spec.dims[3], **spec.attributes
         )
-        values.update({name: forward[name] for name in _STASH})
+        values.update({name: forward[name] for name in spec.family.stash})
     inputs = [values[value.name] for value in model.graph.input]
     feeds = {value.name: values[value.name] for value in model.graph.input}
     outputs = _reference_session(model).run(None, feeds)

@@ -12,6 +12,9 @@ oracle (tests/reference/lstm_ref.py), which shares no code with this module::
     session = ReferenceEvaluator(model, new_ops=ortlstm.reference.OPS)
     outputs = session.run(None, feeds)
 
+``OPS`` holds the GRU ops too: ``GRUTraining`` and ``GRUGrad``, whose math (equations in its
+docstring) is ``ortlstm.reference_gru``, on this module's attribute rules and input checks.
+
 ``LSTMTraining``, per direction and step t, gates stacked i, o, f, c in W, R and B, activations
 f, g, h (default Sigmoid, Tanh, Tanh), ``clip`` clamping to [-clip, clip] (identity without it)::
 
@@ -321,13 +324,13 @@ def _activation_names(values: Mapping[str, Any]) -> tuple[list[str], str]:
     return [], ""
 
 
-def _check_grad_activations(attrs: LstmAttributes) -> None:
-    """LSTMGrad reads f' and g' off the activated gates: LeakyRelu/Elu need alpha >= 0 there."""
+def _check_grad_activations(attrs: LstmAttributes, op: str = "LSTMGrad") -> None:
+    """LSTMGrad (and GRUGrad) read f' and g' off the activated gates: LeakyRelu/Elu need alpha >= 0 there."""
     for d, (f_act, g_act, _) in enumerate(attrs.activations):
         for role, act in (("f", f_act), ("g", g_act)):
             if act.kind in ("LeakyRelu", "Elu") and not act.alpha >= 0.0:
                 raise ValueError(
-                    f"attribute activation_alpha: LSTMGrad needs alpha >= 0 for {act.kind} as {role} "
+                    f"attribute activation_alpha: {op} needs alpha >= 0 for {act.kind} as {role} "
                     f"(direction {d}), got {act.alpha}; its output then does not determine its derivative"
                 )
 
@@ -661,8 +664,32 @@ class LSTMGrad(OpRun):
         return _run_node(self, schema.LSTM_GRAD, lstm_grad, args, attributes)
 
 
-OPS: tuple[type[OpRun], ...] = (LSTMTraining, LSTMGrad)
-"""The domain's ops, for ``ReferenceEvaluator(model, new_ops=OPS)``."""
+class GRUTraining(OpRun):
+    """``ortlstm::GRUTraining`` for ``ReferenceEvaluator`` (the math: ``ortlstm.reference_gru``)."""
 
-if tuple(cls.__name__ for cls in OPS) != tuple(op.name for op in schema.OPS):
-    raise ImportError(f"ortlstm.reference implements {[cls.__name__ for cls in OPS]}, the spec declares {schema.OPS}")
+    op_domain = schema.DOMAIN
+
+    def _run(self, *args: _Array | None, **attributes: Any) -> tuple[_Array, ...]:
+        from ortlstm import reference_gru  # imported here: it builds on this module
+
+        return _run_node(self, schema.GRU_TRAINING, reference_gru.gru_training_op, args, attributes)
+
+
+class GRUGrad(OpRun):
+    """``ortlstm::GRUGrad`` for ``ReferenceEvaluator`` (the math: ``ortlstm.reference_gru``)."""
+
+    op_domain = schema.DOMAIN
+
+    def _run(self, *args: _Array | None, **attributes: Any) -> tuple[_Array, ...]:
+        from ortlstm import reference_gru  # imported here: it builds on this module
+
+        return _run_node(self, schema.GRU_GRAD, reference_gru.gru_grad_op, args, attributes)
+
+
+OPS: tuple[type[OpRun], ...] = (LSTMTraining, LSTMGrad, GRUTraining, GRUGrad)
+"""The domain's recurrent ops, for ``ReferenceEvaluator(model, new_ops=OPS)``."""
+
+if tuple(cls.__name__ for cls in OPS) != tuple(op.name for op in (*schema.OPS, *schema.GRU_OPS)):
+    raise ImportError(
+        f"ortlstm.reference implements {[cls.__name__ for cls in OPS]}, the spec declares {schema.OPS + schema.GRU_OPS}"
+    )

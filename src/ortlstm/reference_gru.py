@@ -1,8 +1,20 @@
-"""A NumPy float64 reference of GRUTraining, written from the equations in docs/ops.md.
+"""A NumPy float64 reference of GRUTraining and GRUGrad, written from the equations in docs/ops.md.
 
 An oracle for the kernel tests that shares no code with the kernels: the forward of ONNX GRU with
 every attribute the op takes (linear_before_reset 0 and 1, directions, sequence_lens, clip, all
-activations with alpha/beta, layout 1), and the ZRH stash. Attributes are parsed by
+activations with alpha/beta, layout 1), the ZRH stash, and its backward from the stash alone
+(``gru_grad``). ``ortlstm.reference.OPS`` runs both through onnx's ReferenceEvaluator
+(``gru_training_op`` / ``gru_grad_op``: inputs checked against the spec, outputs in X's float type).
+
+GRUGrad, per direction and step, with ``dH`` the gradient reaching H_t (grad_HAll_t plus what the
+step processed after it sends back, starting from grad_Ht), q = H_{t-1} R_h^T + Rb_h::
+
+    dz = dH * (H_{t-1} - h) * f'(z),   dh = dH * (1 - z) * g'(h)
+    linear_before_reset=1: dr = dh * q * f'(r),               dq = dh * r
+    linear_before_reset=0: dr = (dh R_h) * H_{t-1} * f'(r),   dR_h += dh^T (r * H_{t-1})
+    dH_{t-1} = dH * z + dz R_z + dr R_r + (dq R_h  or  (dh R_h) * r)
+    dX_t = [dz dr dh] W,  dW += [dz dr dh]^T X_t,  dR_zr += [dz dr]^T H_{t-1},  dR_h += dq^T H_{t-1} (lbr=1)
+    dWb += sum_batch [dz dr dh],  dRb += sum_batch [dz dr dq] (lbr=1) or [dz dr dh] (lbr=0) Attributes are parsed by
 ``ortlstm.reference.parse_attributes`` (the LSTM's rules, which the GRU shares), so the two ops
 read activations, alpha, beta and clip alike.
 """
@@ -14,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ortlstm import reference as _reference
 from ortlstm.ops import schema
 from ortlstm.reference import Activation, parse_attributes
 
@@ -105,3 +118,98 @@ def gru_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
 
 def _gate(act: Activation, pre: _Array, clip: float | None) -> _Array:
     return act(pre if clip is None else np.clip(pre, -clip, clip))
+
+
+def gru_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str, _Array]:
+    """GRUGrad in float64: dX, dW, dR, dB, dH0 from the forward inputs, the stash and the upstream gradients.
+
+    Every gate derivative is read off the stash (ZRH), as the kernel reads it, so a stash from another
+    implementation gives that implementation's gradients; only q = H_{t-1} R_h^T + Rb_h is recomputed.
+
+    Args:
+        inputs: GRUGrad's inputs by port name (None or absent: omitted; omitted gradients count as zeros).
+        **attributes: The forward node's attributes.
+
+    Returns:
+        Every output port name -> float64 array, in the layout the attributes name.
+    """
+    values, linear_before_reset = _gru_activations(attributes)
+    attrs = parse_attributes(values)
+    hidden, layout, directions = attrs.hidden_size, attrs.layout, attrs.num_directions
+
+    def layout0(name: str, batch_axis: int) -> _Array | None:
+        return _reference._to_layout0(inputs.get(name), layout, batch_axis)
+
+    X = layout0("X", 1)
+    steps, batch, _ = X.shape
+    W = np.asarray(inputs["W"], np.float64)
+    R = np.asarray(inputs["R"], np.float64)
+    B = inputs.get("B")
+    B = np.zeros((directions, 6 * hidden)) if B is None else np.asarray(B, np.float64)
+    state_shape = (directions, batch, hidden)
+    seq_shape = (steps, directions, batch, hidden)
+    h0, grad_ht = (layout0(name, 1) for name in ("initial_h", "grad_Ht"))
+    h0 = np.zeros(state_shape) if h0 is None else h0
+    grad_ht = np.zeros(state_shape) if grad_ht is None else grad_ht
+    hall, zrh, grad_hall = (layout0(name, 2) for name in ("HAll", "ZRH", "grad_HAll"))
+    grad_hall = np.zeros(seq_shape) if grad_hall is None else grad_hall
+    lens = inputs.get("sequence_lens")
+    lens = np.full(batch, steps) if lens is None else np.asarray(lens, np.int64)
+    dtype = np.asarray(inputs["X"]).dtype
+    dX = np.zeros_like(X)
+    dW, dR = np.zeros_like(W), np.zeros_like(R)
+    dB = np.zeros((directions, 6 * hidden))
+    dH0 = np.zeros(state_shape)
+    for d in range(directions):
+        f, g = attrs.activations[d][0], attrs.activations[d][1]
+        rh, rbh = R[d, 2 * hidden :], B[d, 5 * hidden :]
+        reverse = attrs.is_reverse(d)
+        dH = np.where(((lens > 0) & (steps > 0))[:, None], grad_ht[d], 0.0)
+        for t in range(steps) if reverse else range(steps - 1, -1, -1):  # processing order, reversed
+            active = (t < lens)[:, None]
+            before = t + 1 if reverse else t - 1
+            has_before = ((before >= 0) & (before < lens))[:, None]
+            h_prev = np.where(has_before, hall[min(max(before, 0), steps - 1), d], h0[d])
+            z, r, h = np.split(zrh[t, d], 3, axis=1)
+            dH_t = dH + grad_hall[t, d]
+            dz = dH_t * (h_prev - h) * _reference._gate_derivative(f, z, attrs.clip, dtype)
+            dh = dH_t * (1.0 - z) * _reference._gate_derivative(g, h, attrs.clip, dtype)
+            if linear_before_reset:
+                dq = dh * r
+                dr = dh * (h_prev @ rh.T + rbh) * _reference._gate_derivative(f, r, attrs.clip, dtype)
+                dH_prev = dH_t * z + dq @ rh
+                dR[d, 2 * hidden :] += np.where(active, dq, 0.0).T @ h_prev
+            else:
+                dq = dh
+                back = dh @ rh
+                dr = back * h_prev * _reference._gate_derivative(f, r, attrs.clip, dtype)
+                dH_prev = dH_t * z + back * r
+                dR[d, 2 * hidden :] += np.where(active, dh, 0.0).T @ (r * h_prev)
+            dpre = np.where(active, np.concatenate([dz, dr, dh], axis=1), 0.0)
+            dq = np.where(active, dq, 0.0)
+            dX[t] += dpre @ W[d]
+            dW[d] += dpre.T @ X[t]
+            dR[d, : 2 * hidden] += dpre[:, : 2 * hidden].T @ h_prev
+            dB[d] += np.concatenate([dpre.sum(axis=0), dpre[:, : 2 * hidden].sum(axis=0), dq.sum(axis=0)])
+            dH_prev = dH_prev + dpre[:, : 2 * hidden] @ R[d, : 2 * hidden]
+            dH = np.where(active, dH_prev, dH)  # an inactive step passes its state through unchanged
+        dH0[d] = dH
+    moved = {"dX": (dX, 1), "dH0": (dH0, 1)}
+    result = {name: np.moveaxis(value, axis, 0) if layout == 1 else value for name, (value, axis) in moved.items()}
+    return {**result, "dW": dW, "dR": dR, "dB": dB}
+
+
+def gru_training_op(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str, _Array]:
+    """GRUTraining as ``ortlstm.reference`` runs it: inputs checked as the kernel checks them, outputs in X's type."""
+    values, _ = _gru_activations(attributes)
+    _, dtype = _reference._dims_and_dtype(schema.GRU_TRAINING, inputs, parse_attributes(values))
+    return {name: value.astype(dtype) for name, value in gru_training(inputs, **attributes).items()}
+
+
+def gru_grad_op(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str, _Array]:
+    """GRUGrad as ``ortlstm.reference`` runs it: inputs and activations checked, outputs in X's type."""
+    values, _ = _gru_activations(attributes)
+    attrs = parse_attributes(values)
+    _reference._check_grad_activations(attrs, schema.GRU_GRAD.name)
+    _, dtype = _reference._dims_and_dtype(schema.GRU_GRAD, inputs, attrs)
+    return {name: value.astype(dtype) for name, value in gru_grad(inputs, **attributes).items()}
