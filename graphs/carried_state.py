@@ -148,12 +148,15 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
             op_type=node.op_type,
         )
         for initial, final in state.states:
-            graph.input.append(onnx.helper.make_tensor_value_info(initial, state.elem_type, list(state.shape(None))))  # type: ignore[arg-type]
+            shape: list[int | None] = list(state.shape(None))  # type: ignore[arg-type]
+            graph.input.append(onnx.helper.make_tensor_value_info(initial, state.elem_type, shape))
             if final not in outputs:
                 graph.output.append(onnx.helper.make_empty_tensor_value_info(final))
         carried.append(state)
     if not carried:
-        raise ValueError("stateful=True: the model's main graph has no ONNX LSTM or GRU node whose state could be carried")
+        raise ValueError(
+            "stateful=True: the model's main graph has no ONNX LSTM or GRU node whose state could be carried"
+        )
     prune_to_outputs(graph, initializers=False, inputs=True)
     return result, tuple(carried)
 

@@ -1,4 +1,4 @@
-"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM state.
+"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM/GRU state.
 
 A batch comes as the model's inputs in order or by name; each is checked against the type and
 the fixed dims the model declares, a target against what the loss takes (``losses.check_target``,
@@ -354,8 +354,8 @@ class Feeds:
             batch_size = sizes.get(dim) if isinstance(dim, str) else dim
             if batch_size is None:
                 raise ValueError(
-                    f"{where}: stateful: the batch size of {state.op_type} {state.node!r} (axis {state.batch_axis} of its input "
-                    f"{state.sequence!r}) does not follow from the model's input shapes"
+                    f"{where}: stateful: the batch size of {state.op_type} {state.node!r} (axis {state.batch_axis} "
+                    f"of its input {state.sequence!r}) does not follow from the model's input shapes"
                 )
             dtype = onnx.helper.tensor_dtype_to_np_dtype(state.elem_type)
             zeros = np.zeros(state.shape(batch_size), dtype)
