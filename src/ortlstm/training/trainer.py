@@ -599,7 +599,9 @@ class Trainer:
         self._engine.assign(values)
         self.global_step = int(metadata["global_step"])
         self.skipped_steps = int(metadata.get("skipped_steps", 0))
-        self._feeds.carried_values = files.tensors_under(tensors, "carried") or None
+        carried = files.tensors_under(tensors, "carried")  # in the file's (sorted) order; kept in the graph's
+        order = [initial for state in self._feeds.carried for initial, _ in state.states]
+        self._feeds.carried_values = {name: carried[name] for name in order if name in carried} or None
         if not self.spec.fixed_inputs:
             self.spec = dataclasses.replace(self.spec, fixed_inputs=files.tensors_under(tensors, "fixed"))
         self.zero_grad()
