@@ -156,8 +156,8 @@ def test_a_stateful_fit_of_a_gru_is_its_steps_with_the_state_reset_each_epoch(tm
     np.savez(tmp_path / "streams.npz", **data)
     done = ortlstm_cli(
         "fit", "gru.onnx", "--data", "streams.npz", "--loss", "mse_loss", "--optimizer", "sgd", "--lr", "0.3",
-        "--optimizer-option", "momentum=0.9", "--epochs", "2", "--batch-size", "3", "--stateful", "--threads", "1", "--out",
-        "trained.onnx", cwd=tmp_path,
+        "--optimizer-option", "momentum=0.9", "--epochs", "2", "--batch-size", "3", "--stateful", "--threads", "1",
+        "--out", "trained.onnx", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     exported = onnx.load(str(tmp_path / "trained.onnx"))

@@ -377,6 +377,11 @@ class Feeds:
                 for initial, final in state.states:
                     self.carried_values[initial] = named[final]
 
+    def restore_carried(self, saved: Mapping[str, np.ndarray]) -> None:
+        """Takes a checkpoint's carried state (sorted by name there) in the graph's order, as keep_carried does."""
+        order = [initial for state in self.carried for initial, _ in state.states]
+        self.carried_values = {name: saved[name] for name in order if name in saved} or None
+
     def reset(self, rows: Sequence[int] | np.ndarray | None) -> None:
         """Zeros the carried state: all of it, or the given batch rows."""
         if rows is None or self.carried_values is None:

@@ -599,9 +599,7 @@ class Trainer:
         self._engine.assign(values)
         self.global_step = int(metadata["global_step"])
         self.skipped_steps = int(metadata.get("skipped_steps", 0))
-        carried = files.tensors_under(tensors, "carried")  # in the file's (sorted) order; kept in the graph's
-        order = [initial for state in self._feeds.carried for initial, _ in state.states]
-        self._feeds.carried_values = {name: carried[name] for name in order if name in carried} or None
+        self._feeds.restore_carried(files.tensors_under(tensors, "carried"))
         if not self.spec.fixed_inputs:
             self.spec = dataclasses.replace(self.spec, fixed_inputs=files.tensors_under(tensors, "fixed"))
         self.zero_grad()
