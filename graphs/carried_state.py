@@ -128,18 +128,18 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
             node.input.append("")
         while len(node.output) <= max(port for _, port in ports):
             node.output.append("")
-        names = {"initial": [""] * 2, "final": [""] * 2}
+        initial, final = ["", ""], ["", ""]  # h, then c (a GRU has no c)
         for slot, (into, out) in enumerate(ports):
             suffix = onnx.defs.get_schema(node.op_type).outputs[out].name  # Y_h, Y_c
-            names["initial"][slot] = fresh(f"{label}.initial_{suffix[2:]}")
-            names["final"][slot] = node.output[out] or fresh(f"{label}.{suffix}")
-            node.input[into], node.output[out] = names["initial"][slot], names["final"][slot]
+            initial[slot] = fresh(f"{label}.initial_{suffix[2:]}")
+            final[slot] = node.output[out] or fresh(f"{label}.{suffix}")
+            node.input[into], node.output[out] = initial[slot], final[slot]
         state = CarriedState(
             node=label,
-            initial_h=names["initial"][0],
-            initial_c=names["initial"][1],
-            final_h=names["final"][0],
-            final_c=names["final"][1],
+            initial_h=initial[0],
+            initial_c=initial[1],
+            final_h=final[0],
+            final_c=final[1],
             sequence=node.input[0],
             layout=int(attributes.get("layout", 0)),
             num_directions=2 if direction == "bidirectional" else 1,
@@ -147,11 +147,11 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
             elem_type=elem_type or onnx.TensorProto.FLOAT,
             op_type=node.op_type,
         )
-        for initial, final in state.states:
+        for initial_name, final_name in state.states:
             shape: list[int | None] = list(state.shape(None))  # type: ignore[arg-type]
-            graph.input.append(onnx.helper.make_tensor_value_info(initial, state.elem_type, shape))
-            if final not in outputs:
-                graph.output.append(onnx.helper.make_empty_tensor_value_info(final))
+            graph.input.append(onnx.helper.make_tensor_value_info(initial_name, state.elem_type, shape))
+            if final_name not in outputs:
+                graph.output.append(onnx.helper.make_empty_tensor_value_info(final_name))
         carried.append(state)
     if not carried:
         raise ValueError(
