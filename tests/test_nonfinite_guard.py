@@ -403,7 +403,9 @@ def test_stateful_refused_step_keeps_the_carried_state(optimizer: optimizers.Opt
     subject.step(x1, target=y1)
     before = snapshot(subject)
     assert before["carried_state"]
-    with pytest.raises(NonFiniteStepError, match=r"The parameters, the optimizer state, the carried LSTM state and"):
+    with pytest.raises(
+        NonFiniteStepError, match=r"The parameters, the optimizer state, the carried LSTM/GRU state and"
+    ):
         subject.step(bad_x, target=y2)
     assert_bitwise_equal(snapshot(subject), before)
 

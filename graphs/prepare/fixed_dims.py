@@ -51,6 +51,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.carried_state import STATE_PORTS
 from ortlstm.graphs.export_metadata import read_torch_origins
 from ortlstm.graphs.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.prepare.folding import constant_value
@@ -60,7 +61,7 @@ TORCH_PRODUCER = "pytorch"  # torch.onnx.export's producer_name, dynamo and Torc
 EXPORT_DIMS_KEY = "ortlstm.export_dims"
 """The metadata key of the training models that lists the dims the export fixed (JSON)."""
 
-_RNN_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # the initial-state inputs of each ONNX RNN
+_RNN_STATES = {op: tuple(into for into, _ in ports) for op, ports in STATE_PORTS.items()}  # initial-state inputs
 _CONSUMING_OPS = frozenset(
     {"Shape", "Size", "ArgMax", "ArgMin", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax"}
     | {"ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"}

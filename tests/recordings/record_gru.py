@@ -89,6 +89,31 @@ def onnx_values(net: Net) -> dict[str, tuple[np.ndarray, str]]:
     return values
 
 
+def random_batches(
+    rng: np.random.Generator, shape: tuple[int, int], features: int, outputs: int, steps: int
+) -> list[dict[str, np.ndarray]]:
+    """``steps`` batches of standard-normal inputs ``x`` and targets ``target`` of ``shape`` plus the last axis."""
+    return [
+        {
+            "x": rng.standard_normal((*shape, features)).astype(np.float32),
+            "target": rng.standard_normal((*shape, outputs)).astype(np.float32),
+        }
+        for _ in range(steps)
+    ]
+
+
+def initializer_pairs(model: onnx.ModelProto, values: dict[str, tuple[np.ndarray, str]]) -> dict[str, str]:
+    """Each ONNX initializer that equals one of ``values`` -> that value's key (an export folds, never mixes)."""
+    pairs = {}
+    for initializer in model.graph.initializer:
+        array = onnx.numpy_helper.to_array(initializer)
+        hits = [key for key, (value, _) in values.items() if np.array_equal(value, array)]
+        assert len(hits) <= 1, f"{initializer.name} equals {hits}"
+        if hits:
+            pairs[initializer.name] = hits[0]
+    return pairs
+
+
 def export(net: Net, x: torch.Tensor, exporter: str) -> onnx.ModelProto:
     """torch.onnx.export: its defaults (``dynamo``: dynamo=True, optimize=True), ``dynamo_unoptimized``
     (optimize=False) or ``torchscript`` (dynamo=False, the exporter's default opset)."""
@@ -105,24 +130,11 @@ def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
     rng = np.random.default_rng(SEED)
     net = Net(case["bidirectional"], case["batch_first"])
     shape = (BATCH, LENGTH) if case["batch_first"] else (LENGTH, BATCH)
-    batches = [
-        {
-            "x": rng.standard_normal((*shape, FEATURES)).astype(np.float32),
-            "target": rng.standard_normal((*shape, OUTPUTS)).astype(np.float32),
-        }
-        for _ in range(STEPS)
-    ]
+    batches = random_batches(rng, shape, FEATURES, OUTPUTS, STEPS)
     model = export(net, torch.from_numpy(batches[0]["x"]), case["exporter"])
     assert sum(node.op_type == "GRU" for node in model.graph.node) == 2, [node.op_type for node in model.graph.node]
-    # ONNX initializer -> the key of onnx_values it equals.
     values = onnx_values(net)
-    pairs = {}
-    for initializer in model.graph.initializer:
-        array = onnx.numpy_helper.to_array(initializer)
-        hits = [key for key, (value, _) in values.items() if np.array_equal(value, array)]
-        assert len(hits) <= 1, f"{initializer.name} equals {hits}"
-        if hits:
-            pairs[initializer.name] = hits[0]
+    pairs = initializer_pairs(model, values)
     optimizer = getattr(torch.optim, case["optimizer"]["name"])(net.parameters(), **case["optimizer"]["kwargs"])
     arrays: dict[str, np.ndarray] = {"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)}
     losses, trajectories = [], {name: [] for name in pairs}

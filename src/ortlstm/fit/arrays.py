@@ -83,7 +83,7 @@ def declared_batch_axis(shape: Sequence[int | str | None] | None, batch_dim: str
 
 
 def carried_states(trainer: Trainer, model: onnx.ModelProto) -> tuple[CarriedState, ...]:
-    """The LSTMs whose state a stateful trainer carries (their initial states are not data), else ()."""
+    """The LSTMs and GRUs whose state a stateful trainer carries (their initial states are not data), else ()."""
     return with_carried_state(model)[1] if trainer.spec.stateful else ()
 
 
@@ -103,7 +103,7 @@ def data_specs(
     signature, loss = trainer.signature, trainer.spec.loss
     declared = _declared_types(trainer, model)
     kept = [dim for dim in read_export_dims(trainer._models["eval"]) if not dim.freed]
-    carried = {name for state in carried_states(trainer, model) for name in (state.initial_h, state.initial_c)}
+    carried = {initial for state in carried_states(trainer, model) for initial, _ in state.states}
     inputs = [name for name in signature.batch_inputs if name not in carried]
     batch_dim = None
     for name in inputs:

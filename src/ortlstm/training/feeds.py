@@ -1,4 +1,4 @@
-"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM state.
+"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM/GRU state.
 
 A batch comes as the model's inputs in order or by name; each is checked against the type and
 the fixed dims the model declares, a target against what the loss takes (``losses.check_target``,
@@ -60,10 +60,10 @@ def _dims_text(shape: Sequence[int | str | None] | None) -> str:
 
 
 class Feeds:
-    """Builds and checks the feeds of the training models; keeps the carried LSTM state.
+    """Builds and checks the feeds of the training models; keeps the carried LSTM/GRU state.
 
     Attributes:
-        carried: The LSTMs whose state is carried (empty unless stateful).
+        carried: The LSTMs and GRUs whose state is carried (empty unless stateful).
         carried_values: The state the next step starts from, by initial_h/initial_c input
             (None: zeros).
         prediction: The prediction's type as the last batch's target was checked against (its
@@ -84,7 +84,7 @@ class Feeds:
         self.carried = carried
         self.carried_values: dict[str, np.ndarray] | None = None
         self.prediction: ValueType | None = None
-        carried_inputs = {name for state in carried for name in (state.initial_h, state.initial_c)}
+        carried_inputs = {initial for state in carried for initial, _ in state.states}
         self._user_inputs = tuple(name for name in signature.batch_inputs if name not in carried_inputs)
         inputs = {value.name: value_type_of(value) for value in eval_model.graph.input}
         self._batch_types = {name: inputs[name] for name in self._user_inputs}
@@ -346,7 +346,7 @@ class Feeds:
         return self._types.get(name)
 
     def _carried_feeds(self, sizes: Mapping[str, int], where: str, carry: bool) -> dict[str, np.ndarray]:
-        """The initial state of each carried LSTM: the last final state, or zeros."""
+        """The initial state of each carried LSTM and GRU: the last final state, or zeros."""
         feeds: dict[str, np.ndarray] = {}
         for state in self.carried:
             sequence = self.value_type(state.sequence)
@@ -354,16 +354,16 @@ class Feeds:
             batch_size = sizes.get(dim) if isinstance(dim, str) else dim
             if batch_size is None:
                 raise ValueError(
-                    f"{where}: stateful: the batch size of LSTM {state.node!r} (axis {state.batch_axis} of its input "
-                    f"{state.sequence!r}) does not follow from the model's input shapes"
+                    f"{where}: stateful: the batch size of {state.op_type} {state.node!r} (axis {state.batch_axis} "
+                    f"of its input {state.sequence!r}) does not follow from the model's input shapes"
                 )
             dtype = onnx.helper.tensor_dtype_to_np_dtype(state.elem_type)
             zeros = np.zeros(state.shape(batch_size), dtype)
-            for name in (state.initial_h, state.initial_c):
+            for name, _ in state.states:
                 value = self.carried_values.get(name) if carry and self.carried_values is not None else None
                 if value is not None and value.shape != zeros.shape:
                     raise ValueError(
-                        f"{where}: stateful: the batch has {batch_size} rows, the carried state of LSTM "
+                        f"{where}: stateful: the batch has {batch_size} rows, the carried state of {state.op_type} "
                         f"{state.node!r} {value.shape[state.batch_axis]}; call reset_state() when the batch changes"
                     )
                 feeds[name] = zeros if value is None else value
@@ -374,8 +374,13 @@ class Feeds:
         if self.carried:
             self.carried_values = {}
             for state in self.carried:
-                self.carried_values[state.initial_h] = named[state.final_h]
-                self.carried_values[state.initial_c] = named[state.final_c]
+                for initial, final in state.states:
+                    self.carried_values[initial] = named[final]
+
+    def restore_carried(self, saved: Mapping[str, np.ndarray]) -> None:
+        """Takes a checkpoint's carried state (sorted by name there) in the graph's order, as keep_carried does."""
+        order = [initial for state in self.carried for initial, _ in state.states]
+        self.carried_values = {name: saved[name] for name in order if name in saved} or None
 
     def reset(self, rows: Sequence[int] | np.ndarray | None) -> None:
         """Zeros the carried state: all of it, or the given batch rows."""
@@ -383,7 +388,7 @@ class Feeds:
             self.carried_values = None
             return
         for state in self.carried:
-            for name in (state.initial_h, state.initial_c):
+            for name, _ in state.states:
                 value = self.carried_values[name].copy()
                 index: tuple[Any, ...] = (slice(None), rows) if state.batch_axis == 1 else (rows,)
                 value[index] = 0

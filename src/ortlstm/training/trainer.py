@@ -157,7 +157,7 @@ class Trainer:
         training_model, carried = with_carried_state(original) if spec.stateful else (original, ())
         if spec.prediction is None and len(original.graph.output) == 1:
             spec = dataclasses.replace(spec, prediction=original.graph.output[0].name)
-        carried_outputs = [name for state in carried for name in (state.final_h, state.final_c)]
+        carried_outputs = [final for state in carried for _, final in state.states]
         arguments = spec.build_arguments()
         arguments["extra_outputs"] = list(dict.fromkeys([*spec.extra_outputs, *carried_outputs]))
         built = build_training_models(training_model, **arguments, kernel_gradients=True)  # the library is loaded
@@ -279,7 +279,7 @@ class Trainer:
     # ---- carried state and learning rate ----------------------------------------------------------
 
     def reset_state(self, rows: Sequence[int] | np.ndarray | None = None) -> None:
-        """Zeros the carried LSTM state (stateful trainers): all of it, or the given batch rows.
+        """Zeros the carried LSTM/GRU state (stateful trainers): all of it, or the given batch rows.
 
         Raises:
             RuntimeError: The trainer is not stateful.
@@ -599,7 +599,7 @@ class Trainer:
         self._engine.assign(values)
         self.global_step = int(metadata["global_step"])
         self.skipped_steps = int(metadata.get("skipped_steps", 0))
-        self._feeds.carried_values = files.tensors_under(tensors, "carried") or None
+        self._feeds.restore_carried(files.tensors_under(tensors, "carried"))
         if not self.spec.fixed_inputs:
             self.spec = dataclasses.replace(self.spec, fixed_inputs=files.tensors_under(tensors, "fixed"))
         self.zero_grad()
