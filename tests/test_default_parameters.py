@@ -297,6 +297,60 @@ def test_trainer_summary_names_what_it_trains() -> None:
     assert "bn.weight" in summary
 
 
+def _gru_with_constant_weights(rng: np.random.Generator) -> onnx.ModelProto:
+    """A GRU whose W, R and B are Constant nodes (as torch 1.13 exported DeepFilterNet3's), then a Linear."""
+    hidden, features = 3, 2
+    constants = {
+        "gru_w": rng.standard_normal((1, 3 * hidden, features)),
+        "gru_r": rng.standard_normal((1, 3 * hidden, hidden)),
+        "gru_b": rng.standard_normal((1, 6 * hidden)),
+    }
+    nodes = [
+        helper.make_node(
+            "Constant", [], [name], name=f"make_{name}", value=numpy_helper.from_array(value.astype(np.float32))
+        )
+        for name, value in constants.items()
+    ]
+    nodes += [
+        helper.make_node("GRU", ["x", *constants], ["all_h"], name="gru", hidden_size=hidden, linear_before_reset=1),
+        helper.make_node("Squeeze", ["all_h", "one"], ["h"]),
+        helper.make_node("MatMul", ["h", "head"], ["y"], name="head_matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gru_constants",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 1])],
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.ones((hidden, 1), np.float32), "head"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_summary_says_which_parameters_were_constant_nodes(rng: np.random.Generator) -> None:
+    """A Constant node's weight trains; summary() names the node's reader, and export writes it back there."""
+    model = _gru_with_constant_weights(rng)
+    trainer = Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizers.SGD(lr=0.1))
+    assert set(trainer.signature.params) == {"gru_w", "gru_r", "gru_b", "head"}
+    lines = trainer.summary().splitlines()
+    heading = lines.index(
+        "Constant nodes in the model, trained as parameters (export() writes each back into its node):"
+    )
+    assert lines[heading + 1 :] == [
+        "  gru_w <- W of GRU 'gru'",
+        "  gru_r <- R of GRU 'gru'",
+        "  gru_b <- B of GRU 'gru'",
+    ]
+    trainer.step(rng.standard_normal((4, 2, 2)).astype(np.float32), target=np.ones((4, 2, 1), np.float32))
+    exported = {node.output[0]: node for node in trainer.export().graph.node if node.op_type == "Constant"}
+    assert set(exported) == {"gru_w", "gru_r", "gru_b"}
+    for name, node in exported.items():
+        np.testing.assert_array_equal(numpy_helper.to_array(node.attribute[0].t), trainer.parameters[name])
+    assert not np.array_equal(trainer.parameters["gru_w"], numpy_helper.to_array(model.graph.node[0].attribute[0].t))
+
+
 # ---- fixed_shapes and the other build options on the Trainer -------------------------------------
 
 

@@ -109,6 +109,23 @@ def test_convert_old_opset_converts_below_15_and_copies_the_rest() -> None:
     assert state.model == current
 
 
+def test_convert_old_opset_imports_a_repeated_domain_once() -> None:
+    """onnx.compose.merge_models lists ai.onnx once per model merged; converting only one entry broke the graph."""
+    nodes = [helper.make_node("Unsqueeze", ["x"], ["u"], axes=[0]), helper.make_node("Relu", ["u"], ["y"])]
+    merged = _model(nodes, [_x([2])], ["y"], opset=12)
+    merged.opset_import.extend([helper.make_opsetid("", 12), helper.make_opsetid("", 12)])
+    state = _state(merged)
+    convert_old_opset(state)
+    assert [(entry.domain, entry.version) for entry in state.model.opset_import] == [("", CONVERTED_OPSET)]
+    (unsqueeze,) = [node for node in state.model.graph.node if node.op_type == "Unsqueeze"]
+    assert len(unsqueeze.input) == 2  # Unsqueeze-13: the axes an input, read at 17
+    onnx.checker.check_model(state.model, full_check=True)
+    assert len(merged.opset_import) == 3  # the source as it was: export writes into it
+    merged.opset_import[2].version = 11
+    with pytest.raises(ValueError, match=r"\(ai\.onnx at versions \[12, 12, 11\]\), which no runtime reads one way; "):
+        convert_old_opset(_state(merged))
+
+
 def test_make_dynamic_dims_symbolic_names_each_dim_apart() -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_x([-1, 0, 3])], ["y"])
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["x_dim0", 1, 1]))

