@@ -17,7 +17,7 @@ import onnx.helper
 from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
 from ortlstm.graphs.prepare.dequantize import dequantize_model, is_quantized
 
-CARRIED_OPS = ("LSTM", "GRU")  # the ONNX recurrent ops the library trains (LSTMTraining, GRUTraining)
+CARRIED_OPS = ("LSTM", "GRU", "RNN")  # the ONNX recurrent ops the library trains (LSTMTraining, GRUTraining, ...)
 
 
 def _state_ports(op_type: str) -> tuple[tuple[int, int], ...]:
