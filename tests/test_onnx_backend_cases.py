@@ -18,8 +18,8 @@ The GRU's six cases (onnx 1.23, opset 22, float32: defaults, with_initial_bias, 
 batchwise, reverse, bidirectional) go through ``convert_grus``, the rewrite the Trainer applies to a
 user's model, so the converter's input and attribute mapping is under test too; the converted graph
 keeps the case's inputs and outputs. The float64 oracle is ``ortlstm.reference_gru``. The RNN's
-six cases (defaults, with_initial_bias, seq_length, batchwise, reverse, bidirectional) go through ``convert_rnns`` likewise, with
-``ortlstm.reference_rnn`` as the float64 oracle.
+six cases (defaults, with_initial_bias, seq_length, batchwise, reverse, bidirectional) go through
+``convert_rnns`` likewise, with ``ortlstm.reference_rnn`` as the float64 oracle.
 """
 
 from __future__ import annotations
