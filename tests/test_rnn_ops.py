@@ -84,6 +84,8 @@ def _id(config: Mapping[str, object]) -> str:
 
 
 _ELEM = {False: TensorProto.FLOAT, True: TensorProto.INT32}  # by "is it sequence_lens"
+# onnxruntime 1.19.2's RNN kernel leaves Y_h of a length-0 sequence unwritten (4.7e15 seen); 1.32's writes 0.
+ORT_RNN_LEAVES_EMPTY_YH = tuple(int(part) for part in ort.__version__.split(".")[:2]) < (1, 20)
 
 
 def _onnx_rnn(inputs: Mapping[str, np.ndarray | None], attributes: Mapping[str, object]) -> list[np.ndarray]:
@@ -115,7 +117,10 @@ def test_forward_equals_onnxruntime_rnn(config: dict) -> None:
     y, y_h = _onnx_rnn(inputs, attributes)
     out = op_runner.run("RNNTraining", inputs, attributes, dtype=np.float32)
     np.testing.assert_allclose(out["HAll"], y, rtol=0, atol=FLOAT32_ATOL)
-    np.testing.assert_allclose(out["Ht"], y_h, rtol=0, atol=FLOAT32_ATOL)
+    rows = np.arange(N)
+    if ORT_RNN_LEAVES_EMPTY_YH:  # its Y_h of a length-0 entry is whatever memory held (zero here: reference test)
+        rows = rows[SEQUENCE_LENS > 0]
+    np.testing.assert_allclose(out["Ht"][:, rows], y_h[:, rows], rtol=0, atol=FLOAT32_ATOL)
 
 
 @pytest.mark.parametrize("config", EVERY, ids=_id)
