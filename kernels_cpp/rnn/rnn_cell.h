@@ -25,13 +25,22 @@ struct RnnCell {
   // a[0, n) <- f(clip(a)): the pre-activations of one row block become its new state.
   void Forward(T* a, int64_t n) const {
     if (clip) ClipInPlace(a, n, static_cast<T>(*clip));
+    if (f.kind == ActivationKind::kRelu) {
+      // torch's nn.RNN(nonlinearity="relu"): one loop the compiler vectorizes; NaN stays NaN (Apply's rule).
+      for (int64_t j = 0; j < n; ++j) a[j] = a[j] > T(0) || a[j] != a[j] ? a[j] : T(0);
+      return;
+    }
     ApplyInPlace(f, a, n);
   }
 
   // da[0, n) <- (dh + grad_hall) . f'(a), given the row block's output h = f(clip(a)); grad_hall may
   // be nullptr (no gradient reaches HAll). `prime` is scratch of n values.
   void Backward(const T* h, const T* dh, const T* grad_hall, T* prime, T* da, int64_t n) const {
-    derivative.DerivativesFromOutputs(h, prime, n);
+    if (f.kind == ActivationKind::kRelu && !clip) {
+      for (int64_t j = 0; j < n; ++j) prime[j] = h[j] > T(0) ? T(1) : T(0);  // DerivativeFromOutput's Relu
+    } else {
+      derivative.DerivativesFromOutputs(h, prime, n);
+    }
     if (grad_hall) {
       for (int64_t j = 0; j < n; ++j) da[j] = (dh[j] + grad_hall[j]) * prime[j];
     } else {
