@@ -120,26 +120,31 @@ def main() -> None:
             "com.microsoft": _ort_runner("com.microsoft", config, args.threads),
             "torch": _torch_runner(config, args.threads),
         }
-        times: dict[str, list[float]] = {key: [] for key, runner in runners.items() if callable(runner)}
-        for key in times:  # warm up: first-call allocations and thread start-up are not timed
+        print(f"{name} {config}: " + interleaved(runners, args.rounds))
+
+
+def interleaved(runners: dict[str, Callable[[], None] | str], rounds: int) -> str:
+    """Times the callable runners round-robin (one warm-up call each); their medians and ratios to ortlstm."""
+    times: dict[str, list[float]] = {key: [] for key, runner in runners.items() if callable(runner)}
+    for key in times:  # warm up: first-call allocations and thread start-up are not timed
+        runners[key]()  # type: ignore[operator]
+    for round_index in range(rounds):
+        order = list(times)
+        order = order[round_index % len(order) :] + order[: round_index % len(order)]
+        for key in order:
+            start = time.perf_counter()
             runners[key]()  # type: ignore[operator]
-        for round_index in range(args.rounds):
-            order = list(times)
-            order = order[round_index % len(order) :] + order[: round_index % len(order)]
-            for key in order:
-                start = time.perf_counter()
-                runners[key]()  # type: ignore[operator]
-                times[key].append(time.perf_counter() - start)
-        medians = {key: statistics.median(values) for key, values in times.items()}
-        base = medians.get("ortlstm")
-        cells = []
-        for key, runner in runners.items():
-            if key in medians:
-                ratio = f" ({medians[key] / base:.2f}x ortlstm)" if base and key != "ortlstm" else ""
-                cells.append(f"{key} {medians[key] * 1e3:.2f} ms{ratio}")
-            else:
-                cells.append(f"{key} {runner}")
-        print(f"{name} {config}: " + "; ".join(cells))
+            times[key].append(time.perf_counter() - start)
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    base = medians.get("ortlstm")
+    cells = []
+    for key, runner in runners.items():
+        if key in medians:
+            ratio = f" ({medians[key] / base:.2f}x ortlstm)" if base and key != "ortlstm" else ""
+            cells.append(f"{key} {medians[key] * 1e3:.2f} ms{ratio}")
+        else:
+            cells.append(f"{key} {runner}")
+    return "; ".join(cells)
 
 
 if __name__ == "__main__":

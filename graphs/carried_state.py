@@ -17,7 +17,7 @@ import onnx.helper
 from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
 from ortlstm.graphs.prepare.dequantize import dequantize_model, is_quantized
 
-CARRIED_OPS = ("LSTM", "GRU")  # the ONNX recurrent ops the library trains (LSTMTraining, GRUTraining)
+CARRIED_OPS = ("LSTM", "GRU", "RNN")  # the ONNX recurrent ops the library trains (LSTMTraining, GRUTraining, ...)
 
 
 def _state_ports(op_type: str) -> tuple[tuple[int, int], ...]:
@@ -97,7 +97,7 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
     (``prepare.dequantize_model``), as its training is.
 
     Raises:
-        ValueError: The main graph has no ONNX LSTM or GRU node.
+        ValueError: The main graph has no ONNX LSTM, GRU or RNN node.
     """
     result = onnx.ModelProto()
     # An int8 model's LSTMs are DynamicQuantizeLSTM nodes until dequantized; the training build
@@ -155,7 +155,7 @@ def with_carried_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[C
         carried.append(state)
     if not carried:
         raise ValueError(
-            "stateful=True: the model's main graph has no ONNX LSTM or GRU node whose state could be carried"
+            "stateful=True: the model's main graph has no ONNX LSTM, GRU or RNN node whose state could be carried"
         )
     prune_to_outputs(graph, initializers=False, inputs=True)
     return result, tuple(carried)

@@ -44,18 +44,31 @@ def convert_grus(model: onnx.ModelProto) -> onnx.ModelProto:
         ValueError: A GRU whose hidden_size cannot be determined, or whose weights are neither
             float32 nor float64; the message names the node and where it is.
     """
-    if not any(is_onnx_gru(node) for _, container in _all_node_lists(model) for node in container.node):
+    return convert_recurrent(model, "GRU")
+
+
+CELLS = {"GRU": (schema.GRU_TRAINING, 3), "RNN": (schema.RNN_TRAINING, 1)}
+"""ONNX recurrent op -> (the ortlstm forward op it becomes, its gate count), for the cells without a c."""
+
+
+def convert_recurrent(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
+    """``convert_grus`` for any op of ``CELLS`` (``"GRU"``, ``"RNN"``): each becomes its training op."""
+
+    def is_cell(node: onnx.NodeProto) -> bool:
+        return node.op_type == op_type and node.domain in _ONNX_DOMAINS
+
+    if not any(is_cell(node) for _, container in _all_node_lists(model) for node in container.node):
         return model
     result = copy.deepcopy(model)
     names = _NameSource(_used_names(result))
     constants = _initializers(result)
     for where, container in _all_node_lists(result):
         nodes = list(container.node)
-        if not any(is_onnx_gru(node) for node in nodes):
+        if not any(is_cell(node) for node in nodes):
             continue
         del container.node[:]
         container.node.extend(
-            _convert_node(node, where, names, constants) if is_onnx_gru(node) else node for node in nodes
+            _convert_node(node, where, names, constants, op_type) if is_cell(node) else node for node in nodes
         )
         if isinstance(container, onnx.FunctionProto):
             _add_opset(container)
@@ -64,12 +77,13 @@ def convert_grus(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _convert_node(
-    node: onnx.NodeProto, where: str, names: _NameSource, constants: dict[str, onnx.TensorProto]
+    node: onnx.NodeProto, where: str, names: _NameSource, constants: dict[str, onnx.TensorProto], op_type: str
 ) -> onnx.NodeProto:
-    if len(node.input) > len(schema.GRU_TRAINING.inputs):
+    forward, gates = CELLS[op_type]
+    if len(node.input) > len(forward.inputs):
         raise ValueError(
-            f"GRU node {node.name!r} in {where}: {len(node.input)} inputs; ONNX GRU takes at most "
-            f"{len(schema.GRU_TRAINING.inputs)} (X, W, R, B, sequence_lens, initial_h)"
+            f"{op_type} node {node.name!r} in {where}: {len(node.input)} inputs; ONNX {op_type} takes at most "
+            f"{len(forward.inputs)} (X, W, R, B, sequence_lens, initial_h)"
         )
     attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
     for key, value in list(attributes.items()):
@@ -80,23 +94,22 @@ def _convert_node(
     weights = constants.get(node.input[1]) if len(node.input) > 1 else None
     if weights is not None and weights.data_type not in _SUPPORTED_ELEM_TYPES:
         raise ValueError(
-            f"GRU node {node.name!r} in {where}: W ({node.input[1]!r}) is "
+            f"{op_type} node {node.name!r} in {where}: W ({node.input[1]!r}) is "
             f"{onnx.TensorProto.DataType.Name(weights.data_type)}; ortlstm supports float32 and float64. Cast the "
-            "model's GRU weights and inputs to float32 first."
+            f"model's {op_type} weights and inputs to float32 first."
         )
     if "hidden_size" not in attributes:
         recurrence = constants.get(node.input[2]) if len(node.input) > 2 else None
         if recurrence is None or len(recurrence.dims) != 3:
             raise ValueError(
-                f"GRU node {node.name!r} in {where}: no hidden_size attribute, and R is not a constant of shape "
-                "[num_directions, 3*hidden_size, hidden_size] to read it from; set the attribute hidden_size"
+                f"{op_type} node {node.name!r} in {where}: no hidden_size attribute, and R is not a constant of shape "
+                f"[num_directions, {gates}*hidden_size, hidden_size] to read it from; set the attribute hidden_size"
             )
         attributes["hidden_size"] = int(recurrence.dims[2])
-    node_name = names.fresh(node.name or "GRU")
-    forward = schema.GRU_TRAINING
+    node_name = names.fresh(node.name or op_type)
     inputs = list(node.input) + [""] * (len(forward.inputs) - len(node.input))
     outputs = list(node.output) + [""] * (len(forward.outputs) - len(node.output))
-    # Every output gets a name: GRUGrad reads HAll and ZRH.
+    # Every output gets a name: GRUGrad reads HAll and ZRH (RNNGrad HAll).
     for index, port in enumerate(forward.outputs):
         if not outputs[index]:
             outputs[index] = names.fresh(f"{node_name}_{port.name}")

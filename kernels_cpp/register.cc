@@ -11,6 +11,7 @@
 #include "ort/gru_ops.h"
 #include "ort/lstm_ops.h"
 #include "ort/optimizer_ops.h"
+#include "ort/rnn_ops.h"
 #include "ort/ort_util.h"
 
 #ifndef ORTLSTM_BUILD_BLAS
@@ -70,6 +71,7 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
   if (OrtStatus* status = Api().CreateCustomOpDomain(ortlstm::schema::kDomain, &domain)) return status;
   std::string error = ortlstm::ort::AddLstmOps(domain);
   if (error.empty()) error = ortlstm::ort::AddGruOps(domain);
+  if (error.empty()) error = ortlstm::ort::AddRnnOps(domain);
   if (error.empty()) error = ortlstm::ort::AddOptimizerOps(domain);
   if (error.empty()) error = ortlstm::ort::AddCtcOps(domain);
   if (error.empty()) error = ortlstm::ort::AddConvOps(domain);

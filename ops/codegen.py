@@ -81,7 +81,7 @@ def render_header() -> str:
     for op in schema.OPS:
         lines += ["", *_render_op_namespace(op)]
     shared = schema.attribute_names(schema.LSTM_TRAINING)
-    for op in schema.GRU_OPS:
+    for op in schema.GRU_OPS + schema.RNN_OPS:
         # The attributes they share with the LSTM ops are attr::'s; their own are named in the op's namespace.
         namespace = _render_op_namespace(op)
         own = [attr for attr in op.attributes if attr.name not in shared]
@@ -136,6 +136,7 @@ def render_docs() -> str:
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
         f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
         f"the GRU: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRU_OPS)}; "
+        f"the RNN: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.RNN_OPS)}; "
         f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}; "
         f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}; "
         f"gradients of standard ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRADIENT_OPS)}.",
@@ -147,7 +148,7 @@ def render_docs() -> str:
         "## Dims",
         "",
         "Shapes use the ONNX LSTM dim names. A shape entry `4*hidden_size` stacks the four gates i, o, f, c",
-        "(`3*hidden_size`: the GRU's z, r, h).",
+        "(`3*hidden_size`: the GRU's z, r, h; the RNN has one gate, `hidden_size`).",
         "",
         "| Dim | Value |",
         "|---|---|",
@@ -158,7 +159,7 @@ def render_docs() -> str:
         "With `layout=1` (batch-major, as in ONNX LSTM) batch_size moves to the first axis of every",
         "tensor that has one; the tables show both layouts.",
     ]
-    for op in schema.OPS + schema.GRU_OPS:
+    for op in schema.OPS + schema.GRU_OPS + schema.RNN_OPS:
         lines += ["", *_render_op_docs(op)]
     for op in schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
         lines += ["", *_render_op_docs(op)]

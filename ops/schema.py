@@ -7,8 +7,8 @@ nothing else in the repository spells out a port name or index by hand. It must 
 Changing the order or meaning of a port requires bumping the op's version.
 
 The declarations live in the modules beside it, one family each: ``contract`` (what a declaration
-is made of), ``spec_lstm``, ``spec_gru``, ``wiring`` (gradient ops to forward nodes), ``spec_optimizers``,
-``spec_ctc`` and ``spec_gradients``. This module gathers them: every layer reads
+is made of), ``spec_lstm``, ``spec_gru``, ``spec_rnn``, ``wiring`` (gradient ops to forward nodes),
+``spec_optimizers``, ``spec_ctc`` and ``spec_gradients``. This module gathers them: every layer reads
 ``ortlstm.ops.schema``.
 """
 
@@ -66,8 +66,14 @@ from ortlstm.ops.spec_optimizers import (  # noqa: F401 - the contract, gathered
     SGD_UPDATE,
     SHAPE_AS_PARAM,
 )
+from ortlstm.ops.spec_rnn import (  # noqa: F401 - the contract, gathered
+    RNN_GRAD,
+    RNN_OPS,
+    RNN_TRAINING,
+)
 from ortlstm.ops.wiring import (  # noqa: F401 - the contract, gathered
     GRU_TRAINING_GRADIENT,
+    RNN_TRAINING_GRADIENT,
     LSTM_TRAINING_GRADIENT,
     GradientLink,
     GradientSource,
@@ -82,7 +88,7 @@ def op_by_name(name: str) -> OpSpec:
     Raises:
         KeyError: If no op of that name is declared.
     """
-    every = OPS + GRU_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
+    every = OPS + GRU_OPS + RNN_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
     for op in every:
         if op.name == name:
             return op

@@ -12,6 +12,7 @@ import enum
 from ortlstm.ops.contract import DOMAIN, OpSpec, PortSpec, input_names, output_names
 from ortlstm.ops.spec_gru import GRU_GRAD, GRU_TRAINING
 from ortlstm.ops.spec_lstm import LSTM_TRAINING, OPS
+from ortlstm.ops.spec_rnn import RNN_GRAD, RNN_TRAINING
 
 # ---- gradient wiring ----------------------------------------------------------------------------
 # How a gradient op connects to the forward node it differentiates, resolved from the ports'
@@ -126,3 +127,6 @@ LSTM_TRAINING_GRADIENT = gradient_wiring(LSTM_TRAINING)
 
 GRU_TRAINING_GRADIENT = gradient_wiring(GRU_TRAINING, GRU_GRAD)
 """GRUGrad's wiring to GRUTraining, resolved (and checked) when the spec is imported."""
+
+RNN_TRAINING_GRADIENT = gradient_wiring(RNN_TRAINING, RNN_GRAD)
+"""RNNGrad's wiring to RNNTraining, resolved (and checked) when the spec is imported."""

@@ -636,10 +636,10 @@ def test_standard_lstm_is_refused_with_a_hint_to_convert() -> None:
         _differentiate(model, "loss", ["W"])
 
 
-def test_standard_rnn_is_refused_with_a_hint_to_export_with_dynamo() -> None:
-    # TorchScript writes nn.RNN as an ONNX RNN node; the dynamo exporter unrolls it into ops with rules.
+def test_standard_rnn_is_refused_with_a_hint_to_convert() -> None:
+    # TorchScript writes nn.RNN as an ONNX RNN node; the Trainer converts it to RNNTraining, the engine alone does not.
     model = _lstm_model("RNN", "", ["Y"], hidden_size=2)
-    message = r"no gradient rule for ai\.onnx::RNN node 'lstm'.*dynamo=True\) writes nn\.RNN"
+    message = r"no gradient rule for ai\.onnx::RNN node 'lstm'.*convert_rnns\(model\)"
     with pytest.raises(ValueError, match=message):
         _differentiate(model, "loss", ["W"])
 

@@ -141,9 +141,22 @@ def test_rnn_step_zero_folded_by_dynamo_trains_as_torch(exporter, optimizer):
     exported_matches_trainer(run, "rnn_fold", optimizer)
 
 
-def test_rnn_torchscript_export_is_refused_not_trained_differently():
-    with pytest.raises(ValueError, match=r"no gradient rule for ai\.onnx::RNN node '/rnn/RNN'"):
-        trainer("rnn_fold", "torchscript", "Adam")
+def test_rnn_torchscript_export_trains_as_torch():
+    """TorchScript writes the ONNX RNN node (RNNTraining / RNNGrad); its W, R, B are torch's stacked."""
+    run, caught = build("rnn_fold", "torchscript")
+    assert caught == []
+    replay(run, "rnn_fold", "Adam", ("head.weight", "head.bias"))
+    arrays = recording("rnn_fold", "Adam")
+    last = {key.split("/")[1]: arrays[key] for key in arrays if key.startswith("param/") and key.endswith("/2")}
+    stacked = {
+        (1, 4, 3): last["rnn.weight_ih_l0"][None],
+        (1, 4, 4): last["rnn.weight_hh_l0"][None],
+        (1, 8): np.concatenate([last["rnn.bias_ih_l0"], last["rnn.bias_hh_l0"]])[None],
+    }
+    rnn_parameters = {name: value for name, value in run.parameters.items() if not name.startswith("head.")}
+    assert sorted(value.shape for value in rnn_parameters.values()) == sorted(stacked)
+    for name, value in rnn_parameters.items():
+        np.testing.assert_allclose(value, stacked[value.shape], rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 def test_folded_initializer_of_another_value_is_refused_with_the_export_option(tmp_path):

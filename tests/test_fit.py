@@ -1240,7 +1240,8 @@ def test_a_stateful_fit_reads_batches_in_order_and_resets_the_state_each_epoch(t
     )  # fmt: skip
     for name, value in params(reference).items():
         assert np.array_equal(params(resumed.trainer)[name], value), name
-    with pytest.raises(ValueError, match=r"--stateful carries row i of each batch's LSTM/GRU state .* drop --shuffle"):
+    shuffled = r"--stateful carries row i of each batch's LSTM/GRU/RNN state .* drop --shuffle"
+    with pytest.raises(ValueError, match=shuffled):
         fitting.fit(stateful_trainer(), data, model=model, epochs=1, batch_size=8, shuffle=True)
     with pytest.raises(ValueError, match=r"--stateful: data holds 30 samples, not a multiple of --batch-size 8"):
         fitting.fit(stateful_trainer(), rule_data(30, 0), model=model, epochs=1, batch_size=8)

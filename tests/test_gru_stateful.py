@@ -1,4 +1,4 @@
-"""Stateful truncated BPTT of GRUs (and a GRU feeding an LSTM) trains as torch trains it.
+"""Stateful truncated BPTT of GRUs (and a GRU feeding an LSTM, and a TorchScript nn.RNN) trains as torch trains it.
 
 tests/recordings/record_gru_stateful.py trained, in torch, a 2-layer ``nn.GRU`` (seq-first, SGD with
 momentum) and a bidirectional ``nn.GRU`` feeding an ``nn.LSTM`` (batch_first, Adam) on consecutive
@@ -22,6 +22,7 @@ from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import STATE_PORTS, with_carried_state
 from ortlstm.ops.spec_gru import GRU_TRAINING
 from ortlstm.ops.spec_lstm import LSTM_TRAINING
+from ortlstm.ops.spec_rnn import RNN_TRAINING
 from ortlstm.training import Trainer
 from test_cli import ortlstm_cli
 
@@ -65,18 +66,19 @@ def _check_step(
 
 
 def test_recordings_exist() -> None:
-    assert set(RECORDINGS) == {"gru2", "bigru_lstm"}, "run tests/recordings/record_gru_stateful.py (needs torch)"
+    expected = {"gru2", "bigru_lstm", "rnn2"}
+    assert set(RECORDINGS) == expected, "run tests/recordings/record_gru_stateful.py (needs torch)"
 
 
 def test_the_carried_ports_are_the_training_ops_initial_states() -> None:
-    """STATE_PORTS (from ONNX's schemas) names the inputs that LSTMTraining and GRUTraining take as initial state."""
-    for op_type, spec in (("LSTM", LSTM_TRAINING), ("GRU", GRU_TRAINING)):
+    """STATE_PORTS (from ONNX's schemas) names the inputs the recurrent training ops take as initial state."""
+    for op_type, spec in (("LSTM", LSTM_TRAINING), ("GRU", GRU_TRAINING), ("RNN", RNN_TRAINING)):
         initial = [port.name for port in spec.inputs if port.name.startswith("initial_")]
         assert [spec.inputs[index].name for index, _ in STATE_PORTS[op_type]] == initial, op_type
-    assert STATE_PORTS["LSTM"] == ((5, 1), (6, 2)) and STATE_PORTS["GRU"] == ((5, 1),)
+    assert STATE_PORTS["LSTM"] == ((5, 1), (6, 2)) and STATE_PORTS["GRU"] == STATE_PORTS["RNN"] == ((5, 1),)
 
 
-@pytest.mark.parametrize("name", ["gru2", "bigru_lstm"])
+@pytest.mark.parametrize("name", ["gru2", "bigru_lstm", "rnn2"])
 def test_stateful_trainer_follows_torchs_truncated_bptt(name: str) -> None:
     config, model, arrays = _load(name)
     trainer = _trainer(config, model)

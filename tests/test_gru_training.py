@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,10 +41,8 @@ def test_recordings_exist() -> None:
     assert len(RECORDINGS) >= 4, "run tests/recordings/record_gru.py (needs torch) to record them"
 
 
-@pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
-def test_trainer_follows_torch_after_every_step(path: Path) -> None:
-    config, model, arrays = _load(path)
-    assert sum(node.op_type == "GRU" for node in model.graph.node) == 2
+def follows_torch(config: dict, model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> None:
+    """The Trainer's defaults replay the recorded batches; every parameter equals torch's after every step."""
     optimizer = optimizers.optimizer_from_torch(config["optimizer"]["name"], **config["optimizer"]["kwargs"])
     trainer = Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizer)
     assert set(trainer.signature.params) == set(config["trainable"])
@@ -62,6 +61,13 @@ def test_trainer_follows_torch_after_every_step(path: Path) -> None:
             )
     for name, value in trainer.parameters.items():
         assert np.max(np.abs(value - initial[name])) > MIN_TRAINED_CHANGE, f"{name} barely moved"
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.stem)
+def test_trainer_follows_torch_after_every_step(path: Path) -> None:
+    config, model, arrays = _load(path)
+    assert sum(node.op_type == "GRU" for node in model.graph.node) == 2
+    follows_torch(config, model, arrays)
 
 
 def test_convert_grus_keeps_outputs_and_names_the_stash() -> None:
@@ -97,6 +103,13 @@ def test_onnxruntime_training_artifacts_differentiate_the_gru_as_torch(tmp_path:
     training_model = onnx.load(str(artifacts.training_model))
     ortlstm_ops = {node.op_type for node in training_model.graph.node if node.domain == "ortlstm"}
     assert ortlstm_ops == {"GRUTraining", "GRUGrad"}
+    gradients_equal_torch(artifacts, config, model, arrays)
+
+
+def gradients_equal_torch(artifacts: Any, config: dict, model: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> None:
+    """The artifacts' Module gives the first step's loss and torch's gradients, (p0 - p1) / lr (SGD's first step)."""
+    from ortlstm import graphs
+
     module, _, state = graphs.open_training(artifacts, intra_op_num_threads=1)
     module.train()
     loss = module(arrays["batch/0/x"], arrays["batch/0/target"])

@@ -48,6 +48,7 @@ CONTRACT = {
     "ortlstm.ops.wiring",
     "ortlstm.ops.spec_lstm",
     "ortlstm.ops.spec_gru",
+    "ortlstm.ops.spec_rnn",
     "ortlstm.ops.spec_optimizers",
     "ortlstm.ops.spec_ctc",
     "ortlstm.ops.spec_gradients",

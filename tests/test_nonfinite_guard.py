@@ -404,7 +404,7 @@ def test_stateful_refused_step_keeps_the_carried_state(optimizer: optimizers.Opt
     before = snapshot(subject)
     assert before["carried_state"]
     with pytest.raises(
-        NonFiniteStepError, match=r"The parameters, the optimizer state, the carried LSTM/GRU state and"
+        NonFiniteStepError, match=r"The parameters, the optimizer state, the carried LSTM/GRU/RNN state and"
     ):
         subject.step(bad_x, target=y2)
     assert_bitwise_equal(snapshot(subject), before)

@@ -1,4 +1,4 @@
-"""The ONNX backend test cases of the LSTM and GRU operators, run through ortlstm LSTMTraining / GRUTraining.
+"""ONNX's backend test cases of LSTM, GRU and RNN, run through ortlstm LSTMTraining / GRUTraining / RNNTraining.
 
 onnx defines its node cases in code (``onnx.backend.test.case.node.lstm``; the public way to get
 them is ``onnx.backend.test.case.node.collect_testcases("LSTM")``): each case is a one-node model
@@ -17,7 +17,9 @@ and tolerance, and against the float64 oracle.
 The GRU's six cases (onnx 1.23, opset 22, float32: defaults, with_initial_bias, seq_length,
 batchwise, reverse, bidirectional) go through ``convert_grus``, the rewrite the Trainer applies to a
 user's model, so the converter's input and attribute mapping is under test too; the converted graph
-keeps the case's inputs and outputs. The float64 oracle is ``ortlstm.reference_gru``.
+keeps the case's inputs and outputs. The float64 oracle is ``ortlstm.reference_gru``. The RNN's
+six cases (defaults, with_initial_bias, seq_length, batchwise, reverse, bidirectional) go through
+``convert_rnns`` likewise, with ``ortlstm.reference_rnn`` as the float64 oracle.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from onnx import TensorProto, helper
 from onnx.backend.test.case import node as node_cases
 from onnx.backend.test.case.test_case import TestCase
 from ortlstm.graphs.convert_gru import convert_grus
+from ortlstm.graphs.convert_rnn import convert_rnns
 from ortlstm.ops import schema
 from ortlstm.reference_gru import gru_training
+from ortlstm.reference_rnn import rnn_training
 from reference.lstm_ref import lstm_forward
 
 IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
@@ -67,6 +71,15 @@ KNOWN_GRU_CASES = {
 }
 GRU_TRAINING = schema.GRU_TRAINING
 GRU_OUTPUT_TO_PORT = dict(zip(("Y", "Y_h"), schema.output_names(GRU_TRAINING)[:2], strict=True))
+KNOWN_RNN_CASES = {
+    "test_simple_rnn_defaults",
+    "test_simple_rnn_with_initial_bias",
+    "test_rnn_seq_length",
+    "test_simple_rnn_batchwise",
+    "test_simple_rnn_reverse",
+    "test_simple_rnn_bidirectional",
+}
+RNN_OUTPUT_TO_PORT = dict(zip(("Y", "Y_h"), schema.output_names(schema.RNN_TRAINING), strict=True))
 
 
 def _collect_cases(op_type: str) -> list[TestCase]:
@@ -93,6 +106,7 @@ def _op_type(case: TestCase) -> str:
 
 CASES = _collect_cases("LSTM")
 GRU_CASES = _collect_cases("GRU")
+RNN_CASES = _collect_cases("RNN")
 
 
 def _case_id(case: TestCase) -> str:
@@ -170,13 +184,23 @@ def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, n
 
 def _converted_gru_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
     """The case's model through ``convert_grus``: its GRU node becomes GRUTraining, nothing else changes."""
-    converted = convert_grus(case.model)
+    return _converted_model(case, elem_type, convert_grus(case.model), GRU_TRAINING)
+
+
+def _converted_rnn_model(case: TestCase, elem_type: int) -> onnx.ModelProto:
+    """The case's model through ``convert_rnns``: its RNN node becomes RNNTraining, nothing else changes."""
+    return _converted_model(case, elem_type, convert_rnns(case.model), schema.RNN_TRAINING)
+
+
+def _converted_model(
+    case: TestCase, elem_type: int, converted: onnx.ModelProto, training: schema.OpSpec
+) -> onnx.ModelProto:
     (node,) = converted.graph.node
-    assert (node.op_type, node.domain) == (GRU_TRAINING.name, schema.DOMAIN), f"{case.name}: {node.op_type}"
+    assert (node.op_type, node.domain) == (training.name, schema.DOMAIN), f"{case.name}: {node.op_type}"
     (original,) = case.model.graph.node
-    kept = {port: name for port, name in zip(schema.input_names(GRU_TRAINING), node.input, strict=False) if name}
-    given = {port: name for port, name in zip(schema.input_names(GRU_TRAINING), original.input, strict=False) if name}
-    assert kept == given, f"{case.name}: convert_grus rewired the inputs"
+    kept = {port: name for port, name in zip(schema.input_names(training), node.input, strict=False) if name}
+    given = {port: name for port, name in zip(schema.input_names(training), original.input, strict=False) if name}
+    assert kept == given, f"{case.name}: the converter rewired the inputs"
     return _model_around(list(converted.graph.node), case, elem_type)
 
 
@@ -188,10 +212,15 @@ def _gru_oracle(inputs: Mapping[str, np.ndarray], attributes: Mapping[str, objec
     return gru_training(inputs, **attributes)
 
 
+def _rnn_oracle(inputs: Mapping[str, np.ndarray], attributes: Mapping[str, object]) -> dict[str, np.ndarray]:
+    return rnn_training(inputs, **attributes)
+
+
 # op type -> (the case's model on the library, the float64 oracle, ONNX output -> port, the training op)
 FAMILIES = {
     "LSTM": (_our_model, _lstm_oracle, LSTM_OUTPUT_TO_PORT, TRAINING),
     "GRU": (_converted_gru_model, _gru_oracle, GRU_OUTPUT_TO_PORT, GRU_TRAINING),
+    "RNN": (_converted_rnn_model, _rnn_oracle, RNN_OUTPUT_TO_PORT, schema.RNN_TRAINING),
 }
 
 
@@ -206,8 +235,13 @@ def test_onnx_provides_the_known_gru_cases() -> None:
     assert names >= KNOWN_GRU_CASES, f"onnx {onnx.__version__}: {sorted(names)}"
 
 
+def test_onnx_provides_the_known_rnn_cases() -> None:
+    names = {case.name for case in RNN_CASES}
+    assert names >= KNOWN_RNN_CASES, f"onnx {onnx.__version__}: {sorted(names)}"
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda dtype: np.dtype(dtype).name)
-@pytest.mark.parametrize("case", CASES + GRU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES + GRU_CASES + RNN_CASES, ids=_case_id)
 def test_onnx_backend_case(case: TestCase, dtype: type) -> None:
     """LSTMTraining / GRUTraining reproduce the case's expected Y / Y_h (/ Y_c) within the case's tolerance."""
     elem_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -221,7 +255,7 @@ def test_onnx_backend_case(case: TestCase, dtype: type) -> None:
         )
 
 
-@pytest.mark.parametrize("case", CASES + GRU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES + GRU_CASES + RNN_CASES, ids=_case_id)
 def test_onnx_backend_case_float64_matches_oracle(case: TestCase) -> None:
     """In float64 the kernel and the NumPy oracle agree to rounding on every case's inputs."""
     build, oracle_of, output_to_port, training = FAMILIES[_op_type(case)]

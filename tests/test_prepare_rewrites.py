@@ -79,6 +79,7 @@ def test_pipeline_order_and_the_probe_stops_after_folding() -> None:
         "drop_dead_values",
         "convert_lstms",
         "convert_grus",
+        "convert_rnns",
         "drop_pow_exponents",
         "untie_running_statistics",
         "declare_output_shapes",

@@ -66,22 +66,26 @@ def test_reference_gradients_equal_finite_differences(config: dict) -> None:
         assert error < FD_REL_ERROR, f"{grad_name}: relative error {error:.2e}"
 
 
-def _chained_model(attributes: Mapping[str, object], present: list[str], dtype: type) -> object:
-    """GRUTraining feeding GRUGrad in one graph; graph outputs Ht, HAll and every gradient."""
+def _chained_model(
+    attributes: Mapping[str, object], present: list[str], dtype: type, gradient: schema.OpSpec = schema.GRU_GRAD
+) -> object:
+    """GRUTraining feeding GRUGrad (or another cell's pair, by ``gradient``) in one graph; graph outputs the
+    forward outputs and every gradient."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    forward_outputs = schema.output_names(schema.GRU_TRAINING)
-    grad_inputs = [*present, *forward_outputs[:1], "ZRH", "grad_HAll", "grad_Ht"]
-    grad_outputs = schema.output_names(schema.GRU_GRAD)
+    training = schema.op_by_name(str(gradient.gradient_of))
+    forward_outputs = schema.output_names(training)
+    grad_inputs = [*present, *forward_outputs[:1], *forward_outputs[2:], "grad_HAll", "grad_Ht"]
+    grad_outputs = schema.output_names(gradient)
     nodes = [
-        ortlstm.ops.make_node("GRUTraining", {n: n for n in present}, {n: n for n in forward_outputs}, **attributes),
-        ortlstm.ops.make_node("GRUGrad", {n: n for n in grad_inputs}, {n: n for n in grad_outputs}, **attributes),
+        ortlstm.ops.make_node(training.name, {n: n for n in present}, {n: n for n in forward_outputs}, **attributes),
+        ortlstm.ops.make_node(gradient.name, {n: n for n in grad_inputs}, {n: n for n in grad_outputs}, **attributes),
     ]
     inputs = [
         helper.make_tensor_value_info(name, TensorProto.INT32 if name == "sequence_lens" else elem, None)
         for name in (*present, "grad_HAll", "grad_Ht")
     ]
     outputs = [helper.make_tensor_value_info(name, elem, None) for name in (*forward_outputs, *grad_outputs)]
-    graph = helper.make_graph(nodes, "gru_chained", inputs, outputs)
+    graph = helper.make_graph(nodes, f"{training.name}_chained", inputs, outputs)
     return helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", op_runner.ONNX_OPSET), helper.make_opsetid(schema.DOMAIN, 1)],

@@ -736,8 +736,8 @@ def test_stateful_errors() -> None:
     ):
         trainer().reset_state()
     no_lstm = classifier()
-    no_lstm.graph.node[2].op_type = "RNN"  # no RNN training op: its state is not carried
-    with pytest.raises(ValueError, match=r"stateful=True: the model's main graph has no ONNX LSTM or GRU node"):
+    no_lstm.graph.node[2].op_type = "Sum"  # no recurrent op left: no state to carry
+    with pytest.raises(ValueError, match=r"stateful=True: the model's main graph has no ONNX LSTM, GRU or RNN node"):
         trainer(no_lstm, stateful=True)
 
 

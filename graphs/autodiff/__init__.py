@@ -22,6 +22,7 @@ from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers t
     rules_math,
     rules_nn,
     rules_pool,
+    rules_rnn,
     rules_scatter,
     rules_sequence,
     rules_shape,

@@ -39,7 +39,7 @@ def recurrent_training_grad(
 ) -> list[str | None]:
     """The gradient node of a recurrent op's forward node, wired as the spec's ``wiring`` says.
 
-    Shared by every recurrent cell (LSTMTraining, GRUTraining): outputs without an upstream
+    Shared by every recurrent cell (LSTMTraining, GRUTraining, RNNTraining): outputs without an upstream
     gradient port (the stash) must not reach the loss.
     """
     carried = {link.index for link in wiring.inputs if link.source is _SOURCE.OUTPUT_GRADIENT}
@@ -90,10 +90,4 @@ register_missing_rule_hint(
     "LSTM",
     "A standard ONNX LSTM is differentiated as ortlstm::LSTMTraining: convert the model first "
     "(ortlstm.graphs.convert(model) rewrites every LSTM node, keeping its outputs), then build the training graph.",
-)
-register_missing_rule_hint(
-    "",
-    "RNN",
-    "A standard ONNX RNN has no gradient rule; torch.onnx.export(..., dynamo=True) writes nn.RNN as MatMul, Add and "
-    "Tanh per step, which train (TorchScript, dynamo=False, writes this RNN node). Or freeze its parameters.",
 )

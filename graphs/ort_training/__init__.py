@@ -1,6 +1,6 @@
-"""The onnxruntime-training 1.19.2 path's graphs: its artifacts and the LSTMGrad/GRUGrad registration.
+"""The onnxruntime-training 1.19.2 path's graphs: its artifacts and the LSTMGrad/GRUGrad/RNNGrad registration.
 
-- ``gradient``: registers LSTMTraining's and GRUTraining's gradients (LSTMGrad, GRUGrad, wired from
+- ``gradient``: registers the recurrent ops' gradients (LSTMGrad, GRUGrad, RNNGrad, wired from
   ``ops/schema.py``) with onnxruntime-training's gradient builder, and imports that runtime with a
   clear message when it is not installed.
 - ``artifacts``: ``generate_artifacts`` around onnxruntime-training's generator (what it cannot do

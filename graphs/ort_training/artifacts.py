@@ -24,6 +24,7 @@ import onnx.numpy_helper
 
 from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
 from ortlstm.graphs.convert_gru import convert_grus
+from ortlstm.graphs.convert_rnn import convert_rnns
 from ortlstm.graphs.graph_utils import prune_to_outputs
 from ortlstm.graphs.ort_training.gradient import RECURRENT_WIRINGS, import_training_runtime, register_gradient
 from ortlstm.graphs.parameters import ParameterNames, torch_sources
@@ -219,7 +220,7 @@ def generate_artifacts(
     import_training_runtime()
     artifacts_module = importlib.import_module("onnxruntime.training.artifacts")
     converted = convert(model) if any(is_onnx_lstm(node) for node in model.graph.node) else model
-    converted = convert_grus(converted)
+    converted = convert_rnns(convert_grus(converted))
     frozen = _resolve_names(model, converted, list(frozen_params or []), "frozen_params")
     if requires_grad is None:
         requires_grad = _default_requires_grad(converted, frozen)

@@ -1,4 +1,4 @@
-"""The gradients of ``LSTMTraining`` and ``GRUTraining`` for onnxruntime-training's gradient builder.
+"""The gradients of the recurrent ops (LSTMTraining, GRUTraining, RNNTraining) for onnxruntime-training's builder.
 
 ``gradient_definition()`` writes LSTMGrad's wiring to LSTMTraining, which ops/schema.py declares
 (``schema.LSTM_TRAINING_GRADIENT``: each port's ``from_forward`` / ``gradient_of``), in
@@ -29,8 +29,8 @@ class GradientDefinition:
     outputs: tuple[str, ...]
 
 
-RECURRENT_WIRINGS = (schema.LSTM_TRAINING_GRADIENT, schema.GRU_TRAINING_GRADIENT)
-"""The recurrent ops whose gradient ``register_gradient`` registers: LSTMTraining's and GRUTraining's."""
+RECURRENT_WIRINGS = (schema.LSTM_TRAINING_GRADIENT, schema.GRU_TRAINING_GRADIENT, schema.RNN_TRAINING_GRADIENT)
+"""The recurrent ops whose gradient ``register_gradient`` registers: LSTMTraining's, GRUTraining's, RNNTraining's."""
 
 
 def gradient_definition(wiring: schema.GradientWiring = schema.LSTM_TRAINING_GRADIENT) -> GradientDefinition:
@@ -74,7 +74,7 @@ def import_training_runtime() -> ModuleType:
 
 @functools.cache
 def register_gradient() -> None:
-    """Registers ``LSTMGrad`` and ``GRUGrad`` as the gradients of ``LSTMTraining`` and ``GRUTraining``.
+    """Registers LSTMGrad, GRUGrad and RNNGrad as the gradients of their forward ops (``RECURRENT_WIRINGS``).
 
     Idempotent (the registry is process-wide). Call before ``generate_artifacts`` or any other
     use of onnxruntime-training's gradient builder on a converted model.

@@ -55,6 +55,7 @@ own on one ``state.Preparation``, in this order:
 - ``drop_dead_values``: nodes and initializers no output needs go (``graph_utils.prune_to_outputs``);
 - ``convert_lstms``: ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - ``convert_grus``: ONNX ``GRU`` nodes are ortlstm ``GRUTraining`` nodes (``convert_gru``);
+- ``convert_rnns``: ONNX ``RNN`` nodes are ortlstm ``RNNTraining`` nodes (``convert_rnn``);
 - ``drop_pow_exponents``: never a candidate, a value read only as a ``Pow`` exponent;
 - ``untie_running_statistics``: a candidate that a ``BatchNormalization`` also reads as its
   running mean or variance gets its own constant copy there (onnxscript's optimizer merges equal

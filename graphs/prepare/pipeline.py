@@ -31,6 +31,7 @@ REWRITES: tuple[Rewrite, ...] = (
     rewrites.drop_dead_values,
     rewrites.convert_lstms,
     rewrites.convert_grus,
+    rewrites.convert_rnns,
     rewrites.drop_pow_exponents,
     rewrites.untie_running_statistics,
     rewrites.declare_output_shapes,

@@ -19,6 +19,7 @@ from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
 from ortlstm.graphs.autodiff.rules_sequence import resolve_static_sequences
 from ortlstm.graphs.convert import convert, is_onnx_lstm
 from ortlstm.graphs.convert_gru import convert_grus as convert_grus_of
+from ortlstm.graphs.convert_rnn import convert_rnns as convert_rnns_of
 from ortlstm.graphs.export_metadata import read_torch_origins
 from ortlstm.graphs.graph_utils import prune_to_outputs, reads_in_subgraphs, unique_name, used_names
 from ortlstm.graphs.prepare.state import ONNX_DOMAINS, Preparation, is_onnx
@@ -239,6 +240,11 @@ def convert_lstms(state: Preparation) -> None:
 def convert_grus(state: Preparation) -> None:
     """ONNX ``GRU`` nodes become ortlstm ``GRUTraining`` nodes (``convert_gru``)."""
     state.model = convert_grus_of(state.model)
+
+
+def convert_rnns(state: Preparation) -> None:
+    """ONNX ``RNN`` nodes become ortlstm ``RNNTraining`` nodes (``convert_rnn``)."""
+    state.model = convert_rnns_of(state.model)
 
 
 def _is_lstm_training(node: onnx.NodeProto) -> bool:

@@ -86,6 +86,40 @@ inline constexpr std::int64_t kAttrLinearBeforeResetDefault = 0;
 inline constexpr char kAttrLinearBeforeResetAccepts[] = "0 or 1";
 }  // namespace gru_grad
 
+// RNNTraining: docs/ops.md#rnntraining
+namespace rnn_training {
+inline constexpr char kName[] = "RNNTraining";
+enum class In : int { kX, kW, kR, kB, kSequenceLens, kInitialH, kCount };
+enum class Out : int { kHAll, kHt, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"X", "W", "R", "B", "sequence_lens", "initial_h"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, true, true};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"HAll", "Ht"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {true, true};
+}  // namespace rnn_training
+
+// RNNGrad: docs/ops.md#rnngrad
+namespace rnn_grad {
+inline constexpr char kName[] = "RNNGrad";
+enum class In : int { kX, kW, kR, kB, kSequenceLens, kInitialH, kHAll, kGradHAll, kGradHt, kCount };
+enum class Out : int { kDX, kDW, kDR, kDB, kDH0, kCount };
+inline constexpr int kNumInputs = static_cast<int>(In::kCount);
+inline constexpr int kNumOutputs = static_cast<int>(Out::kCount);
+// Position of a port in the node, as ORT's KernelContext expects it.
+inline constexpr std::size_t Index(In port) { return static_cast<std::size_t>(port); }
+inline constexpr std::size_t Index(Out port) { return static_cast<std::size_t>(port); }
+inline constexpr const char* kInputNames[kNumInputs] = {"X", "W", "R", "B", "sequence_lens", "initial_h", "HAll", "grad_HAll", "grad_Ht"};
+inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, true, true, false, true, true};
+inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false, false, false, false};
+inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB", "dH0"};
+inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true};
+}  // namespace rnn_grad
+
 // AdamUpdate: docs/ops.md#adamupdate
 namespace adam_update {
 inline constexpr char kName[] = "AdamUpdate";

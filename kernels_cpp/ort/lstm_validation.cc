@@ -133,7 +133,7 @@ struct CommonInputs {
   const TensorArg& P;
 };
 
-// `gates`: 4 for the LSTM, 3 for the GRU (whose initial_c and P are never present).
+// `gates`: 4 for the LSTM, 3 for the GRU, 1 for the RNN (whose initial_c and P are never present).
 std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, LstmDims* dims, int64_t gates = 4) {
   LstmDims d;
   d.gates = gates;
@@ -159,7 +159,7 @@ std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, Lst
       (config.direction == Direction::kBidirectional ? "bidirectional"
                                                      : (config.direction == Direction::kReverse ? "reverse" : "forward")) +
       ")";
-  const std::string width_label = std::to_string(gates) + "*hidden_size";
+  const std::string width_label = gates == 1 ? "hidden_size" : std::to_string(gates) + "*hidden_size";
   std::string error =
       CheckShape("W", in.W, {{directions_label, d.num_directions}, {width_label, width}, {"input_size", d.input_size}});
   if (error.empty()) {
@@ -184,6 +184,27 @@ std::string ValidateCommon(const LstmConfig& config, const CommonInputs& in, Lst
     error = CheckShape("P", in.P, {{"num_directions", d.num_directions}, {"3*hidden_size", 3 * d.hidden_size}});
   }
   *dims = d;
+  return error;
+}
+
+// The inputs of a cell without c or peepholes (GRU, RNN): the shared checks, then B [D, 2*gates*H].
+struct CellInputs {
+  const TensorArg& X;
+  const TensorArg& W;
+  const TensorArg& R;
+  const TensorArg& sequence_lens;
+  const TensorArg& initial_h;
+};
+
+std::string ValidateCell(const LstmConfig& config, const CellInputs& in, const TensorArg& B, int64_t gates,
+                         LstmDims* dims) {
+  const TensorArg absent;
+  std::string error =
+      ValidateCommon(config, {in.X, in.W, in.R, in.sequence_lens, in.initial_h, absent, absent}, dims, gates);
+  if (error.empty() && B.present) {
+    error = CheckShape("B", B, {{"num_directions", dims->num_directions},
+                                {std::to_string(2 * gates) + "*hidden_size", 2 * gates * dims->hidden_size}});
+  }
   return error;
 }
 
@@ -221,30 +242,39 @@ std::string ValidateGradInputs(const LstmConfig& config, const GradInputs& input
 std::string ValidateGruTrainingInputs(const LstmConfig& config, const GruTrainingInputs& inputs, LstmDims* dims) {
   using In = schema::gru_training::In;
   auto at = [&](In port) -> const TensorArg& { return inputs[schema::gru_training::Index(port)]; };
-  const TensorArg absent;
-  std::string error = ValidateCommon(
-      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
-  if (error.empty() && at(In::kB).present) {
-    error = CheckShape("B", at(In::kB),
-                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
-  }
-  return error;
+  return ValidateCell(config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH)},
+                      at(In::kB), 3, dims);
 }
 
 std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs& inputs, LstmDims* dims) {
   using In = schema::gru_grad::In;
   auto at = [&](In port) -> const TensorArg& { return inputs[schema::gru_grad::Index(port)]; };
-  const TensorArg absent;
-  std::string error = ValidateCommon(
-      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH), absent, absent}, dims, 3);
-  if (error.empty() && at(In::kB).present) {
-    error = CheckShape("B", at(In::kB),
-                       {{"num_directions", dims->num_directions}, {"6*hidden_size", 6 * dims->hidden_size}});
-  }
+  std::string error = ValidateCell(
+      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH)}, at(In::kB), 3, dims);
   if (!error.empty()) return error;
   const auto hidden_dims = SequenceDims(*dims, "hidden_size", dims->hidden_size);
   error = CheckShape("HAll", at(In::kHAll), hidden_dims);
   if (error.empty()) error = CheckShape("ZRH", at(In::kZRH), SequenceDims(*dims, "3*hidden_size", dims->GateWidth()));
+  if (error.empty() && at(In::kGradHAll).present) error = CheckShape("grad_HAll", at(In::kGradHAll), hidden_dims);
+  if (error.empty() && at(In::kGradHt).present) error = CheckShape("grad_Ht", at(In::kGradHt), StateDims(*dims));
+  return error;
+}
+
+std::string ValidateRnnTrainingInputs(const LstmConfig& config, const RnnTrainingInputs& inputs, LstmDims* dims) {
+  using In = schema::rnn_training::In;
+  auto at = [&](In port) -> const TensorArg& { return inputs[schema::rnn_training::Index(port)]; };
+  return ValidateCell(config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH)},
+                      at(In::kB), 1, dims);
+}
+
+std::string ValidateRnnGradInputs(const LstmConfig& config, const RnnGradInputs& inputs, LstmDims* dims) {
+  using In = schema::rnn_grad::In;
+  auto at = [&](In port) -> const TensorArg& { return inputs[schema::rnn_grad::Index(port)]; };
+  std::string error = ValidateCell(
+      config, {at(In::kX), at(In::kW), at(In::kR), at(In::kSequenceLens), at(In::kInitialH)}, at(In::kB), 1, dims);
+  if (!error.empty()) return error;
+  const auto hidden_dims = SequenceDims(*dims, "hidden_size", dims->hidden_size);
+  error = CheckShape("HAll", at(In::kHAll), hidden_dims);
   if (error.empty() && at(In::kGradHAll).present) error = CheckShape("grad_HAll", at(In::kGradHAll), hidden_dims);
   if (error.empty() && at(In::kGradHt).present) error = CheckShape("grad_Ht", at(In::kGradHt), StateDims(*dims));
   return error;

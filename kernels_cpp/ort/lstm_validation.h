@@ -18,12 +18,17 @@ using TrainingInputs = std::array<TensorArg, schema::lstm_training::kNumInputs>;
 using GradInputs = std::array<TensorArg, schema::lstm_grad::kNumInputs>;
 using GruTrainingInputs = std::array<TensorArg, schema::gru_training::kNumInputs>;
 using GruGradInputs = std::array<TensorArg, schema::gru_grad::kNumInputs>;
+using RnnTrainingInputs = std::array<TensorArg, schema::rnn_training::kNumInputs>;
+using RnnGradInputs = std::array<TensorArg, schema::rnn_grad::kNumInputs>;
 
 std::string ValidateTrainingInputs(const LstmConfig& config, const TrainingInputs& inputs, LstmDims* dims);
 std::string ValidateGradInputs(const LstmConfig& config, const GradInputs& inputs, LstmDims* dims);
 // The GRU ops' inputs, by the same rules with three gates; dims->gates is 3.
 std::string ValidateGruTrainingInputs(const LstmConfig& config, const GruTrainingInputs& inputs, LstmDims* dims);
 std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs& inputs, LstmDims* dims);
+// The RNN ops' inputs, by the same rules with one gate; dims->gates is 1.
+std::string ValidateRnnTrainingInputs(const LstmConfig& config, const RnnTrainingInputs& inputs, LstmDims* dims);
+std::string ValidateRnnGradInputs(const LstmConfig& config, const RnnGradInputs& inputs, LstmDims* dims);
 
 // Output shapes, from validated dims.
 std::vector<int64_t> SequenceShape(const LstmDims& dims, int64_t width);  // HAll, CAll (H), IOFC (4H)

@@ -4,7 +4,7 @@ Role in the flow: the op contract as data another implementation can be checked 
 is a directory in ONNX's node-test layout (as ``onnx/backend/test/data/node/test_*``)::
 
     <case>/model.onnx                   one LSTMTraining or LSTMGrad node, or LSTMTraining -> LSTMGrad
-                                        (the GRU's cases likewise: GRUTraining, GRUGrad, or both)
+                                        (the GRU's and RNN's cases likewise)
     <case>/test_data_set_0/input_<k>.pb  TensorProto of graph input k, named as the input
     <case>/test_data_set_0/output_<k>.pb TensorProto of graph output k, named as the output
 
@@ -13,7 +13,8 @@ The expected outputs are computed by ``ortlstm.reference`` through ``onnx.refere
 sequence_lens with zeros, omitted optional inputs and outputs, T=1 and batch 1, the 12-input form
 of LSTMGrad that com.microsoft's LSTMGrad takes, and LSTMGrad fed by LSTMTraining in one graph;
 and the same for GRUTraining / GRUGrad (``GRU_SPECS``: linear_before_reset 0 and 1, com.microsoft
-GRUGrad's ten inputs). The cases themselves are data in ``ortlstm.conformance_specs``.
+GRUGrad's ten inputs) and RNNTraining / RNNGrad (``RNN_SPECS``: Tanh, Relu, ScaledTanh, clip). The
+cases themselves are data in ``ortlstm.conformance_specs``.
 Tensors are tiny. The repository keeps a generated copy in tests/conformance/data/node; a test
 regenerates it and fails on drift. Command line::
 
@@ -49,6 +50,7 @@ from ortlstm.conformance_specs import (  # noqa: F401 - CaseSpec, SPECS and the 
     FAMILIES,
     GRU_SPECS,
     LSTM_SPECS,
+    RNN_SPECS,
     SPECS,
     CaseSpec,
     Family,

@@ -48,6 +48,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "LSTM": Family(schema.LSTM_TRAINING, schema.LSTM_GRAD, ("HAll", "CAll", "IOFC"), "ortlstm.reference:lstm_training"),
     "GRU": Family(schema.GRU_TRAINING, schema.GRU_GRAD, ("HAll", "ZRH"), "ortlstm.reference_gru:gru_training_op"),
+    "RNN": Family(schema.RNN_TRAINING, schema.RNN_GRAD, ("HAll",), "ortlstm.reference_rnn:rnn_training_op"),
 }
 """Op family (``CaseSpec.op``) -> its ops."""
 
@@ -354,5 +355,66 @@ GRU_SPECS: tuple[CaseSpec, ...] = (
 )
 """The GRU's cases."""
 
-SPECS: tuple[CaseSpec, ...] = LSTM_SPECS + GRU_SPECS
+_RNN_GRAD_INPUTS = schema.input_names(schema.RNN_GRAD)
+_RNN: dict[str, Any] = {
+    "op": "RNN",
+    "outputs": schema.output_names(schema.RNN_TRAINING),
+    "grad_outputs": schema.output_names(schema.RNN_GRAD),
+}
+RNN_SPECS: tuple[CaseSpec, ...] = (
+    CaseSpec(
+        "rnn_training_defaults",
+        "RNNTraining: only X, W, R; default attributes (Tanh); every output.",
+        (3, 2, 3, 2),
+        **_RNN,
+    ),
+    CaseSpec(
+        "rnn_training_relu_all_inputs",
+        "RNNTraining as torch exports nn.RNN(nonlinearity='relu'): Relu, B, initial_h.",
+        (3, 2, 3, 3),
+        {"activations": ["Relu"]},
+        inputs=("X", "W", "R", "B", "initial_h"),
+        **_RNN,
+    ),
+    CaseSpec(
+        "rnn_training_bidirectional_layout1_sequence_lens",
+        "RNNTraining: bidirectional (Tanh, ScaledTanh with alpha/beta), layout=1, clip, sequence_lens with a zero.",
+        (3, 3, 2, 2),
+        {
+            "direction": "bidirectional",
+            "layout": 1,
+            "clip": 0.9,
+            "activations": ["Tanh", "ScaledTanh"],
+            "activation_alpha": [1.2],
+            "activation_beta": [0.6],
+        },
+        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h"),
+        sequence_lens=(2, 0, 3),
+        **_RNN,
+    ),
+    CaseSpec(
+        "rnn_grad_all_inputs",
+        "RNNGrad alone, its nine inputs, HAll from RNNTraining; reverse; every output.",
+        (3, 2, 3, 2),
+        {"direction": "reverse"},
+        inputs=("X", "W", "R", "B", "sequence_lens", "initial_h"),
+        grad="node",
+        grad_inputs=_RNN_GRAD_INPUTS,
+        sequence_lens=(3, 1),
+        **_RNN,
+    ),
+    CaseSpec(
+        "rnn_chained_bidirectional_relu_clip_only_ht",
+        "RNNTraining feeding RNNGrad in one graph: bidirectional Relu, clip, only grad_Ht; only dW, dR, dB.",
+        (3, 2, 2, 2),
+        {"direction": "bidirectional", "clip": 1.1, "activations": ["Relu", "Relu"]},
+        inputs=("X", "W", "R", "B", "initial_h"),
+        grad="chained",
+        grad_inputs=("X", "W", "R", "B", "initial_h", "HAll", "grad_Ht"),
+        **{**_RNN, "outputs": ("Ht",), "grad_outputs": ("dW", "dR", "dB")},
+    ),
+)
+"""The RNN's cases."""
+
+SPECS: tuple[CaseSpec, ...] = LSTM_SPECS + GRU_SPECS + RNN_SPECS
 """Every case, each generated in float32 and float64."""

@@ -12,8 +12,9 @@ oracle (tests/reference/lstm_ref.py), which shares no code with this module::
     session = ReferenceEvaluator(model, new_ops=ortlstm.reference.OPS)
     outputs = session.run(None, feeds)
 
-``OPS`` holds the GRU ops too: ``GRUTraining`` and ``GRUGrad``, whose math (equations in its
-docstring) is ``ortlstm.reference_gru``, on this module's attribute rules and input checks.
+``OPS`` holds the GRU and RNN ops too: ``GRUTraining``, ``GRUGrad``, ``RNNTraining`` and ``RNNGrad``,
+whose math (equations in their docstrings) is ``ortlstm.reference_gru`` and ``ortlstm.reference_rnn``, on
+this module's attribute rules and input checks.
 
 ``LSTMTraining``, per direction and step t, gates stacked i, o, f, c in W, R and B, activations
 f, g, h (default Sigmoid, Tanh, Tanh), ``clip`` clamping to [-clip, clip] (identity without it)::
@@ -62,6 +63,7 @@ float64), so float32 results are the float64 ones rounded once.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -664,32 +666,29 @@ class LSTMGrad(OpRun):
         return _run_node(self, schema.LSTM_GRAD, lstm_grad, args, attributes)
 
 
-class GRUTraining(OpRun):
-    """``ortlstm::GRUTraining`` for ``ReferenceEvaluator`` (the math: ``ortlstm.reference_gru``)."""
+def _cell_op(op: schema.OpSpec, module: str, function: str) -> type[OpRun]:
+    """The ``ReferenceEvaluator`` op of another recurrent cell, whose math is ``ortlstm.<module>.<function>``.
 
-    op_domain = schema.DOMAIN
+    The module is imported when the op runs: it builds on this module.
+    """
 
-    def _run(self, *args: _Array | None, **attributes: Any) -> tuple[_Array, ...]:
-        from ortlstm import reference_gru  # imported here: it builds on this module
+    def _run(self: OpRun, *args: _Array | None, **attributes: Any) -> tuple[_Array, ...]:
+        compute = getattr(importlib.import_module(f"ortlstm.{module}"), function)
+        return _run_node(self, op, compute, args, attributes)
 
-        return _run_node(self, schema.GRU_TRAINING, reference_gru.gru_training_op, args, attributes)
-
-
-class GRUGrad(OpRun):
-    """``ortlstm::GRUGrad`` for ``ReferenceEvaluator`` (the math: ``ortlstm.reference_gru``)."""
-
-    op_domain = schema.DOMAIN
-
-    def _run(self, *args: _Array | None, **attributes: Any) -> tuple[_Array, ...]:
-        from ortlstm import reference_gru  # imported here: it builds on this module
-
-        return _run_node(self, schema.GRU_GRAD, reference_gru.gru_grad_op, args, attributes)
+    doc = f"``ortlstm::{op.name}`` for ``ReferenceEvaluator`` (the math: ``ortlstm.{module}``)."
+    return type(op.name, (OpRun,), {"op_domain": schema.DOMAIN, "_run": _run, "__doc__": doc, "__module__": __name__})
 
 
-OPS: tuple[type[OpRun], ...] = (LSTMTraining, LSTMGrad, GRUTraining, GRUGrad)
+GRUTraining = _cell_op(schema.GRU_TRAINING, "reference_gru", "gru_training_op")
+GRUGrad = _cell_op(schema.GRU_GRAD, "reference_gru", "gru_grad_op")
+RNNTraining = _cell_op(schema.RNN_TRAINING, "reference_rnn", "rnn_training_op")
+RNNGrad = _cell_op(schema.RNN_GRAD, "reference_rnn", "rnn_grad_op")
+
+
+OPS: tuple[type[OpRun], ...] = (LSTMTraining, LSTMGrad, GRUTraining, GRUGrad, RNNTraining, RNNGrad)
 """The domain's recurrent ops, for ``ReferenceEvaluator(model, new_ops=OPS)``."""
 
-if tuple(cls.__name__ for cls in OPS) != tuple(op.name for op in (*schema.OPS, *schema.GRU_OPS)):
-    raise ImportError(
-        f"ortlstm.reference implements {[cls.__name__ for cls in OPS]}, the spec declares {schema.OPS + schema.GRU_OPS}"
-    )
+_DECLARED = (*schema.OPS, *schema.GRU_OPS, *schema.RNN_OPS)
+if tuple(cls.__name__ for cls in OPS) != tuple(op.name for op in _DECLARED):
+    raise ImportError(f"ortlstm.reference implements {[cls.__name__ for cls in OPS]}, the spec declares {_DECLARED}")

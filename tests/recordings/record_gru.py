@@ -20,6 +20,7 @@ import io
 import json
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -125,17 +126,21 @@ def export(net: Net, x: torch.Tensor, exporter: str) -> onnx.ModelProto:
     return onnx.load_from_string(buffer.getvalue())
 
 
-def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
-    torch.manual_seed(SEED)
-    rng = np.random.default_rng(SEED)
-    net = Net(case["bidirectional"], case["batch_first"])
-    shape = (BATCH, LENGTH) if case["batch_first"] else (LENGTH, BATCH)
-    batches = random_batches(rng, shape, FEATURES, OUTPUTS, STEPS)
-    model = export(net, torch.from_numpy(batches[0]["x"]), case["exporter"])
-    assert sum(node.op_type == "GRU" for node in model.graph.node) == 2, [node.op_type for node in model.graph.node]
-    values = onnx_values(net)
+def train(
+    net: torch.nn.Module,
+    model: onnx.ModelProto,
+    batches: list[dict[str, np.ndarray]],
+    optimizer_spec: dict[str, Any],
+    values: dict[str, tuple[np.ndarray, str]],
+    values_of: Callable[[Any], dict[str, tuple[np.ndarray, str]]],
+) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """Trains ``net`` with MSE on ``batches``; the initializer pairs and the arrays: model, batches, losses, params.
+
+    ``values_of(net)`` gives the tensors an export may hold (``values``: before training); each
+    initializer equal to one of them is recorded after every step.
+    """
     pairs = initializer_pairs(model, values)
-    optimizer = getattr(torch.optim, case["optimizer"]["name"])(net.parameters(), **case["optimizer"]["kwargs"])
+    optimizer = getattr(torch.optim, optimizer_spec["name"])(net.parameters(), **optimizer_spec["kwargs"])
     arrays: dict[str, np.ndarray] = {"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)}
     losses, trajectories = [], {name: [] for name in pairs}
     for step, batch in enumerate(batches):
@@ -146,12 +151,25 @@ def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-        now = onnx_values(net)
+        now = values_of(net)
         for name, key in pairs.items():
             trajectories[name].append(now[key][0].copy())
     arrays["losses"] = np.asarray(losses, dtype=np.float64)
     for name, trajectory in trajectories.items():
         arrays[f"param/{name}"] = np.stack(trajectory)
+    return pairs, arrays
+
+
+def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
+    torch.manual_seed(SEED)
+    rng = np.random.default_rng(SEED)
+    net = Net(case["bidirectional"], case["batch_first"])
+    shape = (BATCH, LENGTH) if case["batch_first"] else (LENGTH, BATCH)
+    batches = random_batches(rng, shape, FEATURES, OUTPUTS, STEPS)
+    model = export(net, torch.from_numpy(batches[0]["x"]), case["exporter"])
+    assert sum(node.op_type == "GRU" for node in model.graph.node) == 2, [node.op_type for node in model.graph.node]
+    values = onnx_values(net)
+    pairs, arrays = train(net, model, batches, case["optimizer"], values, onnx_values)
     direction = "bi" if case["bidirectional"] else "uni"
     layout = "batch_first" if case["batch_first"] else "seq_first"
     name = f"gru2_{direction}_{layout}-{case['exporter']}-{case['optimizer']['name']}"

@@ -1,12 +1,13 @@
-"""Records truncated BPTT in PyTorch (GRU and GRU+LSTM) for tests/test_gru_stateful.py, which replays it without torch.
+"""Records truncated BPTT in PyTorch (GRU, GRU+LSTM, RNN) for tests/test_gru_stateful.py to replay without torch.
 
 Run with the training environment, which has torch:
 
     .venvs/train/bin/python tests/recordings/record_gru_stateful.py
 
 Each case: a recurrent net (a 2-layer ``nn.GRU``; a bidirectional ``nn.GRU`` feeding an ``nn.LSTM``,
-batch_first) with a Linear head on every step's output, exported by torch.onnx.export's default (dynamo,
-optimize=True) without an initial state, then trained in torch on consecutive chunks as torch users
+batch_first; a 2-layer relu ``nn.RNN``, batch_first) with a Linear head on every step's output, exported
+by torch.onnx.export's default (dynamo, optimize=True; the RNN by TorchScript, as dynamo unrolls it into
+ops whose state no node carries) without an initial state, then trained in torch on consecutive chunks as torch users
 write truncated BPTT: each chunk starts from the last chunk's final states, ``detach()``-ed, and the
 state is dropped (``None``: zeros) before step ``RESET_BEFORE`` as at an epoch's start. Written in
 record_gru.py's format (model, config, batch/<step>/<input>, losses, param/<onnx name> after every
@@ -40,16 +41,28 @@ OUTPUT_DIR = HERE / "gru_stateful"
 CASES: list[dict[str, Any]] = [
     {"name": "gru2", "batch_first": False, "optimizer": {"name": "SGD", "kwargs": {"lr": 0.3, "momentum": 0.9}}},
     {"name": "bigru_lstm", "batch_first": True, "optimizer": {"name": "Adam", "kwargs": {"lr": 0.02}}},
+    {
+        "name": "rnn2",
+        "batch_first": True,
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 0.1, "momentum": 0.9}},
+        "exporter": "torchscript",  # dynamo unrolls nn.RNN: no RNN node whose state could be carried
+    },
 ]
 
 
 class Net(torch.nn.Module):
-    """``gru2``: a 2-layer GRU; ``bigru_lstm``: a bidirectional GRU, then an LSTM. A Linear head on each step."""
+    """``gru2``: a 2-layer GRU; ``bigru_lstm``: a bidirectional GRU, then an LSTM; ``rnn2``: a 2-layer relu RNN.
+
+    A Linear head on each step.
+    """
 
     def __init__(self, name: str, batch_first: bool) -> None:
         super().__init__()
         if name == "gru2":
             self.rnns = torch.nn.ModuleList([torch.nn.GRU(FEATURES, HIDDEN, num_layers=2, batch_first=batch_first)])
+        elif name == "rnn2":
+            rnn = torch.nn.RNN(FEATURES, HIDDEN, num_layers=2, nonlinearity="relu", batch_first=batch_first)
+            self.rnns = torch.nn.ModuleList([rnn])
         else:
             self.rnns = torch.nn.ModuleList(
                 [
@@ -74,12 +87,17 @@ def _ifgo_to_iofc(stacked: np.ndarray) -> np.ndarray:
     return np.concatenate([i, o, f, g])
 
 
+def _same(stacked: np.ndarray) -> np.ndarray:
+    """nn.RNN's weights are ONNX RNN's as they are (one gate)."""
+    return stacked
+
+
 def onnx_values(net: Net) -> dict[str, tuple[np.ndarray, str]]:
     """Every tensor the export may hold for the torch parameters: each one, ONNX-layout W, R, B of each layer."""
     params = {name: value.detach().numpy() for name, value in net.named_parameters()}
     values = {name: (value, name) for name, value in params.items()}
     for index, rnn in enumerate(net.rnns):
-        order = _zrh if isinstance(rnn, torch.nn.GRU) else _ifgo_to_iofc
+        order = _zrh if isinstance(rnn, torch.nn.GRU) else _ifgo_to_iofc if isinstance(rnn, torch.nn.LSTM) else _same
         suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
         for layer in range(rnn.num_layers):
             key = f"rnns.{index}.{{}}_l{layer}{{}}"
@@ -112,7 +130,7 @@ def record(case: dict[str, Any]) -> tuple[str, dict[str, np.ndarray]]:
     net = Net(case["name"], case["batch_first"])
     shape = (BATCH, LENGTH) if case["batch_first"] else (LENGTH, BATCH)
     batches = random_batches(rng, shape, FEATURES, OUTPUTS, STEPS)
-    model = export(net, torch.from_numpy(batches[0]["x"]), "dynamo")  # type: ignore[arg-type]
+    model = export(net, torch.from_numpy(batches[0]["x"]), case.get("exporter", "dynamo"))  # type: ignore[arg-type]
     values = onnx_values(net)
     pairs = initializer_pairs(model, values)
     optimizer = getattr(torch.optim, case["optimizer"]["name"])(net.parameters(), **case["optimizer"]["kwargs"])

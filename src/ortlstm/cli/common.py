@@ -362,7 +362,7 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         action=argparse.BooleanOptionalAction,
         default=False,
         help="truncated BPTT: batch k is rows k*B..(k+1)*B-1 in order, row i continues row i of the batch "
-        "before; the LSTM/GRU state carries over and is reset each epoch (no shuffle)",
+        "before; the LSTM/GRU/RNN state carries over and is reset each epoch (no shuffle)",
     )
     if run_time:
         parser.add_argument(

@@ -169,7 +169,7 @@ def _checked_shuffle(trainer: Trainer, epochs: int, batch_size: int, shuffle: bo
         shuffle = not stateful
     if stateful and shuffle:
         raise ValueError(
-            "--stateful carries row i of each batch's LSTM/GRU state into row i of the next batch, so the batches "
+            "--stateful carries row i of each batch's LSTM/GRU/RNN state into row i of the next batch, so the batches "
             "must come in the file's order: drop --shuffle (each stream's consecutive chunks are rows "
             "i, i + batch_size, i + 2 * batch_size, ... of the data)"
         )

@@ -1,4 +1,4 @@
-"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM/GRU state.
+"""The feeds of a run: the batch and its targets, checked against the model, and the carried LSTM/GRU/RNN state.
 
 A batch comes as the model's inputs in order or by name; each is checked against the type and
 the fixed dims the model declares, a target against what the loss takes (``losses.check_target``,
@@ -60,7 +60,7 @@ def _dims_text(shape: Sequence[int | str | None] | None) -> str:
 
 
 class Feeds:
-    """Builds and checks the feeds of the training models; keeps the carried LSTM/GRU state.
+    """Builds and checks the feeds of the training models; keeps the carried LSTM/GRU/RNN state.
 
     Attributes:
         carried: The LSTMs and GRUs whose state is carried (empty unless stateful).

@@ -109,7 +109,7 @@ def refusal(
         grad_norm: The clipped gradient norm when the models compute it, else None.
         gradients: The update's gradients, called only here: which are not finite (a train
             step's are recomputed with the gradients model, on this path only).
-        carried: The trainer carries LSTM/GRU state (the message says it is unchanged too).
+        carried: The trainer carries LSTM/GRU/RNN state (the message says it is unchanged too).
         discarded: What else the refusal dropped, for the message.
         sources: Initializer -> the torch parameters behind it (``parameters.torch_sources``): the
             message names a gradient by them, as the user's model does (``lstm.weight_ih_l0 (onnx: val_41)``).
@@ -133,7 +133,7 @@ def refusal(
         found.append(f"the gradients of {named} hold NaN or inf")
     elif loss is None or all_finite(np.asarray(loss[1])):
         found.append("the gradients' sum of squares is not finite")
-    state = ", the carried LSTM/GRU state" if carried else ""
+    state = ", the carried LSTM/GRU/RNN state" if carried else ""
     return NonFiniteStepError(
         f"{where}: update {global_step + 1} refused, not finite: {'; '.join(found)}. The parameters, the optimizer "
         f"state{state} and global_step ({global_step}) are unchanged{discarded}. To skip such updates "

@@ -279,7 +279,7 @@ class Trainer:
     # ---- carried state and learning rate ----------------------------------------------------------
 
     def reset_state(self, rows: Sequence[int] | np.ndarray | None = None) -> None:
-        """Zeros the carried LSTM/GRU state (stateful trainers): all of it, or the given batch rows.
+        """Zeros the carried LSTM/GRU/RNN state (stateful trainers): all of it, or the given batch rows.
 
         Raises:
             RuntimeError: The trainer is not stateful.
