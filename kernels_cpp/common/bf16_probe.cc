@@ -1,0 +1,65 @@
+// The bf16 GEMM layer as C functions, for tests and benchmarks through ctypes (tests/test_bf16_gemm.py,
+// benchmarks/bench_gemm.py), as OrtLstmBlasBackend is for the float32 backend; they need no ONNX
+// Runtime. Exported by cmake/ortlstm_ops.map; no kernel calls them.
+#include <cstdint>
+#include <vector>
+
+#include "common/bf16_gemm.h"
+#include "common/blas.h"
+
+// "mkl" or "fallback": the bf16 GEMM backend of this process (ORTLSTM_BF16_GEMM or the CPU's
+// choice, fixed from the first call on); NULL if ORTLSTM_BF16_GEMM names none this build has.
+extern "C" __attribute__((visibility("default"))) const char* OrtLstmBf16GemmBackend(void) {
+  return ortlstm::Bf16GemmBackendName();
+}
+
+// 1 if the CPU has AVX512-BF16 or AMX-BF16.
+extern "C" __attribute__((visibility("default"))) int OrtLstmCpuHasBf16Units(void) {
+  return ortlstm::CpuHasBf16Units() ? 1 : 0;
+}
+
+// dst[i] = round_to_nearest_even_bf16(src[i]) (the bits).
+extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(const float* src, uint16_t* dst,
+                                                                                int64_t count) {
+  ortlstm::RoundToBfloat16(src, dst, count);
+}
+
+// C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer: mode 0 GemmRoundedBf16,
+// 1 GemmBf16 on operands rounded here first, 2 a Bf16Operand of B (trans_a must be 0) multiplied
+// twice into C (the second result is C's, so a packed operand is reused), 3 the float32 Gemm of
+// common/blas.h on the operands as given (the float32 limit, for benchmarks). Returns 0, or -1 for
+// a mode or transpose it does not take.
+extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, int trans_a, int trans_b, int64_t m,
+                                                                       int64_t n, int64_t k, float alpha,
+                                                                       const float* a, int64_t lda, const float* b,
+                                                                       int64_t ldb, float beta, float* c,
+                                                                       int64_t ldc) {
+  using namespace ortlstm;
+  switch (mode) {
+    case 0:
+      GemmRoundedBf16(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return 0;
+    case 1: {
+      const int64_t a_count = (trans_a ? k : m) * lda, b_count = (trans_b ? n : k) * ldb;
+      std::vector<Bfloat16> a_bf16(static_cast<size_t>(a_count)), b_bf16(static_cast<size_t>(b_count));
+      RoundToBfloat16(a, a_bf16.data(), a_count);
+      RoundToBfloat16(b, b_bf16.data(), b_count);
+      GemmBf16(trans_a != 0, trans_b != 0, m, n, k, alpha, a_bf16.data(), lda, b_bf16.data(), ldb, beta, c, ldc);
+      return 0;
+    }
+    case 2: {
+      if (trans_a != 0) return -1;
+      const Bf16Operand operand(trans_b != 0, m, n, k, b, ldb);
+      std::vector<float> first(static_cast<size_t>(m * ldc));
+      for (int64_t i = 0; i < m * ldc; ++i) first[static_cast<size_t>(i)] = c[i];
+      operand.Multiply(a, lda, beta, first.data(), ldc, alpha);
+      operand.Multiply(a, lda, beta, c, ldc, alpha);
+      return 0;
+    }
+    case 3:
+      Gemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return 0;
+    default:
+      return -1;
+  }
+}
