@@ -106,9 +106,10 @@ BF16_GEMM_VARIABLE = "ORTLSTM_BF16_GEMM"
 def bf16_gemm_backend() -> str:
     """Returns the backend of the ``matmul_precision="bfloat16"`` GEMMs in this process.
 
-    ``"mkl"`` (oneMKL's ``cblas_gemm_bf16bf16f32``) where the CPU has bf16 units (AVX512-BF16 or
-    AMX) and the build links oneMKL; else ``"fallback"``: the bfloat16 operands widened to float32
-    and the float32 GEMM (the same numbers within summation order, slower than float32). The
+    ``"mkl"`` (oneMKL's ``cblas_gemm_bf16bf16f32``) on Intel CPUs with bf16 units (AVX512-BF16 or
+    AMX) when the build links oneMKL; else ``"fallback"``: the bfloat16 operands widened to float32
+    and the float32 GEMM (the same numbers within summation order, slower than float32; oneMKL does
+    not use AMD Zen 4's AVX512-BF16, measured in docs/benchmarks.md). The
     environment variable ``ORTLSTM_BF16_GEMM`` forces one. Fixed at the first call or registration.
 
     Raises:

@@ -27,9 +27,14 @@ def round_bits(values: np.ndarray) -> np.ndarray:
 
 def gemm(mode: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool, trans_b: bool, alpha: float = 1.0,
          beta: float = 0.0) -> np.ndarray:
-    """C = alpha * op(A) op(B) + beta * C through the layer's entry point ``mode`` (MODES); returns a new C."""
+    """C = alpha * op(A) op(B) + beta * C through the layer's entry point ``mode`` (MODES); returns a new C.
+
+    ``"bf16"`` rounds A and B with the library first and hands it the bits.
+    """
     a = np.ascontiguousarray(a, np.float32)
     b = np.ascontiguousarray(b, np.float32)
+    if mode == "bf16":  # the GEMM takes the bits
+        a, b = round_bits(a), round_bits(b)
     out = np.array(c, np.float32, copy=True, order="C")
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
     n = b.shape[0] if trans_b else b.shape[1]

@@ -155,11 +155,13 @@ def test_forced_fallback_equals_native_within_summation_rounding():
         assert (np.abs(np.array(fallback[mode]) - np.array(native[mode])) <= 2 * bound).all()
 
 
-def test_fallback_warns_once_only_without_bf16_units():
-    out = _child(_GEMM_CODE, "fallback")
-    has_units = bool(bf16_probe._library().OrtLstmCpuHasBf16Units())
-    warnings = out["stderr"].count("on a CPU without bf16 units")
-    assert warnings == (0 if has_units else 1), out["stderr"]
+def test_fallback_warns_once_saying_why():
+    forced = _child(_GEMM_CODE, "fallback")["stderr"]
+    assert forced.count("ortlstm: warning") == 1, forced
+    assert 'matmul_precision="bfloat16" runs on the fallback GEMM (ORTLSTM_BF16_GEMM=fallback)' in forced
+    assert "the same numbers but slower than matmul_precision=\"float32\"" in forced
+    automatic = _child(_GEMM_CODE, None)
+    assert automatic["stderr"].count("ortlstm: warning") == (automatic["backend"] == "fallback")
 
 
 def test_bad_backend_is_refused_clearly():

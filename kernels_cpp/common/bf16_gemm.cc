@@ -44,8 +44,12 @@ constexpr bool kMklLinked =
     false;
 #endif
 
-// oneMKL's bf16 GEMM where the CPU has bf16 units and the build links it; else the fallback.
-Bf16Backend Automatic() { return kMklLinked && CpuHasBf16Units() ? Bf16Backend::kMkl : Bf16Backend::kFallback; }
+// oneMKL's bf16 GEMM on Intel CPUs with bf16 units (AMX, AVX512-BF16) where the build links it;
+// else the fallback. On AMD Zen 4 (AVX512-BF16) oneMKL's bf16 GEMM was no faster than the fallback
+// and both slower than float32 (docs/benchmarks.md): oneMKL does not use AMD's bf16 units.
+Bf16Backend Automatic() {
+  return kMklLinked && CpuHasBf16Units() && CpuVendor() == "GenuineIntel" ? Bf16Backend::kMkl : Bf16Backend::kFallback;
+}
 
 std::atomic<Bf16Backend> g_backend{Bf16Backend::kNone};
 std::mutex g_choose_mutex;
@@ -63,15 +67,19 @@ Bf16Backend Active() {
   return backend;
 }
 
-// Once per process, the first time a bf16 GEMM runs on the fallback on a CPU without bf16 units.
+// Once per process, the first time a bf16 GEMM runs on the fallback, saying why it is there.
 void WarnSlowFallback() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (CpuHasBf16Units()) return;
+    const char* forced = std::getenv(kEnvironmentVariable);
+    const std::string why = forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
+                            : !CpuHasBf16Units() ? std::string("a CPU without bf16 units (no AVX512-BF16 or AMX)")
+                                                 : "a " + CpuVendor() + " CPU, whose bf16 units oneMKL does not use";
     std::fprintf(stderr,
-                 "ortlstm: warning: matmul_precision=\"bfloat16\" on a CPU without bf16 units (no AVX512-BF16 or "
-                 "AMX): the GEMMs widen bfloat16 to float32 and run the float32 GEMM, with the same numbers but "
-                 "slower than matmul_precision=\"float32\"\n");
+                 "ortlstm: warning: matmul_precision=\"bfloat16\" runs on the fallback GEMM (%s): bfloat16 operands "
+                 "widened to float32 and the float32 GEMM, the same numbers but slower than "
+                 "matmul_precision=\"float32\"\n",
+                 why.c_str());
   });
 }
 

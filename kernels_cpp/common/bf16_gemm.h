@@ -1,11 +1,12 @@
 // bfloat16 GEMMs with float32 accumulation for matmul_precision="bfloat16" (issue 33): every
 // operand is rounded to bfloat16 (round to nearest even), products are exact in float32 (8-bit
 // mantissas), sums accumulate in float32. Which library runs them is chosen once per process
-// (ChooseBf16Gemm, like ChooseBlas): oneMKL's cblas_gemm_bf16bf16f32 where the CPU has bf16 units
-// and the build links oneMKL, else the fallback: the bfloat16 values widened to float32 and the
-// float32 GEMM of common/blas.h (the same products, float32 accumulation, so the same numbers
-// within summation order; slower than plain float32 because of the conversions, hence a warning
-// once per process on a CPU without bf16 units). OpenBLAS's sbgemm is not used: the
+// (ChooseBf16Gemm, like ChooseBlas): oneMKL's cblas_gemm_bf16bf16f32 on Intel CPUs with bf16
+// units (AMX, AVX512-BF16) when the build links oneMKL, else the fallback: the bfloat16 values
+// widened to float32 and the float32 GEMM of common/blas.h (the same products, float32
+// accumulation, so the same numbers within summation order; slower than plain float32 because of
+// the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16, oneMKL's
+// bf16 GEMM measured no faster than the fallback (docs/benchmarks.md), so AMD gets the fallback. OpenBLAS's sbgemm is not used: the
 // scipy-openblas32 wheel declares scipy_cblas_sbgemm in its cblas.h but does not export it
 // (built without BUILD_BFLOAT16; checked with readelf on 0.3.34).
 #pragma once

@@ -25,7 +25,7 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
 }
 
 // C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer: mode 0 GemmRoundedBf16,
-// 1 GemmBf16 on operands rounded here first, 2 a Bf16Operand of B (trans_a must be 0) multiplied
+// 1 GemmBf16 with A and B given as bfloat16 bits (uint16, leading dimensions in elements), 2 a Bf16Operand of B (trans_a must be 0) multiplied
 // twice into C (the second result is C's, so a packed operand is reused), 3 the float32 Gemm of
 // common/blas.h on the operands as given (the float32 limit, for benchmarks). Returns 0, or -1 for
 // a mode or transpose it does not take.
@@ -39,14 +39,10 @@ extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, 
     case 0:
       GemmRoundedBf16(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return 0;
-    case 1: {
-      const int64_t a_count = (trans_a ? k : m) * lda, b_count = (trans_b ? n : k) * ldb;
-      std::vector<Bfloat16> a_bf16(static_cast<size_t>(a_count)), b_bf16(static_cast<size_t>(b_count));
-      RoundToBfloat16(a, a_bf16.data(), a_count);
-      RoundToBfloat16(b, b_bf16.data(), b_count);
-      GemmBf16(trans_a != 0, trans_b != 0, m, n, k, alpha, a_bf16.data(), lda, b_bf16.data(), ldb, beta, c, ldc);
+    case 1:  // a and b hold bfloat16 bits already (OrtLstmRoundToBfloat16): the GEMM alone
+      GemmBf16(trans_a != 0, trans_b != 0, m, n, k, alpha, reinterpret_cast<const Bfloat16*>(a), lda,
+               reinterpret_cast<const Bfloat16*>(b), ldb, beta, c, ldc);
       return 0;
-    }
     case 2: {
       if (trans_a != 0) return -1;
       const Bf16Operand operand(trans_b != 0, m, n, k, b, ldb);
