@@ -21,6 +21,7 @@ import bf16_probe
 import numpy as np
 import ortlstm.ops
 import pytest
+from test_blas_backend import _build_line
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -144,15 +145,21 @@ print(json.dumps({"backend": ortlstm.ops.bf16_gemm_backend(), **got}))
 """
 
 
-def test_forced_fallback_equals_native_within_summation_rounding():
-    fallback = _child(_GEMM_CODE, "fallback")
-    assert fallback["backend"] == "fallback"
-    native = _child(_GEMM_CODE, None)
+def test_each_backend_matches_float64_and_the_fallback_equals_mkl_within_summation_rounding():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((64, 512)).astype(np.float32), rng.standard_normal((256, 512)).astype(np.float32)
-    _, bound = _oracle(a, b, np.zeros((64, 256), np.float32), False, True, 1.0, 0.0)
-    for mode in ("rounded", "operand"):
-        assert (np.abs(np.array(fallback[mode]) - np.array(native[mode])) <= 2 * bound).all()
+    exact, bound = _oracle(a, b, np.zeros((64, 256), np.float32), False, True, 1.0, 0.0)
+    results = {}
+    for backend in ("fallback", "mkl"):
+        if backend == "mkl" and "oneMKL" not in _build_line():
+            continue
+        results[backend] = _child(_GEMM_CODE, backend)
+        assert results[backend]["backend"] == backend
+        for mode in ("rounded", "operand"):  # operand: packed by oneMKL under mkl
+            assert (np.abs(np.array(results[backend][mode]) - exact) <= bound).all(), (backend, mode)
+    if len(results) == 2:
+        for mode in ("rounded", "operand"):
+            assert (np.abs(np.array(results["fallback"][mode]) - np.array(results["mkl"][mode])) <= 2 * bound).all()
 
 
 def test_fallback_warns_once_saying_why():
