@@ -10,6 +10,7 @@ the choice is per process) against this process's backend within the same bound.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -121,6 +122,7 @@ def test_gemm_empty_and_k_zero():
     np.testing.assert_array_equal(got, np.full((3, 4), 1.0, np.float32))
 
 
+@functools.cache  # one child per (code, backend): the processes dominate this file's time
 def _child(code: str, backend: str | None) -> dict:
     env = dict(os.environ)
     env.pop("ORTLSTM_BF16_GEMM", None)
