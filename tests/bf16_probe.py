@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import ortlstm.ops
 
-MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3}
+MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "parallel": 4}
 
 
 def _library() -> ctypes.CDLL:

@@ -95,13 +95,13 @@ def _oracle(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool, trans_b:
     return exact, bound
 
 
-@pytest.mark.parametrize("mode", ["rounded", "bf16", "operand"])
+@pytest.mark.parametrize("mode", ["rounded", "bf16", "operand", "parallel"])
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (False, True), (True, False), (True, True)])
 def test_gemm_matches_float64_on_rounded_operands(mode, trans_a, trans_b):
     if mode == "operand" and trans_a:
         pytest.skip("the operand object is a right operand: A is never transposed")
     rng = np.random.default_rng(1)
-    m, n, k = 37, 29, 301
+    m, n, k = (301, 29, 1024) if mode == "parallel" else (37, 29, 301)  # parallel: enough work for 3 blocks
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     c = rng.standard_normal((m, n)).astype(np.float32)
@@ -142,7 +142,7 @@ rng = np.random.default_rng(2)
 a = rng.standard_normal((64, 512)).astype(np.float32)
 b = rng.standard_normal((256, 512)).astype(np.float32)
 c = np.zeros((64, 256), np.float32)
-got = {mode: bf16_probe.gemm(mode, a, b, c, False, True).tolist() for mode in ("rounded", "operand")}
+got = {mode: bf16_probe.gemm(mode, a, b, c, False, True).tolist() for mode in ("rounded", "operand", "parallel")}
 print(json.dumps({"backend": ortlstm.ops.bf16_gemm_backend(), **got}))
 """
 
@@ -157,10 +157,10 @@ def test_each_backend_matches_float64_and_the_fallback_equals_mkl_within_summati
             continue
         results[backend] = _child(_GEMM_CODE, backend)
         assert results[backend]["backend"] == backend
-        for mode in ("rounded", "operand"):  # operand: packed by oneMKL under mkl
+        for mode in ("rounded", "operand", "parallel"):  # operand: packed by oneMKL under mkl
             assert (np.abs(np.array(results[backend][mode]) - exact) <= bound).all(), (backend, mode)
     if len(results) == 2:
-        for mode in ("rounded", "operand"):
+        for mode in ("rounded", "operand", "parallel"):
             assert (np.abs(np.array(results["fallback"][mode]) - np.array(results["mkl"][mode])) <= 2 * bound).all()
 
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.h"
+
 namespace ortlstm {
 
 // The bits of a bfloat16: float32's upper half.
@@ -46,6 +48,14 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 // the drop-in for Gemm at a call site whose op runs with matmul_precision="bfloat16".
 void GemmRoundedBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// ParallelGemm of common/blas.h on bfloat16-rounded operands: A and B rounded once (per-thread
+// scratch of the calling thread), then cut into the same blocks of C as ParallelGemm<float> cuts
+// them, each block one single-threaded bf16 GEMM: for the big GEMMs of an op call (the input
+// projection X W^T, the backward's dX, dW and dR), results independent of scheduling.
+void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc);
 
 // A right operand op(B) [K, N] rounded to bfloat16 (and packed where oneMKL runs the GEMM) once,
 // for GEMMs C[M, N] = alpha * A[M, K] * op(B) + beta * C that share M, N, K and B: the recurrent

@@ -1,7 +1,9 @@
 // The bf16 GEMM layer as C functions, for tests and benchmarks through ctypes (tests/test_bf16_gemm.py,
 // benchmarks/bench_gemm.py), as OrtLstmBlasBackend is for the float32 backend; they need no ONNX
 // Runtime. Exported by cmake/ortlstm_ops.map; no kernel calls them.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/bf16_gemm.h"
@@ -26,7 +28,8 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
 
 // C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer: mode 0 GemmRoundedBf16,
 // 1 GemmBf16 with A and B given as bfloat16 bits (uint16, leading dimensions in elements), 2 a Bf16Operand of B (trans_a must be 0) multiplied
-// twice into C (the second result is C's, so a packed operand is reused), 3 the float32 Gemm of
+// twice into C (the second result is C's, so a packed operand is reused), 4 ParallelGemmRoundedBf16 cut
+// into blocks for three tasks (run one after another), 3 the float32 Gemm of
 // common/blas.h on the operands as given (the float32 limit, for benchmarks). Returns 0, or -1 for
 // a mode or transpose it does not take.
 extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, int trans_a, int trans_b, int64_t m,
@@ -50,6 +53,16 @@ extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, 
       for (int64_t i = 0; i < m * ldc; ++i) first[static_cast<size_t>(i)] = c[i];
       operand.Multiply(a, lda, beta, first.data(), ldc, alpha);
       operand.Multiply(a, lda, beta, c, ldc, alpha);
+      return 0;
+    }
+    case 4: {  // ParallelGemmRoundedBf16 over three serial tasks (blocks as with three threads)
+      struct ThreeTasks final : Executor {
+        void For(std::size_t count, const std::function<void(std::size_t)>& task) const override {
+          for (std::size_t i = 0; i < count; ++i) task(i);
+        }
+        int Width() const override { return 3; }
+      };
+      ParallelGemmRoundedBf16(ThreeTasks(), trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return 0;
     }
     case 3:
