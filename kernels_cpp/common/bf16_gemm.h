@@ -5,10 +5,11 @@
 // units (AMX, AVX512-BF16) when the build links oneMKL, else the fallback: the bfloat16 values
 // widened to float32 and the float32 GEMM of common/blas.h (the same products, float32
 // accumulation, so the same numbers within summation order; slower than plain float32 because of
-// the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16, oneMKL's
-// bf16 GEMM measured no faster than the fallback (docs/benchmarks.md), so AMD gets the fallback. OpenBLAS's sbgemm is not used: the
-// scipy-openblas32 wheel declares scipy_cblas_sbgemm in its cblas.h but does not export it
-// (built without BUILD_BFLOAT16; checked with readelf on 0.3.34).
+// the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16,
+// oneMKL's bf16 GEMM measured no faster than the fallback (docs/benchmarks.md), so AMD gets the
+// fallback. OpenBLAS's sbgemm is not used: the scipy-openblas32 wheel declares
+// scipy_cblas_sbgemm in its cblas.h but does not export it (built without BUILD_BFLOAT16;
+// checked with readelf on 0.3.34).
 #pragma once
 
 #include <cstdint>

@@ -26,12 +26,14 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
   ortlstm::RoundToBfloat16(src, dst, count);
 }
 
-// C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer: mode 0 GemmRoundedBf16,
-// 1 GemmBf16 with A and B given as bfloat16 bits (uint16, leading dimensions in elements), 2 a Bf16Operand of B (trans_a must be 0) multiplied
-// twice into C (the second result is C's, so a packed operand is reused), 4 ParallelGemmRoundedBf16 cut
-// into blocks for three tasks (run one after another), 3 the float32 Gemm of
-// common/blas.h on the operands as given (the float32 limit, for benchmarks). Returns 0, or -1 for
-// a mode or transpose it does not take.
+// C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer, by `mode`:
+//   0 GemmRoundedBf16;
+//   1 GemmBf16 with A and B given as bfloat16 bits (uint16, leading dimensions in elements);
+//   2 a Bf16Operand of B (trans_a must be 0) multiplied twice, into a copy of C and then into C
+//     (so a packed operand is reused);
+//   3 the float32 Gemm of common/blas.h on the operands as given (the float32 limit, for benchmarks);
+//   4 ParallelGemmRoundedBf16 cut into blocks for three tasks (run one after another).
+// Returns 0, or -1 for a mode or transpose it does not take.
 extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, int trans_a, int trans_b, int64_t m,
                                                                        int64_t n, int64_t k, float alpha,
                                                                        const float* a, int64_t lda, const float* b,
