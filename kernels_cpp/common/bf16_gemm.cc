@@ -75,7 +75,7 @@ void WarnSlowFallback() {
     const char* forced = std::getenv(kEnvironmentVariable);
     const std::string why = forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
                             : !CpuHasBf16Units() ? std::string("a CPU without bf16 units (no AVX512-BF16 or AMX)")
-                                                 : "a " + CpuVendor() + " CPU, whose bf16 units oneMKL does not use";
+                                                 : "an " + CpuVendor() + " CPU: oneMKL does not use its bf16 units";
     std::fprintf(stderr,
                  "ortlstm: warning: matmul_precision=\"bfloat16\" runs on the fallback GEMM (%s): bfloat16 operands "
                  "widened to float32 and the float32 GEMM, the same numbers but slower than "
