@@ -230,7 +230,7 @@ def ortlstm_calls(np, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa
 
 
 def torch_bf16_calls(np, torch, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa: ANN001
-    """torch's float32 and bfloat16 ``a @ b`` (oneDNN) at one shape."""
+    """The float32 and bfloat16 ``a @ b`` of torch (oneDNN) at one shape."""
     a, b, _ = (torch.from_numpy(x) for x in _operands(np, m, n, k, ta, tb))
     a, b = (a.t() if ta else a), (b.t() if tb else b)
     a16, b16 = a.bfloat16(), b.bfloat16()

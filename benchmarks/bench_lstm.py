@@ -699,8 +699,10 @@ class TorchRunner(Runner):
 
 
 class TorchAutocastRunner(TorchRunner):
-    """``torch.nn.LSTM`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (issue 33): what a PyTorch user
-    on a bf16 CPU runs (oneDNN's bf16 RNN; float32 parameters; the backward follows the forward's dtypes).
+    """``torch.nn.LSTM`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (issue 33).
+
+    What a PyTorch user on a bf16 CPU runs: oneDNN's bf16 RNN, float32 parameters, the backward in
+    the forward's dtypes.
     """
 
     name = "torch-autocast"
