@@ -13,6 +13,7 @@ This script only measures; it never builds or changes the kernels.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -306,10 +307,8 @@ class TorchBf16Gemm(GemmSource):
 def bf16_gemm_sources(threads: int) -> list[GemmSource]:
     """The bf16 GEMMs this process can call: ortlstm's (when its library has the probe) and torch's."""
     sources: list[GemmSource] = []
-    try:
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # a library without the probe, or none
         sources.append(OrtlstmBf16Gemm())
-    except (AttributeError, OSError, ValueError):
-        pass
     torch = _optional_module("torch")
     if torch is not None:
         sources.append(TorchBf16Gemm(torch, threads))
