@@ -12,8 +12,15 @@ it, plus the whole (unsplit) shapes with the BLAS's own 2 threads. BLASes:
   time loop uses it).
 - ``torch.mm`` (PyTorch's oneMKL) and ``numpy.matmul`` (numpy's OpenBLAS) when importable.
 
+``--bf16`` times the bf16 GEMM limit instead (issue 33): the kernel library's own GEMMs through
+its ctypes probe (kernels_cpp/common/bf16_probe.cc), one thread as a kernel task calls them, at the
+LSTM's shapes (BF16_SHAPES): its float32 GEMM, the bf16 GEMM alone on operands already in bfloat16
+(the limit), the same with both operands rounded per call, and a Bf16Operand (B rounded and packed
+once, A per call, as the recurrent driver will use it); with torch, ``a @ b`` in float32 and bfloat16
+(oneDNN). The bf16 backend is the process's: run once per ``ORTLSTM_BF16_GEMM=mkl|fallback``.
+
 Medians of interleaved repetitions; prints a markdown table. Usage:
-    python benchmarks/bench_gemm.py [--mkl-rt /path/libmkl_rt.so.2] [--threads 1,2]
+    python benchmarks/bench_gemm.py [--mkl-rt /path/libmkl_rt.so.2] [--threads 1,2] [--bf16]
 Thread variables are fixed before any BLAS loads (the script re-executes itself once).
 """
 
@@ -52,6 +59,14 @@ WHOLE = [
     ("L", "projection", 8192, 2048, 512, False, True),
     ("L", "window dW", 2048, 512, 512, True, False),
     ("-", "square 1024", 1024, 1024, 1024, False, False),
+]
+
+# The LSTM's whole GEMMs (issue 33's yardstick shapes): (config, what, M, N, K, trans_a, trans_b).
+BF16_SHAPES = [
+    ("M", "recurrent step", 32, 1024, 256, False, True),
+    ("M", "input projection", 2048, 1024, 256, False, True),
+    ("L", "recurrent step", 64, 2048, 512, False, True),
+    ("L", "input projection", 8192, 2048, 512, False, True),
 ]
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -184,6 +199,65 @@ def numpy_call(np, m, n, k, ta, tb) -> Callable[[], None]:  # noqa: ANN001
     return run
 
 
+def ortlstm_calls(np, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa: ANN001
+    """The kernel library's float32 and bf16 GEMMs at one shape (OrtLstmGemmBf16's modes), as callables."""
+    import ortlstm.ops
+
+    backend = ortlstm.ops.bf16_gemm_backend()  # also loads the BLAS the library links
+    lib = ctypes.CDLL(ortlstm.ops.library_path())
+    gemm, round_bits = lib.OrtLstmGemmBf16, lib.OrtLstmRoundToBfloat16
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    gemm.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [ctypes.c_float, p, i64, p, i64, ctypes.c_float, p, i64]
+    round_bits.argtypes = [p, p, i64]
+    a, b, c = _operands(np, m, n, k, ta, tb)
+    a16, b16 = np.empty(a.shape, np.uint16), np.empty(b.shape, np.uint16)
+    round_bits(a.ctypes.data, a16.ctypes.data, a.size)
+    round_bits(b.ctypes.data, b16.ctypes.data, b.size)
+
+    def call(mode: int, x, y) -> Callable[[], None]:  # noqa: ANN001
+        args = (mode, int(ta), int(tb), m, n, k, 1.0, x.ctypes.data, x.shape[1], y.ctypes.data, y.shape[1], 0.0,
+                c.ctypes.data, n)
+        run = lambda: gemm(*args)  # noqa: E731
+        run.keep = (x, y, c)  # type: ignore[attr-defined]
+        return run
+
+    return {
+        "ortlstm float32": call(3, a, b),
+        f"bf16 GEMM ({backend})": call(1, a16, b16),
+        "bf16, both rounded": call(0, a, b),
+        "Bf16Operand x2": call(2, a, b),  # constructs (rounds and packs B) once, multiplies twice
+    }
+
+
+def torch_bf16_calls(np, torch, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa: ANN001
+    """The float32 and bfloat16 ``a @ b`` of torch (oneDNN) at one shape."""
+    a, b, _ = (torch.from_numpy(x) for x in _operands(np, m, n, k, ta, tb))
+    a, b = (a.t() if ta else a), (b.t() if tb else b)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    return {"torch float32": lambda: a @ b, "torch bf16": lambda: a16 @ b16}
+
+
+def bf16_table(np, torch, rounds: int, min_seconds: float) -> None:  # noqa: ANN001
+    """The bf16 GEMM limit at BF16_SHAPES: time per call and GFLOP/s."""
+    names: list[str] = []
+    rows = []
+    for config, what, m, n, k, ta, tb in BF16_SHAPES:
+        calls = ortlstm_calls(np, m, n, k, ta, tb)
+        if torch is not None:
+            torch.set_num_threads(1)
+            calls.update(torch_bf16_calls(np, torch, m, n, k, ta, tb))
+        seconds = median_seconds(calls, rounds, min_seconds)
+        seconds["Bf16Operand x2"] /= 2
+        names = list(seconds)
+        flops = 2.0 * m * n * k
+        cells = [f"{1e6 * s:.0f} us, {flops / s / 1e9:.0f}" for s in seconds.values()]
+        rows.append(f"| {config} | {what} | {m} x {n} x {k} | " + " | ".join(cells) + " |")
+    print("\n1 thread: time per call, GFLOP/s (Bf16Operand: per multiply, its construction included once per two)\n")
+    print("| config | GEMM | M x N x K | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---:|" * len(names))
+    print("\n".join(rows))
+
+
 def median_seconds(calls: dict[str, Callable[[], None]], rounds: int, min_seconds: float) -> dict[str, float]:
     """Interleaved rounds; each round runs each call enough times to last ``min_seconds``."""
     reps = {}
@@ -213,8 +287,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--min-seconds", type=float, default=0.02, help="per call and round")
     parser.add_argument("--threads", type=int, default=2, help="threads for the whole-shape table")
+    parser.add_argument("--bf16", action="store_true", help="the bf16 GEMM limit table (one thread) instead")
     args = parser.parse_args()
-    _fix_threads(args.threads)
+    _fix_threads(1 if args.bf16 else args.threads)
 
     import numpy as np
 
@@ -256,6 +331,11 @@ def main() -> None:
     if torch is not None:
         print(f"torch {torch.__version__}: {torch.__config__.show().splitlines()[3:5]}")
     print(f"numpy {np.__version__}; load average before: {os.getloadavg()}")
+    if args.bf16:
+        print(f"bf16 flags: {' '.join(f for f in ('avx512_bf16', 'amx_bf16', 'amx_tile') if f in flags) or 'none'}")
+        bf16_table(np, torch, args.rounds, args.min_seconds)
+        print(f"\nload average after: {os.getloadavg()}")
+        return
 
     def table(shapes: list[tuple], threads: int) -> None:
         names: list[str] = []

@@ -13,6 +13,7 @@ This script only measures; it never builds or changes the kernels.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import datetime
@@ -100,7 +101,7 @@ CONFIGS: dict[str, BenchConfig] = {
 """The issue's configs (T, N, I, H) plus a bidirectional and a float64 one."""
 
 QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
-COMPETITORS = ("ortlstm", "com.microsoft", "torch")
+COMPETITORS = ("ortlstm", "com.microsoft", "torch", "torch-autocast")
 LIMIT = "GEMM limit"
 
 # Targets from the issue; all compare fwd+bwd medians.
@@ -255,6 +256,65 @@ def gemm_sources(threads: int) -> list[GemmSource]:
     return sources
 
 
+class OrtlstmBf16Gemm(GemmSource):
+    """The kernel library's bf16 GEMM (issue 33, kernels_cpp/common/bf16_gemm.h) on operands already in bfloat16.
+
+    Through the library's ctypes probe ``OrtLstmGemmBf16``, one thread as a kernel task calls it:
+    the bf16 GEMM limit. Absent from libraries built before the probe (then not listed).
+    """
+
+    def __init__(self) -> None:
+        backend = ortlstm.ops.bf16_gemm_backend()
+        self._lib = ctypes.CDLL(ortlstm.ops.library_path())
+        self._gemm = self._lib.OrtLstmGemmBf16  # AttributeError on an older library
+        i64, p = ctypes.c_int64, ctypes.c_void_p
+        self._gemm.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [ctypes.c_float, p, i64, p, i64, ctypes.c_float, p, i64]
+        self._round = self._lib.OrtLstmRoundToBfloat16
+        self._round.argtypes = [p, p, i64]
+        self.name = f"ortlstm bf16 GEMM ({backend} backend), 1 thread"
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
+        a16, b16 = np.empty(a.shape, np.uint16), np.empty(b.shape, np.uint16)
+        self._round(a.ctypes.data, a16.ctypes.data, a.size)
+        self._round(b.ctypes.data, b16.ctypes.data, b.size)
+        (m, k), n = a.shape, b.shape[1]
+        args = (1, 0, 0, m, n, k, 1.0, a16.ctypes.data, k, b16.ctypes.data, n, 0.0, c.ctypes.data, n)
+
+        def run() -> None:
+            self._gemm(*args)
+
+        run.keep = (a16, b16)  # type: ignore[attr-defined]
+        return run
+
+
+class TorchBf16Gemm(GemmSource):
+    """torch.mm on bfloat16 tensors (oneDNN), ``torch.set_num_threads``."""
+
+    def __init__(self, torch: ModuleType, threads: int) -> None:
+        self._torch = torch
+        self.name = f"torch.mm bfloat16 (torch {torch.__version__}), {threads} threads"
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
+        ta, tb = (self._torch.from_numpy(x).bfloat16() for x in (a, b))
+        tc = self._torch.empty(c.shape, dtype=self._torch.bfloat16)
+
+        def run() -> None:
+            self._torch.mm(ta, tb, out=tc)
+
+        return run
+
+
+def bf16_gemm_sources(threads: int) -> list[GemmSource]:
+    """The bf16 GEMMs this process can call: ortlstm's (when its library has the probe) and torch's."""
+    sources: list[GemmSource] = []
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # a library without the probe, or none
+        sources.append(OrtlstmBf16Gemm())
+    torch = _optional_module("torch")
+    if torch is not None:
+        sources.append(TorchBf16Gemm(torch, threads))
+    return sources
+
+
 def prepare_gemm(source: GemmSource, m: int, n: int, k: int, dtype: str) -> Callable[[], None]:
     """C[m, n] = A[m, k] · B[k, n], row-major, no transposes, on random operands; run once."""
     rng = np.random.default_rng(0)
@@ -313,7 +373,10 @@ LIMIT_CANDIDATES = 3
 
 
 def measure_gemm_rates(
-    sources: Sequence[GemmSource], configs: Sequence[BenchConfig], quick: bool
+    sources: Sequence[GemmSource],
+    configs: Sequence[BenchConfig],
+    quick: bool,
+    bf16_sources: Sequence[GemmSource] = (),
 ) -> tuple[dict[str, list[GemmCandidate]], list[tuple[str, str, str, float]]]:
     """The survey at the start of the run: per dtype, the fastest GEMMs, and every measurement.
 
@@ -321,7 +384,8 @@ def measure_gemm_rates(
     projection (seq_length·batch_size) x 4·hidden_size x input_size. Returns, per dtype, the
     ``LIMIT_CANDIDATES`` fastest (source, shape) pairs, fastest first, which the limit's runner
     times again inside each config's rounds; and every measurement as (dtype, shape, source name,
-    GFLOP/s).
+    GFLOP/s). ``bf16_sources`` (float32 operands rounded to bfloat16 before timing) add rows of dtype
+    bfloat16 at the float32 configs' shapes: the bf16 GEMM limit of issue 33, never a float32 candidate.
     """
     rows: list[tuple[str, str, str, float]] = []
     candidates: dict[str, list[GemmCandidate]] = {}
@@ -338,6 +402,10 @@ def measure_gemm_rates(
                 rated.append((rate, candidate))
         rated.sort(key=lambda pair: -pair[0])
         candidates[dtype] = [candidate for _, candidate in rated[:LIMIT_CANDIDATES]]
+        for source in bf16_sources if dtype == "float32" else ():
+            for m, n, k in dict.fromkeys(shapes):
+                seconds = gemm_seconds(source, m, n, k, dtype, repeats=3 if quick else 5)
+                rows.append(("bfloat16", f"{m} x {n} x {k}", source.name, 2.0 * m * n * k / seconds / 1e9))
     return candidates, rows
 
 
@@ -623,6 +691,7 @@ class TorchRunner(Runner):
     """
 
     name = "torch"
+    autocast = False  # TorchAutocastRunner: forward (and so backward) under torch.autocast's bfloat16
 
     def __init__(self, config: BenchConfig, threads: int) -> None:
         torch = _optional_module("torch")
@@ -655,8 +724,12 @@ class TorchRunner(Runner):
         for leaf in self._leaves:
             leaf.grad = None
 
+    def _context(self) -> Any:
+        return self._torch.autocast("cpu", dtype=self._torch.bfloat16, enabled=self.autocast)
+
     def _forward_with_grad(self) -> None:
-        y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
+        with self._context():
+            y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
         self._pending = (y, h_n)
 
     def _backward(self) -> None:
@@ -669,7 +742,7 @@ class TorchRunner(Runner):
         torch = self._torch
         self._clear_gradients()
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), self._context():
             self._lstm(self._x, (self._h0, self._c0))
         end = time.perf_counter()
         phases.setdefault("fwd_nograd", []).append(end - start)
@@ -691,6 +764,17 @@ class TorchRunner(Runner):
             self.prepare_backward()
         self._backward()
         return self.gradient_bytes
+
+
+class TorchAutocastRunner(TorchRunner):
+    """``torch.nn.LSTM`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (issue 33).
+
+    What a PyTorch user on a bf16 CPU runs: oneDNN's bf16 RNN, float32 parameters, the backward in
+    the forward's dtypes.
+    """
+
+    name = "torch-autocast"
+    autocast = True
 
 
 class GemmLimitRunner(Runner):
@@ -742,6 +826,8 @@ def make_runner(
         return OrtRunner(competitor, config, threads, feed=feed, spinning=spinning, memory_arena=memory_arena)
     if competitor == "torch":
         return TorchRunner(config, threads)
+    if competitor == "torch-autocast":
+        return TorchAutocastRunner(config, threads)
     raise ValueError(f"unknown competitor {competitor!r}; expected one of {COMPETITORS}")
 
 
@@ -1493,7 +1579,7 @@ def main() -> None:
         log(f"{key}: {value}")
 
     log("GEMM rates")
-    candidates, gemm_rows = measure_gemm_rates(sources, args.config_list, args.quick)
+    candidates, gemm_rows = measure_gemm_rates(sources, args.config_list, args.quick, bf16_gemm_sources(args.threads))
     for dtype, shape, source, rate in gemm_rows:
         log(f"  {dtype} {shape:>20}: {rate:6.0f} GFLOP/s  {source.split(',')[0]}")
 

@@ -1,6 +1,7 @@
 # Run after linking (cmake -DLIBRARY=<.so> -DNM=<nm> -P CheckExports.cmake): fails unless the
 # library's dynamic symbol table defines exactly RegisterCustomOps (for ONNX Runtime) and
-# OrtLstmBlasBackend (which GEMM backend the process uses, for tools; kernels_cpp/register.cc).
+# OrtLstmBlasBackend (which GEMM backend the process uses, for tools; kernels_cpp/register.cc) and the bf16
+# GEMM layer's probes for tests and benchmarks (kernels_cpp/common/bf16_probe.cc).
 #
 # With -fvisibility=hidden the source must mark each visible itself: a version
 # script cannot export a hidden symbol, and ORT_EXPORT from onnxruntime_c_api.h is empty on
@@ -19,9 +20,11 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 list(SORT exported)
-if(NOT exported STREQUAL "OrtLstmBlasBackend;RegisterCustomOps")
+set(expected OrtLstmBf16GemmBackend OrtLstmBlasBackend OrtLstmCpuHasBf16Units OrtLstmGemmBf16
+             OrtLstmRoundToBfloat16 RegisterCustomOps)
+if(NOT exported STREQUAL expected)
   message(FATAL_ERROR
-    "${LIBRARY} must export exactly OrtLstmBlasBackend and RegisterCustomOps, but exports: '${exported}'.\n"
+    "${LIBRARY} must export exactly ${expected}, but exports: '${exported}'.\n"
     "Define it as: extern \"C\" __attribute__((visibility(\"default\"))) OrtStatus* ORT_API_CALL "
     "RegisterCustomOps(OrtSessionOptions*, const OrtApiBase*)")
 endif()

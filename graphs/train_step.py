@@ -37,6 +37,7 @@ from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.parameters import ParameterNames
+from ortlstm.graphs.precision import matmul_precision, set_matmul_precision
 from ortlstm.graphs.prepare import prepare_model
 from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
 from ortlstm.graphs.prepare.fixed_dims import record_export_dims
@@ -153,6 +154,7 @@ def build_training_models(
     ir_version: int = MAX_IR_VERSION,
     nonfinite_check: bool = True,
     kernel_gradients: bool | None = None,
+    precision: str = "32-true",
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
 
@@ -195,6 +197,9 @@ def build_training_models(
             None: when the train step needs the library anyway (an LSTM, or a fused optimizer
             update), so that a train step that needs none still runs without it. The Trainer,
             which always loads the library, passes True.
+        precision: ``"32-true"`` or ``"bf16-mixed"``: every LSTM, GRU and ConvGrad kernel node of the
+            models gets ``matmul_precision="bfloat16"`` (``ortlstm.graphs.precision``); parameters,
+            optimizer state and every other op stay float32.
 
     Returns:
         The four models, their signature and the initial parameter and state values.
@@ -205,6 +210,7 @@ def build_training_models(
             target the loss cannot take.
     """
     clip = clip_settings(clip_grad_norm, clip_norm_type, clip_grad_value)
+    matmul_precision(precision)  # refused before any work
     prepared = prepare_model(model, fixed_inputs, fixed_shapes, keep=requires_grad or ())
     if requires_grad is None and prepared.dropped:
         _warn_dropped(prepared.dropped)
@@ -234,6 +240,8 @@ def build_training_models(
     initial_state = update.initial_state(initial_params)
     train_step, gradients, apply_model = models.train_step(), models.gradients(), models.apply()
     eval_model = models.eval()  # last: it adds the Dropout flag to the emitter
+    for built in (train_step, gradients, apply_model, eval_model):
+        set_matmul_precision(built, precision)
     record_export_dims(eval_model, prepared.export_dims)  # the input check names a dim the export fixed
     return TrainingModels(
         train_step, eval_model, gradients, apply_model, signature, initial_params, initial_state, prepared

@@ -3,6 +3,7 @@
 // ort/optimizer_ops.cc, ort/ctc_ops.cc, ort/conv_ops.cc and ort/activation_grad_ops.cc.
 #include <string>
 
+#include "common/bf16_gemm.h"
 #include "common/blas.h"
 #include "generated/op_schema.h"
 #include "ort/activation_grad_ops.h"
@@ -62,6 +63,9 @@ OrtStatus* Register(OrtSessionOptions* options, const OrtApiBase* api_base) {
   // The GEMM backend for this process, by CPU or ORTLSTM_BLAS_BACKEND (common/blas.h).
   const std::string blas_error = ortlstm::ChooseBlas();
   if (!blas_error.empty()) return ortlstm::ort::MakeStatus(ORT_INVALID_ARGUMENT, "ortlstm: " + blas_error);
+  // And of matmul_precision="bfloat16", by CPU or ORTLSTM_BF16_GEMM (common/bf16_gemm.h).
+  const std::string bf16_error = ortlstm::ChooseBf16Gemm();
+  if (!bf16_error.empty()) return ortlstm::ort::MakeStatus(ORT_INVALID_ARGUMENT, "ortlstm: " + bf16_error);
   // Threads come from ORT's intra-op pool only (common/parallel.h).
   ortlstm::UseSingleThreadedBlas();
 

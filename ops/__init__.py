@@ -2,7 +2,8 @@
 
 - ``schema``: each op declared once (ports, attributes, docs); everything else derives from it.
 - ``library_path()`` / ``session_options()``: the built kernel library and ORT session options
-  that load it; ``blas_backend()``: the GEMM backend it uses in this process.
+  that load it; ``blas_backend()``: the GEMM backend it uses in this process;
+  ``bf16_gemm_backend()``: that of its bfloat16 GEMMs.
 - ``make_node``: an ortlstm node from keyword arguments, ordered by the spec.
 - ``opset()``: an onnxscript ``Opset`` for the domain.
 
@@ -12,7 +13,7 @@ Importing this package registers the ops with onnx (``onnx.checker``, shape infe
 from __future__ import annotations
 
 from ortlstm.ops import schema
-from ortlstm.ops.library import LIBRARY_FILENAME, blas_backend, library_path, session_options
+from ortlstm.ops.library import LIBRARY_FILENAME, bf16_gemm_backend, blas_backend, library_path, session_options
 from ortlstm.ops.nodes import lstm_attributes, make_node
 from ortlstm.ops.onnx_defs import opset, register_onnx_schemas
 
@@ -25,6 +26,7 @@ __all__ = [
     "DOMAIN",
     "LIBRARY_FILENAME",
     "OPSET_VERSION",
+    "bf16_gemm_backend",
     "blas_backend",
     "library_path",
     "lstm_attributes",

@@ -99,6 +99,36 @@ def blas_backend() -> str:
     return name.decode()
 
 
+BF16_GEMM_VARIABLE = "ORTLSTM_BF16_GEMM"
+"""Environment variable that forces the bf16 GEMM backend: ``mkl`` or ``fallback`` (unset: by CPU)."""
+
+
+def bf16_gemm_backend() -> str:
+    """Returns the backend of the ``matmul_precision="bfloat16"`` GEMMs in this process.
+
+    ``"mkl"`` (oneMKL's ``cblas_gemm_bf16bf16f32``) on Intel CPUs with bf16 units (AVX512-BF16 or
+    AMX) when the build links oneMKL; else ``"fallback"``: the bfloat16 operands widened to float32
+    and the float32 GEMM (the same numbers within summation order, slower than float32; oneMKL does
+    not use AMD Zen 4's AVX512-BF16, measured in docs/benchmarks.md). The
+    environment variable ``ORTLSTM_BF16_GEMM`` forces one. Fixed at the first call or registration.
+
+    Raises:
+        FileNotFoundError: The kernel library was not built.
+        ValueError: ``ORTLSTM_BF16_GEMM`` names no backend this build has.
+    """
+    _load_blas()
+    query = ctypes.CDLL(library_path()).OrtLstmBf16GemmBackend
+    query.restype = ctypes.c_char_p
+    query.argtypes = []
+    name = query()
+    if name is None:
+        raise ValueError(
+            f"{BF16_GEMM_VARIABLE}={os.environ.get(BF16_GEMM_VARIABLE, '')!r}: not a bf16 GEMM backend of this "
+            "build of ortlstm (expected mkl or fallback, or unset for the choice by CPU)"
+        )
+    return name.decode()
+
+
 def session_options(**options: object) -> onnxruntime.SessionOptions:
     """Returns ``onnxruntime.SessionOptions`` with the ortlstm kernel library registered.
 

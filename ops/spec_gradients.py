@@ -6,6 +6,7 @@ Part of the op contract (``ops/schema.py``).
 from __future__ import annotations
 
 from ortlstm.ops.contract import DOMAIN, OPSET_VERSION, AttrSpec, AttrType, OpSpec, PortSpec, TypeConstraintSpec
+from ortlstm.ops.spec_lstm import MATMUL_PRECISION
 
 # ---- Gradients of standard ops ------------------------------------------------------------------
 # The backward of a standard ONNX op in one op where the standard-op formulation is slow, each with
@@ -79,6 +80,7 @@ _CONV_ATTRIBUTES = (
         doc="As the forward Conv's; 1 per spatial axis when omitted.",
         accepts="one integer >= 1 per spatial axis",
     ),
+    MATMUL_PRECISION,
 )
 
 CONV_GRAD = OpSpec(

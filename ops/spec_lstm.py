@@ -34,6 +34,23 @@ SEQUENCE_LENS_TYPE = TypeConstraintSpec(
     doc="sequence_lens is int32, as in ONNX LSTM.",
 )
 
+MATMUL_PRECISION = AttrSpec(
+    name="matmul_precision",
+    type=AttrType.STRING,
+    default="float32",
+    required=False,
+    doc=(
+        "Precision of the op's GEMMs (no standard ONNX op has it; export drops it). `float32`: today's results bit "
+        "for bit. `bfloat16`: every GEMM takes its operands rounded to bfloat16 (round to nearest even) and "
+        "accumulates in float32, on the CPU's bf16 units where it has them (AVX512-BF16, AMX; else slower than "
+        "float32, same numbers); gate math, states, the stash, all outputs and gradients stay float32. "
+        "The recurrent ops do not run `bfloat16` yet (refused when the session is created); ConvGrad does (float32 "
+        "tensors only)."
+    ),
+    accepts="float32 or bfloat16",
+)
+"""Declared once for every op with GEMMs: the recurrent ops (via LSTM_ATTRIBUTES) and ConvGrad."""
+
 # Both ops take ONNX LSTM's attributes so a gradient node can copy its forward node's attributes
 # verbatim. hidden_size is required (ONNX LSTM makes it optional) because the kernels size every
 # buffer from it before reading R.
@@ -137,6 +154,7 @@ LSTM_ATTRIBUTES = (
         doc="0: seq_length first, the layout=0 shapes. 1: batch_size moves to the first axis, the layout=1 shapes.",
         accepts="0 or 1",
     ),
+    MATMUL_PRECISION,
 )
 
 _SEQ = ("seq_length", "num_directions", "batch_size", "hidden_size")

@@ -87,6 +87,17 @@ if [ -n "$other_blas" ]; then
     tests/test_blas_backend.py "$@"
 fi
 
+# The bf16 GEMMs likewise (kernels_cpp/common/bf16_gemm.cc): oneMKL on Intel CPUs with bf16 units,
+# the float32 fallback elsewhere; the bf16 op tests once more on the one this CPU does not choose.
+other_bf16="$("$venvs/infer/bin/python" -c '
+import pathlib, ortlstm.ops as o
+if b"oneMKL" in pathlib.Path(o.library_path()).read_bytes():
+    print({"mkl": "fallback", "fallback": "mkl"}[o.bf16_gemm_backend()])')"
+if [ -n "$other_bf16" ]; then
+  section "bf16 op tests with ORTLSTM_BF16_GEMM=$other_bf16 (the bf16 backend this CPU does not choose)"
+  ORTLSTM_BF16_GEMM="$other_bf16" "$venvs/infer/bin/pytest" tests/test_matmul_precision.py tests/test_precision.py "$@"
+fi
+
 section "tests: onnxruntime-training-cpu"
 make_venv train "$python" ".[demo-training,test]"
 # The parity tests also load the trained models in plain onnxruntime, from the infer environment.

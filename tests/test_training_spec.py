@@ -91,6 +91,7 @@ def test_json_reads_back_without_the_runtime_options() -> None:
         "frozen",
         "fixed_shapes",
         "ir_version",
+        "precision",
     ]
     restored = TrainingSpec.from_json(data)
     assert restored.to_json() == spec.to_json()

@@ -83,22 +83,6 @@ std::string LinkedNames() {
   return names;
 }
 
-// "GenuineIntel", "AuthenticAMD", ... or "" off x86.
-std::string CpuVendor() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned int max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid(0, &max_leaf, &ebx, &ecx, &edx) == 0) return "";
-  char vendor[13];
-  std::memcpy(vendor + 0, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  vendor[12] = '\0';
-  return vendor;
-#else
-  return "";
-#endif
-}
-
 // oneMKL where it is fastest (Intel); elsewhere OpenBLAS with oneMKL for GEMMs of few rows, which
 // on AMD Zen 3 beat either alone (docs/benchmarks.md); whatever is linked when there is no choice.
 Backend Automatic() {
@@ -181,6 +165,21 @@ void Dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
 constexpr std::align_val_t kPackedAlignment{64};
 
 }  // namespace
+
+std::string CpuVendor() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &max_leaf, &ebx, &ecx, &edx) == 0) return "";
+  char vendor[13];
+  std::memcpy(vendor + 0, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  vendor[12] = '\0';
+  return vendor;
+#else
+  return "";
+#endif
+}
 
 std::string ChooseBlas() {
   const char* forced = std::getenv(kEnvironmentVariable);

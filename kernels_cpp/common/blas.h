@@ -68,6 +68,9 @@ void UseSingleThreadedBlas();
 // mixes backends and results stay bitwise reproducible). Thread-safe.
 std::string ChooseBlas();
 
+// "GenuineIntel", "AuthenticAMD", ... from CPUID, or "" off x86: what the backend choices go by.
+std::string CpuVendor();
+
 // The backend in use ("mkl", "openblas", "openblas+mkl" or "system"), choosing it as ChooseBlas would if no
 // registration has yet; nullptr if that choice fails (ChooseBlas says why).
 const char* BlasBackendName();

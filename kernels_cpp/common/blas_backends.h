@@ -22,6 +22,13 @@ void MklPack(bool trans_b, int m, int n, int k, const float* b, int ldb, void* p
 void MklPack(bool trans_b, int m, int n, int k, const double* b, int ldb, void* packed);
 void MklCompute(int m, int n, int k, const float* a, int lda, const void* packed, float beta, float* c, int ldc);
 void MklCompute(int m, int n, int k, const double* a, int lda, const void* packed, double beta, double* c, int ldc);
+// The bf16 GEMM (cblas_gemm_bf16bf16f32 and its packed variant; operands are bfloat16 bits) for common/bf16_gemm.cc.
+void MklGemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const unsigned short* a, int lda,
+                 const unsigned short* b, int ldb, float beta, float* c, int ldc);
+size_t MklPackedSizeBf16(int m, int n, int k);
+void MklPackBf16(bool trans_b, int m, int n, int k, const unsigned short* b, int ldb, void* packed);
+void MklComputeBf16(int m, int n, int k, float alpha, const unsigned short* a, int lda, const void* packed,
+                    float beta, float* c, int ldc);
 #endif
 
 #if defined(ORTLSTM_BLAS_PREFIX_SCIPY)

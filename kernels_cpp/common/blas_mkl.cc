@@ -34,6 +34,20 @@ void MklCompute(int m, int n, int k, const double* a, int lda, const void* packe
   cblas_dgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, a, lda, static_cast<const double*>(packed),
                       n, beta, c, ldc);
 }
+void MklGemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const unsigned short* a, int lda,
+                 const unsigned short* b, int ldb, float beta, float* c, int ldc) {
+  cblas_gemm_bf16bf16f32(CblasRowMajor, Trans(trans_a), Trans(trans_b), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+size_t MklPackedSizeBf16(int m, int n, int k) { return cblas_gemm_bf16bf16f32_pack_get_size(CblasBMatrix, m, n, k); }
+void MklPackBf16(bool trans_b, int m, int n, int k, const unsigned short* b, int ldb, void* packed) {
+  cblas_gemm_bf16bf16f32_pack(CblasRowMajor, CblasBMatrix, Trans(trans_b), m, n, k, b, ldb,
+                              static_cast<MKL_BF16*>(packed));
+}
+void MklComputeBf16(int m, int n, int k, float alpha, const unsigned short* a, int lda, const void* packed,
+                    float beta, float* c, int ldc) {
+  cblas_gemm_bf16bf16f32_compute(CblasRowMajor, CblasNoTrans, CblasPacked, m, n, k, alpha, a, lda,
+                                 static_cast<const MKL_BF16*>(packed), n, beta, c, ldc);
+}
 
 }  // namespace blas_backend
 }  // namespace ortlstm

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <type_traits>
 
 #include "common/blas.h"
 
@@ -154,9 +155,23 @@ int64_t ConvDims::InputSize() const { return Product(input_spatial); }
 int64_t ConvDims::OutputSize() const { return Product(output_spatial); }
 int64_t ConvDims::KernelSize() const { return Product(kernel); }
 
+// Gemm of common/blas.h, or with matmul_precision="bfloat16" (float only: the adapter refuses
+// double) the same GEMM on operands rounded to bfloat16, accumulated in float32.
+template <typename T>
+void ConvGemm(MatmulPrecision precision, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (precision == MatmulPrecision::kBfloat16) {
+      GemmRoundedBf16(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+  }
+  Gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, beta, c, ldc);
+}
+
 template <typename T>
 void ConvGrad(const ConvDims& dims, const T* grad_y, const T* x, const T* w, T* grad_x, T* grad_w, T* grad_b,
-              const Executor& executor, const ScratchAllocator& allocator) {
+              const Executor& executor, const ScratchAllocator& allocator, MatmulPrecision precision) {
   const int64_t group = dims.group;
   const int64_t per_group = dims.ChannelsPerGroup();  // Cg
   const int64_t maps_per_group = dims.MapsPerGroup();  // Mg
@@ -215,13 +230,13 @@ void ConvGrad(const ConvDims& dims, const T* grad_y, const T* x, const T* w, T* 
           // grad_W_g^T [Cg*K, Mg] (+)= columns [Cg*K, O] * grad_Y[n, g]^T [O, Mg]: M=Cg*K, N=Mg, K=O, B transposed.
           Im2Col(dims, x_g, cols);
           const T beta = n == images.begin ? T(0) : T(1);
-          Gemm(false, true, rows, maps_per_group, out_size, T(1), cols, out_size, dy, out_size, beta,
-               part_w + g * rows * maps_per_group, maps_per_group);
+          ConvGemm(precision, false, true, rows, maps_per_group, out_size, cols, out_size, dy, out_size, beta,
+                   part_w + g * rows * maps_per_group, maps_per_group);
         }
         if (grad_x != nullptr) {
           // columns [Cg*K, O] = W_g^T [Cg*K, Mg] * grad_Y[n, g] [Mg, O]: M=Cg*K, N=O, K=Mg, A transposed.
-          Gemm(true, false, rows, out_size, maps_per_group, T(1), w + g * maps_per_group * rows, rows, dy, out_size,
-               T(0), cols, out_size);
+          ConvGemm(precision, true, false, rows, out_size, maps_per_group, w + g * maps_per_group * rows, rows, dy,
+                   out_size, T(0), cols, out_size);
           Col2Im(dims, cols, grad_x + (n * dims.channels + g * per_group) * in_size);
         }
       }
@@ -248,8 +263,8 @@ void ConvGrad(const ConvDims& dims, const T* grad_y, const T* x, const T* w, T* 
 }
 
 template void ConvGrad<float>(const ConvDims&, const float*, const float*, const float*, float*, float*, float*,
-                              const Executor&, const ScratchAllocator&);
+                              const Executor&, const ScratchAllocator&, MatmulPrecision);
 template void ConvGrad<double>(const ConvDims&, const double*, const double*, const double*, double*, double*, double*,
-                               const Executor&, const ScratchAllocator&);
+                               const Executor&, const ScratchAllocator&, MatmulPrecision);
 
 }  // namespace ortlstm::conv

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/bf16_gemm.h"
 #include "common/parallel.h"
 #include "common/scratch.h"
 
@@ -49,8 +50,11 @@ struct ConvDims {
 //   grad_B[m] = sum_{n, o} grad_Y[n, m, o]
 // Images are split into executor.Width() fixed parts, each summing its own grad_W in a fixed
 // order, then the parts are added in order: results do not depend on scheduling.
+// MatmulPrecision::kBfloat16 (T = float only) rounds both GEMMs' operands to bfloat16
+// (common/bf16_gemm.h); grad_B's sum does not multiply and stays as it is.
 template <typename T>
 void ConvGrad(const ConvDims& dims, const T* grad_y, const T* x, const T* w, T* grad_x, T* grad_w, T* grad_b,
-              const Executor& executor, const ScratchAllocator& allocator);
+              const Executor& executor, const ScratchAllocator& allocator,
+              MatmulPrecision precision = MatmulPrecision::kFloat32);
 
 }  // namespace ortlstm::conv

@@ -229,8 +229,10 @@ inline constexpr char kAttrGroup[] = "group";
 inline constexpr char kAttrKernelShape[] = "kernel_shape";
 inline constexpr char kAttrPads[] = "pads";
 inline constexpr char kAttrStrides[] = "strides";
+inline constexpr char kAttrMatmulPrecision[] = "matmul_precision";
 inline constexpr char kAttrAutoPadDefault[] = "NOTSET";
 inline constexpr std::int64_t kAttrGroupDefault = 1;
+inline constexpr char kAttrMatmulPrecisionDefault[] = "float32";
 }  // namespace conv_grad
 
 // SigmoidGrad: docs/ops.md#sigmoidgrad
@@ -304,12 +306,16 @@ inline constexpr char kLayout[] = "layout";
 inline constexpr Type kLayoutType = Type::kInt;
 inline constexpr char kLayoutAccepts[] = "0 or 1";
 inline constexpr std::int64_t kLayoutDefault = 0;
+inline constexpr char kMatmulPrecision[] = "matmul_precision";
+inline constexpr Type kMatmulPrecisionType = Type::kString;
+inline constexpr char kMatmulPrecisionAccepts[] = "float32 or bfloat16";
+inline constexpr char kMatmulPrecisionDefault[] = "float32";
 struct Spec {
   const char* name;
   Type type;
 };
 // Every attribute, in the spec's order.
-inline constexpr Spec kAll[] = {{kHiddenSize, kHiddenSizeType}, {kDirection, kDirectionType}, {kActivations, kActivationsType}, {kActivationAlpha, kActivationAlphaType}, {kActivationBeta, kActivationBetaType}, {kActivationsCsv, kActivationsCsvType}, {kClip, kClipType}, {kInputForget, kInputForgetType}, {kLayout, kLayoutType}};
+inline constexpr Spec kAll[] = {{kHiddenSize, kHiddenSizeType}, {kDirection, kDirectionType}, {kActivations, kActivationsType}, {kActivationAlpha, kActivationAlphaType}, {kActivationBeta, kActivationBetaType}, {kActivationsCsv, kActivationsCsvType}, {kClip, kClipType}, {kInputForget, kInputForgetType}, {kLayout, kLayoutType}, {kMatmulPrecision, kMatmulPrecisionType}};
 }  // namespace attr
 
 // Size limits the kernels enforce: docs/ops.md, section Refused.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bf16_gemm.h"
 #include "lstm/activation.h"
 
 namespace ortlstm {
@@ -27,6 +28,7 @@ struct RawLstmAttributes {
   std::optional<float> clip;
   std::optional<int64_t> input_forget;
   std::optional<int64_t> layout;
+  std::optional<std::string> matmul_precision;
 };
 
 // Activations of one direction, in ONNX order: f (gates i, o, f), g (cell candidate), h (output).
@@ -44,6 +46,7 @@ struct LstmConfig {
   std::optional<float> clip;                          // absent: no clipping
   bool input_forget = false;
   int64_t layout = 0;
+  MatmulPrecision matmul_precision = MatmulPrecision::kFloat32;  // of every GEMM (common/bf16_gemm.h)
 
   // Processing direction of direction slot d (0 or 1): reverse runs t = seq_length-1 .. 0.
   bool IsReverse(int64_t d) const {

@@ -5,6 +5,7 @@
 #include <array>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "conv/conv_grad.h"
 #include "generated/op_schema.h"
@@ -43,7 +44,7 @@ class ConvGradKernel {
       OrtScratchAllocator allocator(context);
       conv::ConvGrad<T>(dims, arg(In::kDY).template Data<T>(), arg(In::kX).template Data<T>(),
                         arg(In::kW).template Data<T>(), static_cast<T*>(grad_x), static_cast<T*>(grad_w),
-                        static_cast<T*>(grad_b), OrtExecutor(context), allocator);
+                        static_cast<T*>(grad_b), OrtExecutor(context), allocator, attributes_.matmul_precision);
       return nullptr;
     } catch (const std::bad_alloc&) {
       return OutOfMemory(spec::kName, node_);
@@ -69,7 +70,11 @@ struct ConvGradOp : SchemaOp<ConvGradOp<T>, ConvGradKernel<T>, ConvGradTraits, T
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
     ConvAttributes attributes;
-    const std::string error = ReadConvAttributes(info, &attributes);
+    std::string error = ReadConvAttributes(info, &attributes);
+    if (error.empty() && !std::is_same_v<T, float> && attributes.matmul_precision == MatmulPrecision::kBfloat16) {
+      error = "attribute matmul_precision: bfloat16 takes float32 tensors, got float64 (float64 is for gradient "
+              "checks); pass float32 tensors or matmul_precision=\"float32\"";
+    }
     if (!error.empty()) return Fail(ConvGradTraits::kName, node, error);
     return ConvGradOp::NewKernel(kernel, std::move(attributes), node);
   }

@@ -51,6 +51,11 @@ std::string ReadConvAttributes(const OrtKernelInfo* info, ConvAttributes* attrib
   if (error.empty()) error = ReadIntsAttribute(info, spec::kAttrKernelShape, &attributes->kernel_shape);
   if (error.empty()) error = ReadIntsAttribute(info, spec::kAttrPads, &attributes->pads);
   if (error.empty()) error = ReadIntsAttribute(info, spec::kAttrStrides, &attributes->strides);
+  std::string precision;
+  if (error.empty()) {
+    error = ReadStringAttribute(info, spec::kAttrMatmulPrecision, spec::kAttrMatmulPrecisionDefault, &precision);
+  }
+  if (error.empty()) error = ParseMatmulPrecision(precision, &attributes->matmul_precision);
   if (!error.empty()) return error;
   const std::string& auto_pad = attributes->auto_pad;
   if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER") {

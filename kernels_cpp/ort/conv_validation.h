@@ -21,6 +21,7 @@ struct ConvAttributes {
   std::optional<std::vector<int64_t>> kernel_shape;
   std::optional<std::vector<int64_t>> pads;
   std::optional<std::vector<int64_t>> strides;
+  MatmulPrecision matmul_precision = MatmulPrecision::kFloat32;
 };
 
 std::string ReadConvAttributes(const OrtKernelInfo* info, ConvAttributes* attributes);

@@ -372,6 +372,7 @@ std::string ReadLstmAttributes(const OrtKernelInfo* info, RawLstmAttributes* raw
   raw->clip = ReadFloat(info, attr::kClip);
   raw->input_forget = ReadInt(info, attr::kInputForget);
   raw->layout = ReadInt(info, attr::kLayout);
+  raw->matmul_precision = ReadString(info, attr::kMatmulPrecision);
 
   const std::optional<std::vector<std::string>> listed = ReadStrings(info, attr::kActivations);
   const std::optional<std::string> joined = ReadString(info, attr::kActivationsCsv);

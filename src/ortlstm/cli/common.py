@@ -336,6 +336,7 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         run_time: Also --nonfinite, which a training directory does not record (``fit``'s, not ``train-step``'s).
     """
     from ortlstm.graphs.convert import MAX_IR_VERSION
+    from ortlstm.graphs.precision import PRECISIONS
     from ortlstm.training import NONFINITE_MODES
 
     parser.add_argument(
@@ -374,6 +375,13 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
     parser.add_argument(
         "--ir-version", type=int, default=MAX_IR_VERSION, help="the training models' IR version"
     )
+    parser.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default="32-true",
+        help="bf16-mixed: the LSTM/GRU/Conv gradient GEMMs on bfloat16 operands with float32 accumulation, weights "
+        "and optimizer state (torch.autocast's bf16 on the CPU); the LSTM and GRU ops refuse it for now",
+    )
 
 
 def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> dict[str, Any]:
@@ -409,6 +417,7 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
         "fixed_shapes": dict(args.fixed_shape) or None,
         "stateful": args.stateful,
         "ir_version": args.ir_version,
+        "precision": args.precision,
     }
     if run_time:
         keywords.update(threads=args.threads, nonfinite=args.nonfinite)

@@ -33,6 +33,7 @@ TRAINER_OPTIONS: dict[str, str] = {
     "threads": "threads",
     "ir_version": "ir_version",
     "nonfinite": "nonfinite",
+    "precision": "precision",
 }
 """Every keyword of ``Trainer(...)`` but the model -> the option of ``ortlstm fit`` that sets it.
 

@@ -21,6 +21,7 @@ import numpy as np
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.optimizers.clip import ClipGradNorm
+from ortlstm.graphs.precision import matmul_precision
 from ortlstm.graphs.train_step import TrainStepSignature
 
 LearningRate = float | Callable[[int], float]
@@ -141,6 +142,7 @@ def _check_option_types(spec: TrainingSpec) -> None:
         )
     if not isinstance(spec.stateful, (bool, np.bool_)):
         raise TypeError(f"stateful must be True or False, got {type(spec.stateful).__name__} {spec.stateful!r}")
+    matmul_precision(spec.precision)  # a clear error listing both names
     for keyword, value in (("output", spec.prediction), ("target", spec.target)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{keyword} must be a name (a string), got {type(value).__name__} {value!r}")
@@ -267,6 +269,8 @@ class TrainingSpec:
         lr: Run-time: a constant learning rate or a schedule; None: the optimizer's ``lr``.
         threads: Run-time: onnxruntime intra-op threads (None: onnxruntime's choice).
         nonfinite: Run-time: ``"raise"`` or ``"skip"`` (``Trainer(nonfinite=...)``).
+        precision: ``"32-true"`` or ``"bf16-mixed"`` (``ortlstm.graphs.precision``): saved, and a
+            checkpoint of the other precision is refused on load, as other graph options are.
     """
 
     loss: losses.Loss = dataclasses.field(metadata=_role(saved=(_loss_to_json, _loss_from_json), build=_same))
@@ -304,6 +308,9 @@ class TrainingSpec:
     lr: LearningRate | None = dataclasses.field(default=None, metadata=_role())
     threads: int | None = dataclasses.field(default=None, metadata=_role())
     nonfinite: str = dataclasses.field(default="raise", metadata=_role())
+    precision: str = dataclasses.field(
+        default="32-true", metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
+    )
 
     def __post_init__(self) -> None:
         _check_option_types(self)

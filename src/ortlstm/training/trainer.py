@@ -41,6 +41,9 @@ from ortlstm.training.guard import all_finite, check_mode, loss_value, refusal
 from ortlstm.training.spec import LearningRate, TrainingSpec
 
 
+_NOT_OPTIONS = ("self", "model")
+
+
 class Trainer:
     """Trains a model in onnxruntime: steps, evaluation, schedules, accumulation, checkpoints, export.
 
@@ -87,6 +90,7 @@ class Trainer:
         threads: int | None = None,
         ir_version: int = MAX_IR_VERSION,
         nonfinite: str = "raise",
+        precision: str = "32-true",
     ) -> None:
         """Builds the training models of ``model``.
 
@@ -125,31 +129,17 @@ class Trainer:
                 they were); ``"raise"`` (default) raises ``NonFiniteStepError``, ``"skip"`` skips
                 the update and counts it in ``skipped_steps``, as torch.amp's GradScaler skips
                 ``optimizer.step()``. Also settable later: ``trainer.nonfinite = "skip"``.
+            precision: Lightning's name: ``"32-true"`` (float32 throughout) or ``"bf16-mixed"`` (every GEMM of the
+                kernel ops on bfloat16 operands, float32 accumulation, weights, optimizer state and export, as
+                torch.autocast on the CPU); saved with the run. The LSTM and GRU ops refuse it for now.
 
         Raises:
             ValueError: From ``build_training_models``: an unknown output or parameter, a target
                 the loss cannot take, an op without gradient on a parameter's path.
         """
-        spec = TrainingSpec.from_options(
-            loss=loss,
-            optimizer=optimizer,
-            lr=lr,
-            requires_grad=requires_grad,
-            frozen=frozen,
-            output=output,
-            target=target,
-            extra_outputs=extra_outputs,
-            param_groups=param_groups,
-            clip_grad_norm=clip_grad_norm,
-            clip_norm_type=clip_norm_type,
-            clip_grad_value=clip_grad_value,
-            fixed_inputs=fixed_inputs,
-            fixed_shapes=fixed_shapes,
-            stateful=stateful,
-            threads=threads,
-            ir_version=ir_version,
-            nonfinite=nonfinite,
-        )
+        # Every keyword but the model, by its own name: a new option reaches the spec without a list to extend.
+        options = {name: value for name, value in locals().items() if name not in _NOT_OPTIONS}
+        spec = TrainingSpec.from_options(**options)
         self._build(files.load_model(model), spec)
 
     def _build(self, original: onnx.ModelProto, spec: TrainingSpec) -> None:

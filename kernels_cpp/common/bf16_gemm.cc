@@ -1,0 +1,337 @@
+// The bf16 GEMM layer (common/bf16_gemm.h): rounding, the backend choice, the GEMMs and the
+// reusable bf16 right operand.
+#include "common/bf16_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "common/blas.h"
+#include "common/blas_backends.h"
+
+namespace ortlstm {
+namespace {
+
+enum class Bf16Backend : int { kNone = 0, kMkl, kFallback };
+
+constexpr const char* kEnvironmentVariable = "ORTLSTM_BF16_GEMM";
+
+const char* Name(Bf16Backend backend) {
+  switch (backend) {
+    case Bf16Backend::kMkl:
+      return "mkl";
+    case Bf16Backend::kFallback:
+      return "fallback";
+    case Bf16Backend::kNone:
+      break;
+  }
+  return "none";
+}
+
+constexpr bool kMklLinked =
+#if defined(ORTLSTM_BLAS_MKL)
+    true;
+#else
+    false;
+#endif
+
+// oneMKL's bf16 GEMM on Intel CPUs with bf16 units (AMX, AVX512-BF16) where the build links it;
+// else the fallback. On AMD Zen 4 (AVX512-BF16) oneMKL's bf16 GEMM was no faster than the fallback
+// and both slower than float32 (docs/benchmarks.md): oneMKL does not use AMD's bf16 units.
+Bf16Backend Automatic() {
+  return kMklLinked && CpuHasBf16Units() && CpuVendor() == "GenuineIntel" ? Bf16Backend::kMkl : Bf16Backend::kFallback;
+}
+
+std::atomic<Bf16Backend> g_backend{Bf16Backend::kNone};
+std::mutex g_choose_mutex;
+
+Bf16Backend Active() {
+  Bf16Backend backend = g_backend.load(std::memory_order_acquire);
+  if (backend == Bf16Backend::kNone) {
+    if (!ChooseBf16Gemm().empty()) {
+      std::lock_guard<std::mutex> lock(g_choose_mutex);
+      Bf16Backend expected = Bf16Backend::kNone;
+      g_backend.compare_exchange_strong(expected, Automatic(), std::memory_order_acq_rel);
+    }
+    backend = g_backend.load(std::memory_order_acquire);
+  }
+  return backend;
+}
+
+// Once per process, the first time a bf16 GEMM runs on the fallback, saying why it is there.
+void WarnSlowFallback() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* forced = std::getenv(kEnvironmentVariable);
+    const std::string why = forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
+                            : !CpuHasBf16Units() ? std::string("a CPU without bf16 units (no AVX512-BF16 or AMX)")
+                                                 : "an " + CpuVendor() + " CPU: oneMKL does not use its bf16 units";
+    std::fprintf(stderr,
+                 "ortlstm: warning: matmul_precision=\"bfloat16\" runs on the fallback GEMM (%s): bfloat16 operands "
+                 "widened to float32 and the float32 GEMM, the same numbers but slower than "
+                 "matmul_precision=\"float32\"\n",
+                 why.c_str());
+  });
+}
+
+int Int(int64_t value) {
+  assert(value >= 0 && value <= INT_MAX);
+  return static_cast<int>(value);
+}
+
+inline uint32_t Bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+// RNE on the bits: add 0x7FFF plus the lowest kept bit, keep the upper half; NaN keeps its upper
+// half with the quiet bit set (so a NaN whose payload lies in the low half stays NaN).
+inline uint16_t RoundBits(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+}
+
+// op(X) stored as `rows` x `cols` with leading dimension `ld`, converted densely (ld = cols).
+template <typename In, typename Out, typename Convert>
+Out* Dense(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<Out>* buffer, Convert convert) {
+  buffer->resize(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) convert(x + r * ld, buffer->data() + r * cols, cols);
+  return buffer->data();
+}
+
+// Per-thread scratch for the rounded operands (two each: A and B).
+std::vector<Bfloat16>& Bf16Scratch(int which) {
+  thread_local std::vector<Bfloat16> buffers[2];
+  return buffers[which];
+}
+std::vector<float>& FloatScratch(int which) {
+  thread_local std::vector<float> buffers[2];
+  return buffers[which];
+}
+
+bool ScaleOnly(int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return true;
+  if (k != 0) return false;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+  }
+  return true;
+}
+
+constexpr std::align_val_t kPackedAlignment{64};
+
+}  // namespace
+
+std::string ParseMatmulPrecision(const std::string& value, MatmulPrecision* precision) {
+  if (value == "float32") {
+    *precision = MatmulPrecision::kFloat32;
+  } else if (value == "bfloat16") {
+    *precision = MatmulPrecision::kBfloat16;
+  } else {
+    return "attribute matmul_precision: expected float32 or bfloat16, got '" + value + "'";
+  }
+  return "";
+}
+
+bool CpuHasBf16Units() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = [] {
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__builtin_cpu_supports("avx512f")) return false;  // also says the OS saves the AVX-512 state
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u;
+    const unsigned int max_subleaf = eax;
+    bool avx512_bf16 = false;
+    if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) avx512_bf16 = (eax >> 5) & 1u;
+    return avx512_bf16 || amx_bf16;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+void RoundToBfloat16(const float* src, Bfloat16* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = RoundBits(Bits(src[i]));
+}
+
+void RoundToBfloat16AsFloat(const float* src, float* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(RoundBits(Bits(src[i]))) << 16;
+    std::memcpy(dst + i, &widened, sizeof widened);
+  }
+}
+
+void Bfloat16ToFloat(const Bfloat16* src, float* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t widened = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &widened, sizeof widened);
+  }
+}
+
+std::string ChooseBf16Gemm() {
+  const char* forced = std::getenv(kEnvironmentVariable);
+  Bf16Backend wanted = Automatic();
+  if (forced != nullptr && forced[0] != '\0') {
+    const std::string value(forced);
+    if (value == "mkl") {
+      wanted = Bf16Backend::kMkl;
+    } else if (value == "fallback") {
+      wanted = Bf16Backend::kFallback;
+    } else {
+      return std::string(kEnvironmentVariable) + "='" + value +
+             "' is not a bf16 GEMM backend: expected mkl or fallback, or unset for the choice by CPU";
+    }
+    if (wanted == Bf16Backend::kMkl && !kMklLinked) {
+      return std::string(kEnvironmentVariable) +
+             "=mkl, but this build of ortlstm does not link oneMKL (see cmake/Blas.cmake); use fallback";
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_choose_mutex);
+  const Bf16Backend current = g_backend.load(std::memory_order_acquire);
+  if (current == Bf16Backend::kNone) {
+    g_backend.store(wanted, std::memory_order_release);
+  } else if (current != wanted && forced != nullptr && forced[0] != '\0') {
+    return std::string(kEnvironmentVariable) + "=" + Name(wanted) + ", but this process already runs bf16 GEMMs on " +
+           Name(current) + " (chosen once per process)";
+  }
+  return "";
+}
+
+const char* Bf16GemmBackendName() {
+  if (g_backend.load(std::memory_order_acquire) == Bf16Backend::kNone && !ChooseBf16Gemm().empty()) return nullptr;
+  return Name(g_backend.load(std::memory_order_acquire));
+}
+
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const Bfloat16* a,
+              int64_t lda, const Bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
+#if defined(ORTLSTM_BLAS_MKL)
+  if (Active() == Bf16Backend::kMkl) {
+    blas_backend::MklGemmBf16(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a, Int(lda), b, Int(ldb), beta, c,
+                              Int(ldc));
+    return;
+  }
+#endif
+  WarnSlowFallback();
+  const float* a_wide = Dense(a, trans_a ? k : m, trans_a ? m : k, lda, &FloatScratch(0), Bfloat16ToFloat);
+  const float* b_wide = Dense(b, trans_b ? n : k, trans_b ? k : n, ldb, &FloatScratch(1), Bfloat16ToFloat);
+  Gemm(trans_a, trans_b, m, n, k, alpha, a_wide, trans_a ? m : k, b_wide, trans_b ? k : n, beta, c, ldc);
+}
+
+void GemmRoundedBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+#if defined(ORTLSTM_BLAS_MKL)
+  if (Active() == Bf16Backend::kMkl) {
+    const Bfloat16* a_bf16 = Dense(a, a_rows, a_cols, lda, &Bf16Scratch(0), RoundToBfloat16);
+    const Bfloat16* b_bf16 = Dense(b, b_rows, b_cols, ldb, &Bf16Scratch(1), RoundToBfloat16);
+    blas_backend::MklGemmBf16(trans_a, trans_b, Int(m), Int(n), Int(k), alpha, a_bf16, Int(a_cols), b_bf16,
+                              Int(b_cols), beta, c, Int(ldc));
+    return;
+  }
+#endif
+  WarnSlowFallback();
+  const float* a_wide = Dense(a, a_rows, a_cols, lda, &FloatScratch(0), RoundToBfloat16AsFloat);
+  const float* b_wide = Dense(b, b_rows, b_cols, ldb, &FloatScratch(1), RoundToBfloat16AsFloat);
+  Gemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
+}
+
+void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc) {
+  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+#if defined(ORTLSTM_BLAS_MKL)
+  if (Active() == Bf16Backend::kMkl) {
+    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns).
+    std::vector<Bfloat16> a_bf16, b_bf16;
+    Dense(a, a_rows, a_cols, lda, &a_bf16, RoundToBfloat16);
+    Dense(b, b_rows, b_cols, ldb, &b_bf16, RoundToBfloat16);
+    constexpr int64_t kMinBlockWork = int64_t{1} << 18;  // as ParallelGemm's
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), (m * n * k) / kMinBlockWork));
+    const bool split_rows = m >= n;
+    const int64_t extent = split_rows ? m : n;
+    const int64_t blocks = std::min(parts, extent);
+    executor.For(static_cast<size_t>(blocks), [&](size_t index) {
+      const Range r = SplitRange(extent, blocks, static_cast<int64_t>(index));
+      if (r.end == r.begin) return;
+      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16.data() + r.begin : a_bf16.data() + r.begin * a_cols)
+                                           : a_bf16.data();
+      const Bfloat16* b_block = split_rows ? b_bf16.data()
+                                           : (trans_b ? b_bf16.data() + r.begin * b_cols : b_bf16.data() + r.begin);
+      const int64_t rows = split_rows ? r.end - r.begin : m, cols = split_rows ? n : r.end - r.begin;
+      float* c_block = split_rows ? c + r.begin * ldc : c + r.begin;
+      blas_backend::MklGemmBf16(trans_a, trans_b, Int(rows), Int(cols), Int(k), alpha, a_block, Int(a_cols), b_block,
+                                Int(b_cols), beta, c_block, Int(ldc));
+    });
+    return;
+  }
+#endif
+  WarnSlowFallback();
+  std::vector<float> a_wide, b_wide;
+  Dense(a, a_rows, a_cols, lda, &a_wide, RoundToBfloat16AsFloat);
+  Dense(b, b_rows, b_cols, ldb, &b_wide, RoundToBfloat16AsFloat);
+  ParallelGemm(executor, trans_a, trans_b, m, n, k, alpha, a_wide.data(), a_cols, b_wide.data(), b_cols, beta, c, ldc);
+}
+
+void Bf16Operand::Free::operator()(void* p) const { ::operator delete(p, kPackedAlignment); }
+
+Bf16Operand::~Bf16Operand() = default;
+
+Bf16Operand::Bf16Operand(bool trans_b, int64_t m, int64_t n, int64_t k, const float* b, int64_t ldb)
+    : trans_b_(trans_b), m_(m), n_(n), k_(k) {
+  const int64_t rows = trans_b ? n : k, cols = trans_b ? k : n;
+#if defined(ORTLSTM_BLAS_MKL)
+  if (Active() == Bf16Backend::kMkl) {
+    Dense(b, rows, cols, ldb, &b_bf16_, RoundToBfloat16);
+    if (m > 0 && n > 0 && k > 0) {
+      packed_.reset(::operator new(blas_backend::MklPackedSizeBf16(Int(m), Int(n), Int(k)), kPackedAlignment));
+      blas_backend::MklPackBf16(trans_b, Int(m), Int(n), Int(k), b_bf16_.data(), Int(cols), packed_.get());
+    }
+    return;
+  }
+#endif
+  Dense(b, rows, cols, ldb, &b_rounded_, RoundToBfloat16AsFloat);
+}
+
+void Bf16Operand::Multiply(const float* a, int64_t lda, float beta, float* c, int64_t ldc, float alpha,
+                           int64_t m) const {
+  if (m < 0) m = m_;
+  assert(m <= m_);
+  if (ScaleOnly(m, n_, k_, beta, c, ldc)) return;
+  const int64_t b_cols = trans_b_ ? k_ : n_;
+#if defined(ORTLSTM_BLAS_MKL)
+  if (!b_bf16_.empty()) {
+    const Bfloat16* a_bf16 = Dense(a, m, k_, lda, &Bf16Scratch(0), RoundToBfloat16);
+    if (packed_ && m == m_) {
+      blas_backend::MklComputeBf16(Int(m), Int(n_), Int(k_), alpha, a_bf16, Int(k_), packed_.get(), beta, c,
+                                   Int(ldc));
+    } else {
+      blas_backend::MklGemmBf16(false, trans_b_, Int(m), Int(n_), Int(k_), alpha, a_bf16, Int(k_), b_bf16_.data(),
+                                Int(b_cols), beta, c, Int(ldc));
+    }
+    return;
+  }
+#endif
+  WarnSlowFallback();
+  const float* a_wide = Dense(a, m, k_, lda, &FloatScratch(0), RoundToBfloat16AsFloat);
+  Gemm(false, trans_b_, m, n_, k_, alpha, a_wide, k_, b_rounded_.data(), b_cols, beta, c, ldc);
+}
+
+}  // namespace ortlstm
