@@ -1,7 +1,7 @@
 """Training precision (issue 33): Lightning's names, and the ``matmul_precision`` the kernel ops get from them.
 
 ``"32-true"`` is float32 throughout. ``"bf16-mixed"`` is what ``torch.autocast("cpu", dtype=torch.bfloat16)``
-does for the GEMMs: the training models' kernel ops that multiply matrices (LSTM, GRU and ConvGrad) carry
+does for the GEMMs: the training models' kernel ops that multiply matrices (LSTM, GRU, RNN and ConvGrad) carry
 ``matmul_precision="bfloat16"``, so their GEMMs take bfloat16-rounded operands and accumulate in float32,
 while parameters, optimizer state, every other op and the exported model stay float32. Only the
 training models change: the export writes the original model, which never had the attribute.
@@ -13,12 +13,17 @@ import onnx
 
 from ortlstm.graphs.graph_utils import walk_graphs
 from ortlstm.ops.contract import DOMAIN
+from ortlstm.ops.schema import CTC_OPS, GRADIENT_OPS, GRU_OPS, OPS, OPTIMIZER_OPS, RNN_OPS
 
 PRECISIONS: dict[str, str] = {"32-true": "float32", "bf16-mixed": "bfloat16"}
 """Lightning's precision name -> the kernel ops' ``matmul_precision``."""
 
-GEMM_OPS = ("LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad", "ConvGrad")
-"""The kernel ops with a ``matmul_precision`` attribute (ops/spec_lstm.py MATMUL_PRECISION)."""
+GEMM_OPS: tuple[str, ...] = tuple(
+    op.name
+    for op in OPS + GRU_OPS + RNN_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
+    if any(attribute.name == "matmul_precision" for attribute in op.attributes)
+)
+"""The kernel ops with a ``matmul_precision`` attribute, read off the schema (ops/spec_lstm.py MATMUL_PRECISION)."""
 
 
 def matmul_precision(precision: object) -> str:
