@@ -121,15 +121,13 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(schema.DOMAIN, schema.OPSET_VERSION)],
             ir_version=10,
         )
-        options = ortlstm.ops.session_options(intra_op_num_threads=int(settings["threads"]))  # type: ignore[call-overload]
+        threads = int(settings["threads"])  # type: ignore[call-overload]
+        options = ortlstm.ops.session_options(intra_op_num_threads=threads)
         return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
     forward_inputs = [p.name for p in schema.op_by_name(forward_op).inputs if p.name in feeds]
-    forward = dict(
-        zip(schema.output_names(schema.op_by_name(forward_op)), session(forward_op, forward_inputs).run(None, {
-            n: feeds[n] for n in forward_inputs
-        }), strict=True)
-    )
+    forward_values = session(forward_op, forward_inputs).run(None, {n: feeds[n] for n in forward_inputs})
+    forward = dict(zip(schema.output_names(schema.op_by_name(forward_op)), forward_values, strict=True))
     grads = {**feeds, **forward, "grad_HAll": rng.standard_normal(seq).astype(dtype)}
     grads["grad_Ht"] = rng.standard_normal(state).astype(dtype)
     if family == "lstm":
@@ -137,7 +135,8 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
     grad_inputs = [p.name for p in schema.op_by_name(grad_op).inputs if p.name in grads]
     backward = session(grad_op, grad_inputs).run(None, {n: grads[n] for n in grad_inputs})
     results = {f"fwd.{k}": v for k, v in forward.items()}
-    results.update({f"bwd.{k}": v for k, v in zip(schema.output_names(schema.op_by_name(grad_op)), backward, strict=True)})
+    grad_names = schema.output_names(schema.op_by_name(grad_op))
+    results.update({f"bwd.{k}": v for k, v in zip(grad_names, backward, strict=True)})
     return results
 
 

@@ -258,8 +258,9 @@ class ForwardDriver {
   const T* R_;  // [G*H, H] likewise
 };
 
-// Runs one forward call: builds each direction's cell with make_cell(d, split) and a driver for it, projects the inputs, then runs the directions' recurrences, as two
-// parallel tasks (each serial inside) when the executor has the width.
+// Runs one forward call: builds each direction's cell with make_cell(d, split) and a driver for
+// it, projects the inputs, then runs the directions' recurrences, as two parallel tasks (each
+// serial inside) when the executor has the width.
 template <typename T, typename Cell, typename MakeCell>
 void RunForward(const LstmDims& dims, const ForwardIo<T>& io, const std::array<bool, 2>& reverse,
                 const Executor& executor, const ScratchAllocator& allocator, const MakeCell& make_cell) {
