@@ -23,11 +23,13 @@
 //                                      is a round of tasks of its own
 //   Range StageGates(int64_t s) const; the gates [first, end) whose columns stage s's GEMM fills
 //   const T* StageInput(int64_t s) const;          [N, H] left operand of stage s > 0
-//   T* StageOutput(T* gates, int64_t b) const;     row b's recurrent columns when !kAccumulate
+//   T* StageOutput(int64_t b) const;               row b [G*H] of its recurrent products when !kAccumulate
 //   void InitialState(int64_t b);                  the cell's own state of entry b (C), if any
 //   void Inactive(int64_t t, int64_t b, int64_t seq_row, Range units);  zero its stash at a pad
 //   void Pointwise(int64_t s, int64_t t, int64_t b, Range units, const ForwardRow<T>& row);
 //   void FinalState(int64_t b, bool ran);          its own final state (Ct), zero unless `ran`
+// The ONNX RNN, Ht = f(Xt W^T + Ht-1 R^T + Wb + Rb), is the simplest such policy: kGates 1, one
+// stage accumulated into the gates, a pointwise pass of bias and f, no state or stash of its own.
 #pragma once
 
 #include <algorithm>
