@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 import op_runner
+import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper
 from ortlstm.ops import schema
@@ -329,3 +330,52 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
         "X: seq_length*batch_size=0, seq_length*3*hidden_size=13194139533312, batch_size=0, input_size=5: each must be "
         "at most 2147483647, the largest dimension BLAS accepts"
     ) in message
+
+
+# Shapes whose time loop the kernels cut into tasks at 2 threads (SplitTimeLoop, lstm/lstm_math.h):
+# one step wide enough for blocks of hidden units (each a task, two recurrent stages per step with
+# linear_before_reset=0), and enough entries with a small R for groups of entries.
+SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 256), "entry-groups": (3, 16, 8, 32)}
+
+
+def _run_threads(op_type: str, feeds: dict, attributes: dict, threads: int) -> dict[str, np.ndarray]:
+    op = schema.op_by_name(op_type)
+    outputs = list(schema.output_names(op))
+    model = op_runner.make_model(op_type, list(feeds), outputs, np.float64, attributes)
+    options = ortlstm.ops.session_options(intra_op_num_threads=threads)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(outputs, session.run(outputs, feeds), strict=True))
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+@pytest.mark.parametrize("shape", list(SPLIT_SHAPES))
+def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, linear_before_reset: int, direction: str) -> None:
+    """GRUTraining at 2 threads equals the NumPy reference; GRUGrad equals its 1-thread self (float64)."""
+    steps, batch, inputs, hidden = SPLIT_SHAPES[shape]
+    d = schema.num_directions(direction)
+    rng = np.random.default_rng(13)
+    feeds = {
+        "X": rng.standard_normal((steps, batch, inputs)),
+        "W": rng.standard_normal((d, 3 * hidden, inputs)) * 0.3,
+        "R": rng.standard_normal((d, 3 * hidden, hidden)) / np.sqrt(hidden),
+        "B": rng.standard_normal((d, 6 * hidden)) * 0.3,
+        "sequence_lens": np.array([steps, 1] + [steps - 1] * (batch - 2), np.int32),
+        "initial_h": rng.standard_normal((d, batch, hidden)),
+    }
+    attributes = {"hidden_size": hidden, "linear_before_reset": linear_before_reset, "direction": direction}
+    expected = gru_training(feeds, **attributes)
+    forward = _run_threads("GRUTraining", feeds, attributes, threads=2)
+    for name in ("HAll", "Ht", "ZRH"):
+        np.testing.assert_allclose(forward[name], expected[name], rtol=0, atol=FLOAT64_ATOL, err_msg=name)
+    grad_feeds = {
+        **feeds,
+        "HAll": forward["HAll"],
+        "ZRH": forward["ZRH"],
+        "grad_HAll": rng.standard_normal(forward["HAll"].shape),
+        "grad_Ht": rng.standard_normal(forward["Ht"].shape),
+    }
+    split = _run_threads("GRUGrad", grad_feeds, attributes, threads=2)
+    serial = _run_threads("GRUGrad", grad_feeds, attributes, threads=1)
+    for name, value in serial.items():
+        np.testing.assert_allclose(split[name], value, rtol=0, atol=FLOAT64_ATOL * np.abs(value).max(), err_msg=name)

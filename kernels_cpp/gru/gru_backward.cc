@@ -11,11 +11,17 @@
 //   linear_before_reset = 0:  d(rH) = da Rh, dr = d(rH) . H_{t-1} . f'(r)
 //     dH_{t-1} = dH . z + d(rH) . r + [dz dr] Rzr;   dRzr = [dz dr]^T H_{t-1}, dRh = da^T (r . H_{t-1})
 //   dX = [dz dr da] W,  dW = [dz dr da]^T X,  dWb = sum [dz dr da]  (and dRb = dWb when lbr = 0)
+//
+// The time loop is cut into executor tasks by groups of batch entries, as the LSTM's is
+// (SplitTimeLoop, lstm/lstm_math.h; entries are independent through the recurrence, so each task
+// takes its rows through every step), and the two directions of a bidirectional GRU run as two
+// tasks when the executor has the width; the GEMMs over all steps (Q, dX, dW, dR) follow.
 #include <algorithm>
 
 #include "common/blas.h"
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
+#include "lstm/lstm_math.h"
 
 namespace ortlstm {
 namespace {
@@ -24,7 +30,7 @@ template <typename T>
 class GruBackwardDirection {
  public:
   GruBackwardDirection(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& io, int64_t d,
-                       const ScratchAllocator& allocator)
+                       int64_t groups, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
@@ -32,6 +38,7 @@ class GruBackwardDirection {
         H_(dims.hidden_size),
         width_(dims.GateWidth()),
         lbr_(config.linear_before_reset),
+        groups_(groups),
         W_(io.W + d * width_ * dims.input_size),
         R_(io.R + d * width_ * H_),
         f_(config.cell.activations[d].f, config.cell.clip),
@@ -45,9 +52,10 @@ class GruBackwardDirection {
         dh_prev_(allocator, dims.batch_size * H_),
         step_grad_(allocator, dims.batch_size * width_),
         d_rh_(allocator, lbr_ ? 0 : dims.batch_size * H_),
-        prime_(allocator, 2 * H_) {}
+        prime_(allocator, groups * 2 * H_) {}
 
-  void Run(const Executor& executor) {
+  // The time loop, from grad_Ht back to dH0: the gate gradients of every step, in X's row order.
+  void Recurrence(const Executor& executor) {
     const int64_t N = dims_.batch_size;
     const int64_t rows = dims_.Rows();
     for (int64_t b = 0; b < N; ++b) {
@@ -67,12 +75,63 @@ class GruBackwardDirection {
                      q_.get(), H_);
       }
       const bool reverse = config_.cell.IsReverse(d_);
-      for (int64_t s = dims_.seq_length - 1; s >= 0; --s) Step(reverse ? dims_.seq_length - 1 - s : s);
+      // Each task's rows through every step; dL/dH_t and dL/dH_{t-1} swap roles every step.
+      executor.For(static_cast<size_t>(groups_), [&](size_t k) {
+        const Range group = SplitRange(N, groups_, static_cast<int64_t>(k));
+        T* dh = dh_.get();
+        T* dh_prev = dh_prev_.get();
+        for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
+          Step(reverse ? dims_.seq_length - 1 - s : s, group, dh, dh_prev, prime_.get() + k * 2 * H_);
+          std::swap(dh, dh_prev);
+        }
+      });
+      if (dims_.seq_length % 2 == 1) std::swap(dh_, dh_prev_);
     }
     if (io_.dH0) {
       for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
     }
-    WeightGradients(executor);
+  }
+
+  // dX (+)= this direction's share, dW, dR, dB: GEMMs over all steps.
+  void WeightGradients(const Executor& executor) const {
+    const int64_t rows = dims_.Rows();
+    const int64_t I = dims_.input_size;
+    const int64_t H = H_;
+    T* dW = io_.dW ? io_.dW + d_ * width_ * I : nullptr;
+    T* dR = io_.dR ? io_.dR + d_ * width_ * H : nullptr;
+    T* dB = io_.dB ? io_.dB + d_ * 2 * width_ : nullptr;
+    if (rows == 0) {
+      if (dW) std::fill_n(dW, width_ * I, T(0));
+      if (dR) std::fill_n(dR, width_ * H, T(0));
+      if (dB) std::fill_n(dB, 2 * width_, T(0));
+      if (io_.dX && d_ == 0) std::fill_n(io_.dX, rows * I, T(0));
+      return;
+    }
+    const T* dg = grad_gates_.get();
+    if (io_.dX) {
+      ParallelGemm(executor, false, false, rows, I, width_, T(1), dg, width_, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
+    }
+    if (dW) ParallelGemm(executor, true, false, width_, I, rows, T(1), dg, width_, io_.X, I, T(0), dW, I);
+    if (dR) {
+      if (lbr_) {
+        ParallelGemm(executor, true, false, width_, H, rows, T(1), grad_rec_.get(), width_, hidden_prev_.get(), H,
+                     T(0), dR, H);
+      } else {
+        ParallelGemm(executor, true, false, 2 * H, H, rows, T(1), dg, width_, hidden_prev_.get(), H, T(0), dR, H);
+        ParallelGemm(executor, true, false, H, H, rows, T(1), dg + 2 * H, width_, reset_hidden_.get(), H, T(0),
+                     dR + 2 * H * H, H);
+      }
+    }
+    if (dB) {
+      std::fill_n(dB, 2 * width_, T(0));
+      const T* rec = lbr_ ? grad_rec_.get() : dg;
+      for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t j = 0; j < width_; ++j) {
+          dB[j] += dg[row * width_ + j];
+          dB[width_ + j] += rec[row * width_ + j];
+        }
+      }
+    }
   }
 
  private:
@@ -97,19 +156,22 @@ class GruBackwardDirection {
     }
   }
 
-  void Step(int64_t t) {
-    const int64_t N = dims_.batch_size;
+  // Step t for batch entries `group`: dh holds their dL/dH_t, dh_prev gets dL/dH_{t-1}; `prime`
+  // [2H] is the task's room for f' and g'.
+  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime) {
     const int64_t H = H_;
+    const int64_t M = group.end - group.begin;
+    if (M <= 0) return;
     const T* rb = io_.B ? io_.B + d_ * 2 * width_ + width_ : nullptr;
     T* step = step_grad_.get();
-    T* fprime = prime_.get();
-    T* gprime = prime_.get() + H;
-    for (int64_t b = 0; b < N; ++b) {
+    T* fprime = prime;
+    T* gprime = prime + H;
+    for (int64_t b = group.begin; b < group.end; ++b) {
       const int64_t row = dims_.XRow(t, b);
       T* dg = grad_gates_.get() + row * width_;
       T* sg = step + b * width_;
-      T* dhp = dh_prev_.get() + b * H;
-      const T* dh = dh_.get() + b * H;
+      T* dhp = dh_prev_all + b * H;
+      const T* dh = dh_all + b * H;
       if (!Active(t, b)) {
         std::fill_n(dg, width_, T(0));
         std::fill_n(sg, width_, T(0));
@@ -153,14 +215,15 @@ class GruBackwardDirection {
     if (!lbr_) {
       // d(r . H_{t-1}) = da Rh; then the reset gate's share.
       T* d_rh = d_rh_.get();
-      Gemm(false, false, N, H, H, T(1), step + 2 * H, width_, R_ + 2 * H * H, H, T(0), d_rh, H);
-      for (int64_t b = 0; b < N; ++b) {
+      Gemm(false, false, M, H, H, T(1), step + group.begin * width_ + 2 * H, width_, R_ + 2 * H * H, H, T(0),
+           d_rh + group.begin * H, H);
+      for (int64_t b = group.begin; b < group.end; ++b) {
         if (!Active(t, b)) continue;
         const int64_t row = dims_.XRow(t, b);
         const T* r = io_.ZRH + dims_.SeqRow(t, d_, b) * width_ + H;
         const T* hp = hidden_prev_.get() + row * H;
         T* dg = grad_gates_.get() + row * width_;
-        T* dhp = dh_prev_.get() + b * H;
+        T* dhp = dh_prev_all + b * H;
         f_.DerivativesFromOutputs(r, fprime, H);
         for (int64_t j = 0; j < H; ++j) {
           dg[H + j] = d_rh[b * H + j] * hp[j] * fprime[j];
@@ -170,49 +233,8 @@ class GruBackwardDirection {
       }
     }
     // dH_{t-1} += [dz dr (dq)] R[zr(h)]; inactive rows add zeros to their passed-through dH.
-    Gemm(false, false, N, H, lbr_ ? width_ : 2 * H, T(1), step, width_, R_, H, T(1), dh_prev_.get(), H);
-    std::swap(dh_, dh_prev_);
-  }
-
-  void WeightGradients(const Executor& executor) {
-    const int64_t rows = dims_.Rows();
-    const int64_t I = dims_.input_size;
-    const int64_t H = H_;
-    T* dW = io_.dW ? io_.dW + d_ * width_ * I : nullptr;
-    T* dR = io_.dR ? io_.dR + d_ * width_ * H : nullptr;
-    T* dB = io_.dB ? io_.dB + d_ * 2 * width_ : nullptr;
-    if (rows == 0) {
-      if (dW) std::fill_n(dW, width_ * I, T(0));
-      if (dR) std::fill_n(dR, width_ * H, T(0));
-      if (dB) std::fill_n(dB, 2 * width_, T(0));
-      if (io_.dX && d_ == 0) std::fill_n(io_.dX, rows * I, T(0));
-      return;
-    }
-    const T* dg = grad_gates_.get();
-    if (io_.dX) {
-      ParallelGemm(executor, false, false, rows, I, width_, T(1), dg, width_, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
-    }
-    if (dW) ParallelGemm(executor, true, false, width_, I, rows, T(1), dg, width_, io_.X, I, T(0), dW, I);
-    if (dR) {
-      if (lbr_) {
-        ParallelGemm(executor, true, false, width_, H, rows, T(1), grad_rec_.get(), width_, hidden_prev_.get(), H,
-                     T(0), dR, H);
-      } else {
-        ParallelGemm(executor, true, false, 2 * H, H, rows, T(1), dg, width_, hidden_prev_.get(), H, T(0), dR, H);
-        ParallelGemm(executor, true, false, H, H, rows, T(1), dg + 2 * H, width_, reset_hidden_.get(), H, T(0),
-                     dR + 2 * H * H, H);
-      }
-    }
-    if (dB) {
-      std::fill_n(dB, 2 * width_, T(0));
-      const T* rec = lbr_ ? grad_rec_.get() : dg;
-      for (int64_t row = 0; row < rows; ++row) {
-        for (int64_t j = 0; j < width_; ++j) {
-          dB[j] += dg[row * width_ + j];
-          dB[width_ + j] += rec[row * width_ + j];
-        }
-      }
-    }
+    Gemm(false, false, M, H, lbr_ ? width_ : 2 * H, T(1), step + group.begin * width_, width_, R_, H, T(1),
+         dh_prev_all + group.begin * H, H);
   }
 
   const LstmDims& dims_;
@@ -222,6 +244,7 @@ class GruBackwardDirection {
   const int64_t H_;
   const int64_t width_;
   const bool lbr_;  // linear_before_reset
+  const int64_t groups_;  // tasks of the time loop, each a group of batch entries
   const T* W_;      // [3H, I] of this direction
   const T* R_;      // [3H, H] of this direction
   const GateActivation<T> f_;
@@ -235,7 +258,7 @@ class GruBackwardDirection {
   Scratch<T> dh_prev_;       // [N, H] dL/dH_{t-1}
   Scratch<T> step_grad_;     // [N, 3H] the step's pre-activation gradients that multiply R
   Scratch<T> d_rh_;          // [N, H] dL/d(r . H_{t-1}) (linear_before_reset = 0)
-  Scratch<T> prime_;         // [2H] f' and g' of one entry
+  Scratch<T> prime_;         // [groups, 2H] f' and g' of one entry, one row per task
 };
 
 }  // namespace
@@ -243,8 +266,25 @@ class GruBackwardDirection {
 template <typename T>
 void GruBackward(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
+  // The recurrences of two directions are independent: one task each, serial inside; dX sums
+  // the directions' shares afterwards, in direction order.
+  const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
+  const SerialExecutor serial;
+  const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
+  // Groups of entries only (the step's GEMMs are not cut into blocks of units here).
+  const int64_t groups = SplitTimeLoop<T>(dims, step_executor, L2CacheBytes()).row_groups;
+  if (directions_in_parallel) {
+    GruBackwardDirection<T> forward(dims, config, tensors, 0, groups, allocator);
+    GruBackwardDirection<T> backward(dims, config, tensors, 1, groups, allocator);
+    executor.For(2, [&](size_t d) { (d == 0 ? forward : backward).Recurrence(serial); });
+    forward.WeightGradients(executor);
+    backward.WeightGradients(executor);
+    return;
+  }
   for (int64_t d = 0; d < dims.num_directions; ++d) {
-    GruBackwardDirection<T>(dims, config, tensors, d, allocator).Run(executor);
+    GruBackwardDirection<T> direction(dims, config, tensors, d, groups, allocator);
+    direction.Recurrence(executor);
+    direction.WeightGradients(executor);
   }
 }
 

@@ -1,5 +1,7 @@
 // LSTMTraining and LSTMGrad as ORT custom ops. Port counts, order and optionality come from the
-// generated schema (generated/op_schema.h); this file only adapts ORT tensors to lstm/ math.
+// generated schema (generated/op_schema.h); the kernel and op definition are the recurrent ops'
+// shared ones (ort/recurrent_kernel.h); this file holds the LSTM's static shape inference and its
+// Specs, which adapt ORT tensors to lstm/ math.
 #include "ort/lstm_ops.h"
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include "generated/op_schema.h"
 #include "lstm/lstm_math.h"
 #include "ort/lstm_validation.h"
+#include "ort/recurrent_kernel.h"
 
 namespace ortlstm::ort {
 namespace {
@@ -192,233 +195,82 @@ OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernels.
+// The two ops' Specs for the shared kernel and op definition (ort/recurrent_kernel.h): their
+// attributes, input checks, output shapes and the math they call.
 
-template <typename T>
-class LstmTrainingKernel {
- public:
-  LstmTrainingKernel(const LstmConfig& config, std::string node) : config_(config), node_(std::move(node)) {}
-
-  OrtStatus* ComputeV2(OrtKernelContext* context) {
-    namespace spec = schema::lstm_training;
-    using In = spec::In;
-    using Out = spec::Out;
-    try {
-      TrainingInputs inputs;
-      std::string error = ReadInputs(context, &inputs, spec::kInputOptional, spec::kInputNames);
-      LstmDims dims;
-      if (error.empty()) error = ValidateTrainingInputs(config_, inputs, &dims);
-      if (!error.empty()) return Fail(spec::kName, node_, error);
-      auto in = [&](In port) { return inputs[spec::Index(port)].template Data<T>(); };
-
-      std::array<void*, spec::kNumOutputs> out{};
-      const std::array<std::pair<Out, std::vector<int64_t>>, spec::kNumOutputs> shapes = {{
-          {Out::kHAll, SequenceShape(dims, dims.hidden_size)},
-          {Out::kHt, StateShape(dims)},
-          {Out::kCt, StateShape(dims)},
-          {Out::kCAll, SequenceShape(dims, dims.hidden_size)},
-          {Out::kIOFC, SequenceShape(dims, dims.GateWidth())},
-      }};
-      for (const auto& [port, shape] : shapes) {
-        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
-        if (!error.empty()) return Fail(spec::kName, node_, spec::kOutputNames[spec::Index(port)] + (": " + error));
-      }
-      LstmForwardTensors<T> t;
-      t.X = in(In::kX);
-      t.W = in(In::kW);
-      t.R = in(In::kR);
-      t.B = in(In::kB);
-      t.sequence_lens = inputs[spec::Index(In::kSequenceLens)].template Data<int32_t>();
-      t.initial_h = in(In::kInitialH);
-      t.initial_c = in(In::kInitialC);
-      t.P = in(In::kP);
-      t.HAll = static_cast<T*>(out[spec::Index(Out::kHAll)]);
-      t.Ht = static_cast<T*>(out[spec::Index(Out::kHt)]);
-      t.Ct = static_cast<T*>(out[spec::Index(Out::kCt)]);
-      t.CAll = static_cast<T*>(out[spec::Index(Out::kCAll)]);
-      t.IOFC = static_cast<T*>(out[spec::Index(Out::kIOFC)]);
-      LstmForward<T>(dims, config_, t, OrtExecutor(context), OrtScratchAllocator(context));
-      return nullptr;
-    } catch (const std::bad_alloc&) {
-      return OutOfMemory(spec::kName, node_);
-    }
-  }
-
- private:
-  LstmConfig config_;
-  std::string node_;
-};
-
-template <typename T>
-class LstmGradKernel {
- public:
-  LstmGradKernel(const LstmConfig& config, std::string node) : config_(config), node_(std::move(node)) {}
-
-  OrtStatus* ComputeV2(OrtKernelContext* context) {
-    namespace spec = schema::lstm_grad;
-    using In = spec::In;
-    using Out = spec::Out;
-    try {
-      GradInputs inputs;
-      std::string error = ReadInputs(context, &inputs, spec::kInputOptional, spec::kInputNames);
-      LstmDims dims;
-      if (error.empty()) error = ValidateGradInputs(config_, inputs, &dims);
-      if (!error.empty()) return Fail(spec::kName, node_, error);
-      auto in = [&](In port) { return inputs[spec::Index(port)].template Data<T>(); };
-
-      const int64_t width = dims.GateWidth();
-      std::array<void*, spec::kNumOutputs> out{};
-      const std::array<std::pair<Out, std::vector<int64_t>>, spec::kNumOutputs> shapes = {{
-          {Out::kDX, InputShape(dims)},
-          {Out::kDW, {dims.num_directions, width, dims.input_size}},
-          {Out::kDR, {dims.num_directions, width, dims.hidden_size}},
-          {Out::kDB, {dims.num_directions, 2 * width}},
-          {Out::kDH0, StateShape(dims)},
-          {Out::kDC0, StateShape(dims)},
-          {Out::kDP, {dims.num_directions, 3 * dims.hidden_size}},
-      }};
-      for (const auto& [port, shape] : shapes) {
-        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
-        if (!error.empty()) return Fail(spec::kName, node_, spec::kOutputNames[spec::Index(port)] + (": " + error));
-      }
-      LstmBackwardTensors<T> t;
-      t.X = in(In::kX);
-      t.W = in(In::kW);
-      t.R = in(In::kR);
-      t.sequence_lens = inputs[spec::Index(In::kSequenceLens)].template Data<int32_t>();
-      t.initial_h = in(In::kInitialH);
-      t.initial_c = in(In::kInitialC);
-      t.HAll = in(In::kHAll);
-      t.CAll = in(In::kCAll);
-      t.IOFC = in(In::kIOFC);
-      t.grad_HAll = in(In::kGradHAll);
-      t.grad_Ht = in(In::kGradHt);
-      t.grad_Ct = in(In::kGradCt);
-      t.P = in(In::kP);
-      t.dX = static_cast<T*>(out[spec::Index(Out::kDX)]);
-      t.dW = static_cast<T*>(out[spec::Index(Out::kDW)]);
-      t.dR = static_cast<T*>(out[spec::Index(Out::kDR)]);
-      t.dB = static_cast<T*>(out[spec::Index(Out::kDB)]);
-      t.dH0 = static_cast<T*>(out[spec::Index(Out::kDH0)]);
-      t.dC0 = static_cast<T*>(out[spec::Index(Out::kDC0)]);
-      t.dP = static_cast<T*>(out[spec::Index(Out::kDP)]);
-      LstmBackward<T>(dims, config_, t, OrtExecutor(context), OrtScratchAllocator(context));
-      return nullptr;
-    } catch (const std::bad_alloc&) {
-      return OutOfMemory(spec::kName, node_);
-    }
-  }
-
- private:
-  LstmConfig config_;
-  std::string node_;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Op definitions: one per (op, element type). `Spec` is a generated schema namespace wrapper.
+std::string ReadLstmConfig(const OrtKernelInfo* info, bool gradient, LstmConfig* config) {
+  RawLstmAttributes raw;
+  std::string error = ReadLstmAttributes(info, &raw);
+  if (error.empty()) error = ParseLstmConfig(raw, config);
+  if (error.empty() && gradient) error = CheckGradientActivations(*config, schema::lstm_grad::kName);
+  return error;
+}
 
 struct TrainingSpec {
-  static constexpr const char* kName = schema::lstm_training::kName;
-  static constexpr int kNumInputs = schema::lstm_training::kNumInputs;
-  static constexpr int kNumOutputs = schema::lstm_training::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::lstm_training::kInputOptional;
-  static constexpr const bool* kInputIsInt32 = schema::lstm_training::kInputIsInt32;
-  static constexpr const bool* kOutputOptional = schema::lstm_training::kOutputOptional;
+  ORTLSTM_SCHEMA_TRAITS(schema::lstm_training)
+  using Config = LstmConfig;
   static constexpr auto kInfer = &InferTrainingShapes;
+  static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
+    return ReadLstmConfig(info, false, config);
+  }
+  static std::string Validate(const Config& config, const TrainingInputs& inputs, LstmDims* dims) {
+    return ValidateTrainingInputs(config, inputs, dims);
+  }
+  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
+    // HAll, Ht, Ct, CAll, IOFC
+    return {SequenceShape(dims, dims.hidden_size), StateShape(dims), StateShape(dims),
+            SequenceShape(dims, dims.hidden_size), SequenceShape(dims, dims.GateWidth())};
+  }
   template <typename T>
-  using Kernel = LstmTrainingKernel<T>;
+  static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<TrainingSpec>& ports,
+                  const Executor& executor, const ScratchAllocator& allocator) {
+    LstmForwardTensors<T> t;
+    BindTrainingPorts<T>(ports, &t);
+    t.initial_c = ports.In<T>(In::kInitialC);
+    t.P = ports.In<T>(In::kP);
+    t.Ct = ports.Out<T>(Out::kCt);
+    t.CAll = ports.Out<T>(Out::kCAll);
+    t.IOFC = ports.Out<T>(Out::kIOFC);
+    LstmForward<T>(dims, config, t, executor, allocator);
+  }
 };
 
 struct GradSpec {
-  static constexpr const char* kName = schema::lstm_grad::kName;
-  static constexpr int kNumInputs = schema::lstm_grad::kNumInputs;
-  static constexpr int kNumOutputs = schema::lstm_grad::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::lstm_grad::kInputOptional;
-  static constexpr const bool* kInputIsInt32 = schema::lstm_grad::kInputIsInt32;
-  static constexpr const bool* kOutputOptional = schema::lstm_grad::kOutputOptional;
+  ORTLSTM_SCHEMA_TRAITS(schema::lstm_grad)
+  using Config = LstmConfig;
   static constexpr auto kInfer = &InferGradShapes;
+  static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
+    return ReadLstmConfig(info, true, config);
+  }
+  static std::string Validate(const Config& config, const GradInputs& inputs, LstmDims* dims) {
+    return ValidateGradInputs(config, inputs, dims);
+  }
+  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
+    // dX, dW, dR, dB, dH0, dC0, dP
+    const auto weights = WeightShapes(dims);
+    return {InputShape(dims), weights[0], weights[1], weights[2], StateShape(dims), StateShape(dims),
+            {dims.num_directions, 3 * dims.hidden_size}};
+  }
   template <typename T>
-  using Kernel = LstmGradKernel<T>;
-};
-
-template <typename Spec, typename T>
-struct LstmOp : Ort::CustomOpBase<LstmOp<Spec, T>, typename Spec::template Kernel<T>, /*WithStatus=*/true> {
-  using KernelType = typename Spec::template Kernel<T>;
-
-  LstmOp() {
-    // ORT 1.19 rejects ops that declare a newer struct version than it knows.
-    OrtCustomOp::version = kOrtApiVersion;
-  }
-
-  // Before onnxruntime 1.25, ORT's shape-inference context dereferences the type of an omitted
-  // optional input (an empty name in the middle of the input list) and crashes, so the hook is
-  // installed only where that is fixed.
-  void EnableShapeInference(bool enable) { OrtCustomOp::InferOutputShapeFn = enable ? Spec::kInfer : nullptr; }
-
-  OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    const std::string node = NodeName(info);
-    RawLstmAttributes raw;
-    std::string error = ReadLstmAttributes(info, &raw);
-    LstmConfig config;
-    if (error.empty()) error = ParseLstmConfig(raw, &config);
-    if (error.empty() && std::string(Spec::kName) == schema::lstm_grad::kName) {
-      error = CheckGradientActivations(config);
-    }
-    if (!error.empty()) return Fail(Spec::kName, node, error);
-    try {
-      *kernel = new KernelType(config, node);
-    } catch (const std::bad_alloc&) {
-      return MakeStatus(ORT_FAIL, std::string(Spec::kName) + ": out of memory");
-    }
-    return nullptr;
-  }
-
-  // LSTMGrad derives gate derivatives from the activated gates, which needs activations whose
-  // output determines the derivative.
-  static std::string CheckGradientActivations(const LstmConfig& config) {
-    for (int64_t d = 0; d < config.num_directions; ++d) {
-      for (const Activation* act : {&config.activations[d].f, &config.activations[d].g}) {
-        if (!DerivativeDeterminedByOutput(*act)) {
-          return std::string("attribute activation_alpha: ") + ActivationName(act->kind) + " with alpha=" +
-                 std::to_string(act->alpha) +
-                 " maps negative and positive inputs onto the same outputs, so LSTMGrad cannot recover its "
-                 "derivative from the stashed gates; use alpha >= 0";
-        }
-      }
-    }
-    return "";
-  }
-
-  const char* GetName() const { return Spec::kName; }
-  size_t GetInputTypeCount() const { return static_cast<size_t>(Spec::kNumInputs); }
-  ONNXTensorElementDataType GetInputType(size_t index) const {
-    return Spec::kInputIsInt32[index] ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : kElementType<T>;
-  }
-  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-    return Spec::kInputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
-  }
-  size_t GetOutputTypeCount() const { return static_cast<size_t>(Spec::kNumOutputs); }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kElementType<T>; }
-  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
-    return Spec::kOutputOptional[index] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,
+                  const Executor& executor, const ScratchAllocator& allocator) {
+    LstmBackwardTensors<T> t;
+    BindGradPorts<T>(ports, &t);
+    t.initial_c = ports.In<T>(In::kInitialC);
+    t.CAll = ports.In<T>(In::kCAll);
+    t.IOFC = ports.In<T>(In::kIOFC);
+    t.grad_Ct = ports.In<T>(In::kGradCt);
+    t.P = ports.In<T>(In::kP);
+    t.dC0 = ports.Out<T>(Out::kDC0);
+    t.dP = ports.Out<T>(Out::kDP);
+    LstmBackward<T>(dims, config, t, executor, allocator);
   }
 };
-
-// Static storage: ORT keeps pointers to the op definitions for the life of every session.
-LstmOp<TrainingSpec, float> g_training_float;
-LstmOp<TrainingSpec, double> g_training_double;
-LstmOp<GradSpec, float> g_grad_float;
-LstmOp<GradSpec, double> g_grad_double;
 
 }  // namespace
 
 std::string AddLstmOps(OrtCustomOpDomain* domain) {
-  const bool shape_inference = RuntimeIsAtLeast(kOrtApiVersionFixedShapeInference);
-  g_training_float.EnableShapeInference(shape_inference);
-  g_training_double.EnableShapeInference(shape_inference);
-  g_grad_float.EnableShapeInference(shape_inference);
-  g_grad_double.EnableShapeInference(shape_inference);
-  return AddOps(domain, {&g_training_float, &g_training_double, &g_grad_float, &g_grad_double});
+  return RecurrentOps<TrainingSpec, GradSpec>::Add(domain, RuntimeIsAtLeast(kOrtApiVersionFixedShapeInference));
 }
 
 }  // namespace ortlstm::ort

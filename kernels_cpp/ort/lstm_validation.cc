@@ -295,4 +295,24 @@ std::vector<int64_t> InputShape(const LstmDims& dims) {
   return {dims.batch_size, dims.seq_length, dims.input_size};
 }
 
+std::string CheckGradientActivations(const LstmConfig& config, const char* op_name) {
+  for (int64_t d = 0; d < config.num_directions; ++d) {
+    for (const Activation* act : {&config.activations[d].f, &config.activations[d].g}) {
+      if (!DerivativeDeterminedByOutput(*act)) {
+        return std::string("attribute activation_alpha: ") + ActivationName(act->kind) + " with alpha=" +
+               std::to_string(act->alpha) + " maps negative and positive inputs onto the same outputs, so " + op_name +
+               " cannot recover its derivative from the stashed gates; use alpha >= 0";
+      }
+    }
+  }
+  return "";
+}
+
+std::array<std::vector<int64_t>, 3> WeightShapes(const LstmDims& dims) {
+  const int64_t width = dims.GateWidth();
+  return {{{dims.num_directions, width, dims.input_size},
+           {dims.num_directions, width, dims.hidden_size},
+           {dims.num_directions, 2 * width}}};
+}
+
 }  // namespace ortlstm::ort

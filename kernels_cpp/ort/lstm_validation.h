@@ -30,9 +30,15 @@ std::string ValidateGruGradInputs(const LstmConfig& config, const GruGradInputs&
 std::string ValidateRnnTrainingInputs(const LstmConfig& config, const RnnTrainingInputs& inputs, LstmDims* dims);
 std::string ValidateRnnGradInputs(const LstmConfig& config, const RnnGradInputs& inputs, LstmDims* dims);
 
+// A gradient op (LSTMGrad, GRUGrad) derives gate derivatives from the stashed activated gates,
+// which needs activations (f and g of every direction) whose output determines the derivative;
+// "" or a message naming the attribute and the value to use.
+std::string CheckGradientActivations(const LstmConfig& config, const char* op_name);
+
 // Output shapes, from validated dims.
 std::vector<int64_t> SequenceShape(const LstmDims& dims, int64_t width);  // HAll, CAll (H), IOFC (4H)
 std::vector<int64_t> StateShape(const LstmDims& dims);                    // Ht, Ct, initial_h, dH0, ...
 std::vector<int64_t> InputShape(const LstmDims& dims);                    // X, dX
+std::array<std::vector<int64_t>, 3> WeightShapes(const LstmDims& dims);   // W, R, B (dW, dR, dB)
 
 }  // namespace ortlstm::ort
