@@ -294,6 +294,8 @@ _WRONG_TYPES = [
     ("input_forget", 1.0, "FLOAT"),
     ("layout", "1", "STRING"),
     ("layout", [0.0], "FLOATS"),
+    ("matmul_precision", 1, "INT"),
+    ("matmul_precision", ["bfloat16"], _STRINGS_SEEN),
 ]
 
 
