@@ -220,7 +220,7 @@ def test_empty_parameter() -> None:
 
 
 def _run_error(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> str:
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - onnxruntime raises its own types
+    with pytest.raises(Exception) as caught:  # onnxruntime raises its own types
         session.run(None, inputs)
     return str(caught.value)
 

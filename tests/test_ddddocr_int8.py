@@ -29,7 +29,6 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from ortlstm.demo_ocr import LineStyle, draw_line
 from ortlstm.graphs import losses, optimizers
 from ortlstm.metrics import character_error_rate, ctc_greedy_decode

@@ -362,7 +362,8 @@ def test_a_checkpoint_of_another_fixed_shape_is_refused(tmp_path: Path) -> None:
         model, loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam(), fixed_shapes={"x": [None, 6, None]}
     )
     with pytest.raises(
-        ValueError, match=r"saved with fixed_shapes.x=\[None, 5, None\], this trainer has fixed_shapes.x=\[None, 6, None\] "
+        ValueError,
+        match=r"saved with fixed_shapes.x=\[None, 5, None\], this trainer has fixed_shapes.x=\[None, 6, None\] ",
     ):
         other.load(tmp_path / "run.safetensors")
 

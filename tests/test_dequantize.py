@@ -357,8 +357,10 @@ def test_static_quantization_is_refused_with_what_to_do() -> None:
 
 
 def test_a_stateful_int8_model_carries_its_dequantized_lstms_state(models: tuple, tmp_path: Path) -> None:
-    """stateful=True on an int8 model is stateful training of its dequantized float model (it was refused:
-    the DynamicQuantizeLSTM was looked at before the dequantize rewrite made it an LSTM)."""
+    """stateful=True on an int8 model is stateful training of its dequantized float model.
+
+    It was refused: the DynamicQuantizeLSTM was looked at before the dequantize rewrite made it an LSTM.
+    """
     float_model, int8, reference = models
     trainers = [
         Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam(lr=0.01), output="out", stateful=True)

@@ -91,7 +91,7 @@ def test_stateful_trainer_follows_torchs_truncated_bptt(name: str) -> None:
 
 
 def test_a_gru_carried_state_names_only_h() -> None:
-    config, model, _ = _load("bigru_lstm")
+    _, model, _ = _load("bigru_lstm")
     _, carried = with_carried_state(model)
     assert [(state.op_type, [initial.rsplit(".", 1)[1] for initial, _ in state.states]) for state in carried] == [
         ("GRU", ["initial_h"]),

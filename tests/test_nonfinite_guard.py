@@ -384,7 +384,8 @@ def test_apply_refuses_a_nan_gradient_under_finite_losses(clip: dict[str, float]
     assert math.isfinite(loss)
     with pytest.raises(
         NonFiniteStepError,
-        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is [0-9.na]+; the gradients of \['w'\] hold",
+        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is [0-9.na]+; "
+        r"the gradients of \['w'\] hold",
     ):
         subject.apply()
     assert_bitwise_equal(snapshot(subject), before)

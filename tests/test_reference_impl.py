@@ -174,7 +174,7 @@ def test_reference_refuses_what_the_kernels_refuse(op_type: str, attributes: dic
     op = schema.op_by_name(op_type)
     present = [port.name for port in op.inputs if not port.optional]
     model = op_runner.make_model(op_type, present, list(schema.output_names(op))[:1], np.float32, attributes)
-    with pytest.raises(ValueError) as refused:  # noqa: PT011 - the message is compared below
+    with pytest.raises(ValueError) as refused:  # the message is compared below
         ortlstm.reference.parse_attributes(attributes) if op_type == "LSTMTraining" else ortlstm.reference.lstm_grad(
             {}, **attributes
         )

@@ -400,7 +400,9 @@ def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
         np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
     spec["loss"]["kind"] = "huber_loss"
     save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
-    with pytest.raises(ValueError, match=r"saved with loss.kind=huber_loss, this trainer has loss.kind=cross_entropy \("):
+    with pytest.raises(
+        ValueError, match=r"saved with loss.kind=huber_loss, this trainer has loss.kind=cross_entropy \("
+    ):
         trainer().load(path)
 
 
