@@ -18,9 +18,9 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
-from ortlstm.ops import schema
 
 from ortlstm import ops
+from ortlstm.ops import schema
 
 SPEC = schema.ADAM_UPDATE
 SCALARS = ("neg_step_size", "bias_correction2_sqrt", "exp_avg_weight", "beta2", "exp_avg_sq_weight", "eps")

@@ -94,10 +94,10 @@ def test_a_command_writes_to_out_or_the_older_positional_and_says_what_is_missin
 @pytest.mark.filterwarnings("ignore:torch parameters \\['extra.bias'\\] are not in the export")
 def test_artifacts_trains_what_the_trainer_trains_by_default() -> None:
     """A torch export's parameters, never its buffers (the old default, every float, trained bn.running_var)."""
-    from ortlstm.cli.models import artifact_parameters
-    from ortlstm.graphs import losses, optimizers
     from test_default_parameters import dynamo_like_model
 
+    from ortlstm.cli.models import artifact_parameters
+    from ortlstm.graphs import losses, optimizers
     from ortlstm.training import Trainer
 
     model = dynamo_like_model()

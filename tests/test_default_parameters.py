@@ -18,11 +18,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.export_metadata import FOLDED_FROM_KEY, KIND_KEY, SIGNATURE_KEY, read_torch_origins
 from ortlstm.graphs.parameters import matches, resolve_frozen
 from ortlstm.ops import session_options
-
 from ortlstm.training import Trainer
 
 _RNG = np.random.default_rng(3)

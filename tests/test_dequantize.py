@@ -24,13 +24,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from test_cli import ortlstm_cli
+
 from ortlstm import fit as fitting
 from ortlstm.demo import build_classifier
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.prepare import dequantize_model
 from ortlstm.graphs.prepare.dequantize import Quantization, quantization_of
 from ortlstm.training import Trainer
-from test_cli import ortlstm_cli
 
 INPUT, HIDDEN, DIRECTIONS, CLASSES = 6, 5, 2, 3
 

@@ -32,9 +32,9 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 import pytest
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.export_metadata import FxCall, fx_call
-
 from ortlstm.training import Trainer
 
 DATA = Path(__file__).parent / "data" / "folds"

@@ -21,6 +21,7 @@ import onnxruntime as ort
 import op_runner
 import pytest
 from onnx import TensorProto, helper
+
 from ortlstm.ops import schema
 from ortlstm.reference_gru import gru_training
 

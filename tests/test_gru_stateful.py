@@ -17,13 +17,14 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
+from test_cli import ortlstm_cli
+
 from ortlstm import fit as fitting
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import STATE_PORTS, with_carried_state
 from ortlstm.ops.spec_gru import GRU_TRAINING
 from ortlstm.ops.spec_lstm import LSTM_TRAINING
 from ortlstm.training import Trainer
-from test_cli import ortlstm_cli
 
 RECORDED = Path(__file__).parent / "recordings" / "gru_stateful"
 RECORDINGS = {path.stem.split("-")[0]: path for path in RECORDED.glob("*.npz")}

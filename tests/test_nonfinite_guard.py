@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.train_step import build_training_models
 from test_trainer import CLASSES, batches, classifier, forward_classifier_with_zero_state
 
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.train_step import build_training_models
 from ortlstm.training import NonFiniteStepError, Trainer
 
 OPTIMIZERS = {

@@ -17,11 +17,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_train_step_parity import RECORDINGS, load, loss_of, optimizer_of
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import build_training_models
 from ortlstm.ops import schema, session_options
-from test_train_step_parity import RECORDINGS, load, loss_of, optimizer_of
-
 from ortlstm.training import Trainer, export_directory, with_carried_state
 
 SEQ_LENGTH, INPUT_SIZE, HIDDEN_SIZE, CLASSES = 3, 4, 5, 3

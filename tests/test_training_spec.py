@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.train_step import build_training_models
 from test_trainer import batches, classifier, trainer
 
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.train_step import build_training_models
 from ortlstm.training import Trainer, TrainingSpec
 
 
