@@ -28,6 +28,6 @@ for entry in "$root"/src/ortlstm/*; do
 done
 ln -s "$root/ops" "$tree/ops"
 ln -s "$root/graphs" "$tree/graphs"
-"$python" -m mypy | sed -e 's#^build/typecheck/ortlstm/\(ops\|graphs\)/#\1/#' -e 's#^build/typecheck/ortlstm/#src/ortlstm/#' ||
-  status=1
+"$python" -m mypy |
+  sed -e 's#^build/typecheck/ortlstm/\(ops\|graphs\)/#\1/#' -e 's#^build/typecheck/ortlstm/#src/ortlstm/#' || status=1
 exit "$status"

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 from onnx.reference.op_run import OpRun
@@ -388,22 +388,6 @@ def _dim_value(expression: str, dims: Mapping[str, int]) -> int:
     return factor * dims[name]
 
 
-def _required(inputs: Mapping[str, _Array | None], name: str) -> _Array:
-    """A required input's array (the ports admit None only for the optional ones)."""
-    value = inputs.get(name)
-    if value is None:
-        raise ValueError(f"{name}: a required input of the reference, got none: pass its array")
-    return value
-
-
-@overload
-def _to_layout0(value: _Array, layout: int, batch_axis: int) -> _Array: ...
-
-
-@overload
-def _to_layout0(value: _Array | None, layout: int, batch_axis: int) -> _Array | None: ...
-
-
 def _to_layout0(value: _Array | None, layout: int, batch_axis: int) -> _Array | None:
     """A layout-1 tensor with batch_size first, moved to its layout-0 position, as float64."""
     if value is None:
@@ -452,7 +436,8 @@ def lstm_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dic
 def _forward(inputs: Mapping[str, _Array | None], attrs: LstmAttributes, dims: Mapping[str, int]) -> dict[str, _Array]:
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
     hidden, directions = attrs.hidden_size, attrs.num_directions
-    X = _to_layout0(_required(inputs, "X"), attrs.layout, 1)  # [seq_length, batch_size, input_size]
+    X = _to_layout0(inputs["X"], attrs.layout, 1)  # [seq_length, batch_size, input_size]
+    assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
     B = inputs.get("B")
@@ -547,7 +532,8 @@ def _backward(
 ) -> dict[str, _Array]:
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
     hidden, directions = attrs.hidden_size, attrs.num_directions
-    X = _to_layout0(_required(inputs, "X"), attrs.layout, 1)
+    X = _to_layout0(inputs["X"], attrs.layout, 1)
+    assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
     P = inputs.get("P")
