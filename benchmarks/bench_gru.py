@@ -107,6 +107,7 @@ def _torch_runner(config: tuple[int, int, int, int, str], threads: int) -> Calla
 
 
 def main() -> None:
+    """The command line: times the chosen configs and prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=["S", "M", "B1", "M-bidir"], choices=sorted(CONFIGS))
     parser.add_argument("--threads", type=int, default=1)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 import onnx.helper
+
 import ortlstm.ops
 
 if TYPE_CHECKING:

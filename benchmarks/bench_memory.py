@@ -114,8 +114,8 @@ def measure_crnn(runtime: str, steps: int, threads: int) -> dict[str, float]:
     else:
         import onnx
         import onnxruntime  # noqa: F401 - imported before the baseline, as torch is
-        from ortlstm.graphs import losses, optimizers
 
+        from ortlstm.graphs import losses, optimizers
         from ortlstm.training import Trainer
 
         model = onnx.load(os.environ[CRNN_MODEL])
@@ -176,8 +176,8 @@ def measure(config_name: str, runtime: str, steps: int, threads: int) -> dict[st
         del model
     else:
         import onnxruntime  # noqa: F401 - imported before the baseline, as torch is
-        from ortlstm.graphs import losses, optimizers
 
+        from ortlstm.graphs import losses, optimizers
         from ortlstm.training import Trainer
     baseline = _status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS

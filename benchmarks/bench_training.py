@@ -396,10 +396,9 @@ class TrainerRunner:
         nonfinite_check: bool = True,
         ortlstm_ops: bool = True,
     ) -> None:
+        from ortlstm import training
         from ortlstm.graphs import losses, optimizers
         from ortlstm.graphs.autodiff import GraphEmitter
-
-        from ortlstm import training
         from ortlstm.training import trainer as trainer_module
 
         optimizer = optimizers.AdamW(lr=LR, implementation=implementation, fused_multiply_add=fused_multiply_add)
@@ -682,6 +681,7 @@ def _profile(competitor: str, config: Config, walls: Sequence[float], steps: Seq
 def profile_trainer(config: Config, model: onnx.ModelProto, threads: int, steps: int, directory: Path) -> Profile:
     """The Trainer's train step with ``SessionOptions.enable_profiling``: LSTM kernels vs the rest."""
     import onnxruntime as ort
+
     from ortlstm.ops import session_options
 
     runner = TrainerRunner(config, model, batch_of(config), threads)
@@ -714,9 +714,8 @@ def profile_module(config: Config, model: onnx.ModelProto, threads: int, steps: 
     has no option of its own: the Module gets no eval session (it would write a file of the same
     name) and the Optimizer is created a second later.
     """
-    from ortlstm.ops import session_options
-
     from ortlstm import graphs
+    from ortlstm.ops import session_options
 
     api = importlib.import_module("onnxruntime.training.api")
     artifacts_api = importlib.import_module("onnxruntime.training.artifacts")

@@ -39,8 +39,8 @@ from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.precision import matmul_precision, set_matmul_precision
 from ortlstm.graphs.prepare import prepare_model
-from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
 from ortlstm.graphs.prepare.fixed_dims import record_export_dims
+from ortlstm.graphs.prepare.torch_folds import check_trained, zero_padding_gradients
 from ortlstm.graphs.signature import TrainingModels, TrainStepSignature
 from ortlstm.ops import schema as ortlstm_schema
 

@@ -78,7 +78,7 @@ def lstm_attributes(**attributes: Any) -> dict[str, Any]:
     result = {name: value for name, value in attributes.items() if value is not None}
     activations = result.get("activations")
     if activations is not None and "activations_csv" not in result:
-        result["activations_csv"] = ",".join(str(name) for name in activations)  # type: ignore[attr-defined]
+        result["activations_csv"] = ",".join(str(name) for name in activations)
     return result
 
 

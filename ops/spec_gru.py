@@ -23,11 +23,11 @@ from ortlstm.ops.contract import (
     PortSpec,
 )
 from ortlstm.ops.spec_lstm import (
+    FLOAT_TYPES,
     LSTM_ATTRIBUTES,
     LSTM_GRAD,
     LSTM_TRAINING,
     SEQUENCE_LENS_TYPE,
-    FLOAT_TYPES,
 )
 
 GRU_GATES = 3

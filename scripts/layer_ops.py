@@ -164,6 +164,7 @@ def _cell(ops: list[str], lacking: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: prints the table of layers and their ops."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--missing", action="store_true", help="only the layers with an op that lacks a rule")
     args = parser.parse_args(argv)

@@ -50,12 +50,13 @@ def record(seeds: list[int], out: Path, train_python: str, jobs: int) -> None:
 
 
 def replay_all(seeds: list[int], out: Path) -> list[Outcome]:
+    """Each seed replayed in each flavour; a crash is an outcome too."""
     results = []
     for seed in seeds:
         for flavour in FLAVOURS:
             try:
                 results.append(replay(out, seed, flavour))
-            except Exception as error:  # noqa: BLE001 - a crash of the replay is a finding, not the end of the run
+            except Exception as error:  # a crash of the replay is a finding, not the end of the run
                 results.append(Outcome(seed, flavour, "WRONG", f"crashed: {type(error).__name__}: {error}", {}))
     return results
 
@@ -91,6 +92,7 @@ def table(results: list[Outcome]) -> str:
 
 
 def main() -> int:
+    """The command line: records, replays and prints the outcomes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=120, help="seeds 0 .. count-1 (default 120)")
     parser.add_argument("--out", help="where the recordings go (default: a temporary directory)")

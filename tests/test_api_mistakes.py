@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.optimizers.clip import ClipGradNorm
 
 from ortlstm.__main__ import main
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.optimizers.clip import ClipGradNorm
 from ortlstm.training import NonFiniteStepError, Trainer
 
 MODEL_PATH = Path(__file__).resolve().parent / "data" / "lstm2_classifier_dynamo.onnx"

@@ -22,6 +22,7 @@ import pytest
 from gradcheck import Case, build, check_case, check_case_float32, clear_of, wrt
 from onnx import TensorProto, helper
 from onnx.reference.op_run import OpRun
+
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.emitter import used_names
 

@@ -20,11 +20,12 @@ import onnx
 import onnx.numpy_helper
 import onnx.reference
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from gradcheck import Case, build, check_case, check_case_float32, const, wrt
 from onnx import TensorProto, helper
 from onnx.reference.op_run import OpRun
+
+import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
 from ortlstm.graphs.autodiff.emitter import used_names
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from configs import LstmConfig, sample_inputs
 from gradcheck import (
@@ -34,6 +33,8 @@ from gradcheck import (
     wrt,
 )
 from onnx import TensorProto, helper
+
+import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.emitter import used_names
 

@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 from gradcheck import OMITTED, Case, analytic_gradients, build, check_case, check_case_float32, const, fed, wrt
 from onnx import TensorProto, helper
+
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
 from ortlstm.graphs.autodiff.emitter import used_names
 

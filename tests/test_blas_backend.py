@@ -16,8 +16,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import ortlstm.ops
 import pytest
+
+import ortlstm.ops
 
 VARIABLE = "ORTLSTM_BLAS_BACKEND"
 TESTS = str(Path(__file__).resolve().parent)

@@ -22,9 +22,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortlstm.ops import schema, session_options
 
 import ortlstm
+from ortlstm.ops import schema, session_options
 
 HAS_TRAINING = importlib.util.find_spec("onnxruntime.training") is not None
 TRAINING_REASON = "needs onnxruntime-training (onnxruntime.training): pip install 'ortlstm[train]'"

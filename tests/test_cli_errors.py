@@ -79,7 +79,7 @@ MISTAKES: list[tuple[str, list[str], str]] = [
          "--epochs", "2", "--checkpoint", "run.safetensors"],
         r"epoch 1/2, batch \d of 5: update \d refused, not finite: .*; saved run\.safetensors after the last update "
         r"kept .* pass --nonfinite skip .* a lower --lr$",
-    ),  # fmt: skip
+    ),
     ("export", ["adir", "out.onnx"], r"'adir' holds no model\.onnx: is it a directory written by `ortlstm train-step`"),
     ("export", ["not.onnx", "out.onnx"], r"'not\.onnx' holds no model\.onnx"),
     ("export", ["broken", "out.onnx"], r"broken/model\.onnx: not an ONNX model \(protobuf parse failed\)"),

@@ -29,12 +29,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from configs import CONFIGS, LstmConfig, config_id, context, sample_inputs
 from onnx import TensorProto, helper
-from ortlstm.ops import schema
 from reference.lstm_ref import lstm_backward, lstm_forward
+
+import ortlstm.ops
+from ortlstm.ops import schema
 
 MS_DOMAIN = "com.microsoft"
 MS_OPSET_VERSION = 1

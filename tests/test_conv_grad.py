@@ -14,9 +14,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, RuntimeException
+
+import ortlstm.ops
 
 _PREFIX = "ConvGrad node 'ConvGrad_under_test': "
 _RTOL = {np.float64: 1e-12, np.float32: 2e-5}

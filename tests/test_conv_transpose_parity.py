@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ortlstm.graphs import losses
 from test_train_step_parity import MIN_TRAINED_CHANGE, assert_step_matches, load, optimizer_of
 
+from ortlstm.graphs import losses
 from ortlstm.training import Trainer
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "conv_transpose").glob("*.npz"))

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+import ortlstm.ops
+from ortlstm import __main__ as cli
 from ortlstm.graphs import generate_artifacts
 from ortlstm.graphs.convert import MAIN_GRAPH, convert_with_report
-
-from ortlstm import __main__ as cli
 
 HIDDEN, INPUT = 2, 3
 

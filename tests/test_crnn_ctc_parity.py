@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ortlstm.graphs import losses, optimizers
 from test_train_step_parity import MIN_TRAINED_CHANGE, assert_step_matches, load, optimizer_of
 
+from ortlstm.graphs import losses, optimizers
 from ortlstm.training import Trainer
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "crnn_ctc").glob("*.npz"))

@@ -283,4 +283,4 @@ def test_the_function_takes_torchs_arguments() -> None:
     reference = losses.ctc_loss(emitter, "log_probs", "targets", target_lengths="target_lengths", blank=5)
     assert loss != reference
     ctc_nodes = [node for node in emitter.nodes if node.op_type == "CTCLoss"]
-    assert [dict((a.name, a.i) for a in node.attribute)["blank"] for node in ctc_nodes] == [5, 5]
+    assert [{a.name: a.i for a in node.attribute}["blank"] for node in ctc_nodes] == [5, 5]

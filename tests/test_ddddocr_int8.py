@@ -29,12 +29,12 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
+from test_real_models import DDDDOCR_WHEEL, _wheel
+
 from ortlstm.demo_ocr import LineStyle, draw_line
 from ortlstm.graphs import losses, optimizers
 from ortlstm.metrics import character_error_rate, ctc_greedy_decode
 from ortlstm.training import Trainer
-from test_real_models import DDDDOCR_WHEEL, _wheel
 
 MEMBER = "ddddocr/common_old.onnx"
 INPUT, OUTPUT = "input1", "387"

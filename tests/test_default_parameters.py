@@ -18,11 +18,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.export_metadata import FOLDED_FROM_KEY, KIND_KEY, SIGNATURE_KEY, read_torch_origins
 from ortlstm.graphs.parameters import matches, resolve_frozen
 from ortlstm.ops import session_options
-
 from ortlstm.training import Trainer
 
 _RNG = np.random.default_rng(3)
@@ -416,7 +416,8 @@ def test_a_checkpoint_of_another_fixed_shape_is_refused(tmp_path: Path) -> None:
         model, loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam(), fixed_shapes={"x": [None, 6, None]}
     )
     with pytest.raises(
-        ValueError, match=r"saved with fixed_shapes.x=\[None, 5, None\], this trainer has fixed_shapes.x=\[None, 6, None\] "
+        ValueError,
+        match=r"saved with fixed_shapes.x=\[None, 5, None\], this trainer has fixed_shapes.x=\[None, 6, None\] ",
     ):
         other.load(tmp_path / "run.safetensors")
 

@@ -24,13 +24,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from test_cli import ortlstm_cli
+
 from ortlstm import fit as fitting
 from ortlstm.demo import build_classifier
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.prepare import dequantize_model
 from ortlstm.graphs.prepare.dequantize import Quantization, quantization_of
 from ortlstm.training import Trainer
-from test_cli import ortlstm_cli
 
 INPUT, HIDDEN, DIRECTIONS, CLASSES = 6, 5, 2, 3
 
@@ -357,8 +358,10 @@ def test_static_quantization_is_refused_with_what_to_do() -> None:
 
 
 def test_a_stateful_int8_model_carries_its_dequantized_lstms_state(models: tuple, tmp_path: Path) -> None:
-    """stateful=True on an int8 model is stateful training of its dequantized float model (it was refused:
-    the DynamicQuantizeLSTM was looked at before the dequantize rewrite made it an LSTM)."""
+    """stateful=True on an int8 model is stateful training of its dequantized float model.
+
+    It was refused: the DynamicQuantizeLSTM was looked at before the dequantize rewrite made it an LSTM.
+    """
     float_model, int8, reference = models
     trainers = [
         Trainer(model, loss=losses.Loss.mse_loss(), optimizer=optimizers.Adam(lr=0.01), output="out", stateful=True)

@@ -17,11 +17,12 @@ import onnx
 import onnx.shape_inference
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper
-from ortlstm.ops import schema
 from reference.lstm_ref import lstm_backward, lstm_forward
+
+import ortlstm.ops
+from ortlstm.ops import schema
 
 ORT_VERSION = tuple(int(part) for part in ort.__version__.split(".")[:2])
 # Before onnxruntime 1.25 the kernels install no shape-inference hook on purpose: those runtimes

@@ -25,13 +25,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, InvalidGraph, RuntimeException
+from reference.lstm_ref import lstm_backward, lstm_forward
+
+import ortlstm.ops
 from ortlstm.ops import schema
 from ortlstm.ops.nodes import ordered_inputs
-from reference.lstm_ref import lstm_backward, lstm_forward
 
 ORT_VERSION = tuple(int(part) for part in ort.__version__.split(".")[:2])
 # onnxruntime >= 1.25 hands string-list attributes (activations) to custom-op kernels.

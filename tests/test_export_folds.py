@@ -32,9 +32,9 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 import pytest
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.export_metadata import FxCall, fx_call
-
 from ortlstm.training import Trainer
 
 DATA = Path(__file__).parent / "data" / "folds"
@@ -349,8 +349,10 @@ def test_parameter_expanded_over_a_static_batch_alone_is_refused():
 
 
 def test_a_bias_free_conv_with_a_batchnorm_fused_by_dynamo_is_warned_not_refused():
-    """Conv2d(bias=False) + BatchNorm2d (eval), dynamo's default export: the fusion writes a new bias
-    ``conv.weight_bias`` folded from bn.weight and bn.bias, which the fused conv.weight also stands for.
+    """Conv2d(bias=False) + BatchNorm2d (eval), dynamo's default export: warned, not refused.
+
+    The fusion writes a new bias ``conv.weight_bias`` folded from bn.weight and bn.bias, which the
+    fused conv.weight also stands for.
 
     That is the fused Conv+BN case (warned), not a fold shared with a trained tensor (refused):
     before, easyocr's english_g2 exported this way was refused over ``ConvNet.11.weight_bias``.

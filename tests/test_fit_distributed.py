@@ -148,10 +148,10 @@ def test_a_failure_on_one_rank_is_raised_on_every_rank_naming_where_it_happened(
     assert rank_0_of_two(None).together(lambda: 7) == 7
     with pytest.raises(RuntimeError, match=r"^rank 1 of 2: FileNotFoundError: no run.safetensors$"):
         rank_0_of_two("FileNotFoundError: no run.safetensors").together(lambda: 7)
-    with pytest.raises(ValueError, match="^exists$"):  # rank 0's own error, as it raised it
+    with pytest.raises(ValueError, match=r"^exists$"):  # rank 0's own error, as it raised it
         rank_0_of_two("ValueError: exists").together(lambda: (_ for _ in ()).throw(ValueError("exists")))
     with pytest.raises(RootFailed, match=r"^rank 0 failed writing the checkpoint: IsADirectoryError: .*"):
-        rank_0_of_two(None).on_root(lambda: open(tmp_path, "w"), "writing the checkpoint")
+        rank_0_of_two(None).on_root(lambda: open(tmp_path, "w"), "writing the checkpoint")  # noqa: SIM115 - it raises
 
 
 # ---- under mpirun -------------------------------------------------------------------------------------

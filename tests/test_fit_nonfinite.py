@@ -143,7 +143,7 @@ def test_a_refused_update_saves_the_last_kept_one_and_says_so_and_resume_with_sk
     for index in range(kept):
         rows = order[index * 8 : (index + 1) * 8]
         reference.step(pixels=data["pixels"][rows], target=data["target"][rows])
-    saved, state = fitting.read_fit_state(checkpoint)
+    _, state = fitting.read_fit_state(checkpoint)
     assert (state.epoch, state.steps_in_epoch, state.skipped) == (0, kept, 0)
     loaded, _ = regression_trainer()
     loaded.load(checkpoint)

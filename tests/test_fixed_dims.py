@@ -130,8 +130,11 @@ def test_a_stateful_trainer_carries_the_state_of_a_freed_batch() -> None:
 
 
 def test_a_trained_state_the_export_expanded_over_its_batch_is_refused_as_a_fold() -> None:
-    """h0.expand(1, x.shape[0], H), folded by dynamo to [1, 8, H]: its batch stays fixed, and training it
-    apart from h0 would not train torch's parameter (graphs/prepare/torch_folds.py refuses it)."""
+    """h0.expand(1, x.shape[0], H), folded by dynamo to [1, 8, H]: refused as a fold.
+
+    Its batch stays fixed, and training it apart from h0 would not train torch's parameter
+    (graphs/prepare/torch_folds.py refuses it).
+    """
     with pytest.raises(ValueError, match=r"initializer '\w+' \[1, 8, 3\] was folded by the exporter's optimizer "
                        r"from torch parameters \['h0'\].*re-export with torch.onnx.export\(..., optimize=False\)"):
         trainer("learned_state_dynamo_fixed")

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
+from test_cli import ortlstm_cli
+
 from ortlstm import fit as fitting
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import STATE_PORTS, with_carried_state
@@ -24,7 +26,6 @@ from ortlstm.ops.spec_gru import GRU_TRAINING
 from ortlstm.ops.spec_lstm import LSTM_TRAINING
 from ortlstm.ops.spec_rnn import RNN_TRAINING
 from ortlstm.training import Trainer
-from test_cli import ortlstm_cli
 
 RECORDED = Path(__file__).parent / "recordings" / "gru_stateful"
 RECORDINGS = {path.stem.split("-")[0]: path for path in RECORDED.glob("*.npz")}
@@ -93,7 +94,7 @@ def test_stateful_trainer_follows_torchs_truncated_bptt(name: str) -> None:
 
 
 def test_a_gru_carried_state_names_only_h() -> None:
-    config, model, _ = _load("bigru_lstm")
+    _, model, _ = _load("bigru_lstm")
     _, carried = with_carried_state(model)
     assert [(state.op_type, [initial.rsplit(".", 1)[1] for initial, _ in state.states]) for state in carried] == [
         ("GRU", ["initial_h"]),

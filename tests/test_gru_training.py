@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.autodiff import registry
 from ortlstm.graphs.convert_gru import convert_grus
-
 from ortlstm.training import Trainer
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "gru").glob("*.npz"))

@@ -18,8 +18,9 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
-from ortlstm.graphs import losses
 from test_losses import CASES, build_loss_model, loss_spec, recorded, run_loss
+
+from ortlstm.graphs import losses
 
 FLOAT64_RTOL = 1e-10
 FLOAT64_ATOL = 1e-12

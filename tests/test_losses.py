@@ -22,6 +22,7 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
+
 from ortlstm.graphs import losses
 from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from lstm_helpers import LSTM_INPUT_NAMES, lstm_model
 from onnx import TensorProto, helper
-from ortlstm.ops import schema
 
+import ortlstm.ops
 import ortlstm.reference
+from ortlstm.ops import schema
 
 ort.set_default_logger_severity(3)  # the refusals this test provokes are expected
 

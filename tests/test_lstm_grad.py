@@ -22,7 +22,6 @@ import functools
 import numpy as np
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from configs import CONFIGS, LstmConfig, config_by_id, config_id, context, draw_inputs, sample_inputs
 from lstm_helpers import (
@@ -38,8 +37,10 @@ from lstm_helpers import (
     slow,
 )
 from onnx import TensorProto, helper
-from ortlstm.ops import schema
 from reference.lstm_ref import lstm_backward
+
+import ortlstm.ops
+from ortlstm.ops import schema
 
 FORWARD_INPUTS = tuple(schema.input_names(schema.op_by_name("LSTMTraining")))
 GRADIENTS = tuple(GRADIENT_OF)  # dX, dW, dR, dB, dH0, dC0, dP: LSTMGrad's outputs

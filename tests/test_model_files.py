@@ -93,9 +93,9 @@ def test_every_loader_of_ortlstm_reads_through_it(tmp_path: Path) -> None:
     Trainer(path, **options).write(tmp_path / "run")  # type: ignore[arg-type]
     data.unlink()
     (tmp_path / "run" / "model.onnx").write_bytes(b"not a model")
-    with pytest.raises(ValueError, match="its external data 'model.onnx.data' is missing"):
+    with pytest.raises(ValueError, match=r"its external data 'model\.onnx\.data' is missing"):
         Trainer(path, **options)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="its external data 'model.onnx.data' is missing"):
+    with pytest.raises(ValueError, match=r"its external data 'model\.onnx\.data' is missing"):
         build_trainer(path, **options)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"run/model.onnx: not an ONNX model \(protobuf parse failed\)"):
         export_directory(tmp_path / "run", tmp_path / "out.onnx")

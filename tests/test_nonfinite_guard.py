@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.train_step import build_training_models
 from test_trainer import CLASSES, batches, classifier, forward_classifier_with_zero_state
 
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.train_step import build_training_models
 from ortlstm.training import NonFiniteStepError, Trainer
 
 OPTIMIZERS = {
@@ -384,7 +384,8 @@ def test_apply_refuses_a_nan_gradient_under_finite_losses(clip: dict[str, float]
     assert math.isfinite(loss)
     with pytest.raises(
         NonFiniteStepError,
-        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is [0-9.na]+; the gradients of \['w'\] hold",
+        match=r"^apply\(\): update 2 refused, not finite: the gradient norm is [0-9.na]+; "
+        r"the gradients of \['w'\] hold",
     ):
         subject.apply()
     assert_bitwise_equal(snapshot(subject), before)

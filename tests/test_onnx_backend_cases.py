@@ -32,17 +32,18 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper
 from onnx.backend.test.case import node as node_cases
 from onnx.backend.test.case.test_case import TestCase
+from reference.lstm_ref import lstm_forward
+
+import ortlstm.ops
 from ortlstm.graphs.convert_gru import convert_grus
 from ortlstm.graphs.convert_rnn import convert_rnns
 from ortlstm.ops import schema
 from ortlstm.reference_gru import gru_training
 from ortlstm.reference_rnn import rnn_training
-from reference.lstm_ref import lstm_forward
 
 IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 ONNX_OPSET = 17  # the rewritten graph has no standard ops; any opset both onnxruntimes know

@@ -21,11 +21,11 @@ import onnx
 import onnx.helper
 import onnxruntime as ort
 import pytest
+
+from ortlstm import ops
 from ortlstm.graphs import optimizers
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
 from ortlstm.graphs.train_step import clip_settings
-
-from ortlstm import ops
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "optimizers.npz"
 OPSET = 17

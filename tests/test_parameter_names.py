@@ -23,9 +23,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.parameters import ParameterNames
-
 from ortlstm.training import MANIFEST_FILE, Trainer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -347,6 +347,7 @@ def test_a_refusal_on_the_backward_path_names_the_torch_parameter(model: onnx.Mo
 def test_generate_artifacts_takes_the_same_names(model: onnx.ModelProto, tmp_path: Path) -> None:
     """The onnxruntime-training path resolves requires_grad and frozen_params with the same resolver."""
     from onnxruntime.training import artifacts as ort_artifacts
+
     from ortlstm.graphs import generate_artifacts
 
     written = generate_artifacts(

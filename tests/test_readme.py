@@ -64,7 +64,12 @@ def test_the_package_and_its_command_import_the_same_from_the_checkouts_root() -
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
     version = subprocess.run(
-        [sys.executable, "-m", "ortlstm", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "ortlstm", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("ortlstm ")

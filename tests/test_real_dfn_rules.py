@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.ops import session_options
 

@@ -17,16 +17,16 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from lstm_helpers import central_difference
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from ortlstm.ops import schema
-from ortlstm.reference_gru import gru_grad, gru_grad_op, gru_training, gru_training_op
 from test_gru_ops import BASIC, EVERY, _attributes, _id, _inputs
 
+import ortlstm.ops
 import ortlstm.reference
+from ortlstm.ops import schema
+from ortlstm.reference_gru import gru_grad, gru_grad_op, gru_training, gru_training_op
 
 FD_STEP = 1e-6
 FD_REL_ERROR = 1e-7  # ||stash gradient - central differences|| / ||central differences||, float64

@@ -13,16 +13,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from configs import CONFIGS, LstmConfig, config_id, context, sample_inputs
 from lstm_helpers import oracle_attributes
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from ortlstm.ops import schema
 from reference.lstm_ref import lstm_backward, lstm_forward
 
+import ortlstm.ops
 import ortlstm.reference
+from ortlstm.ops import schema
 
 ORACLE_ATOL = 1e-12  # float64, relative to the largest magnitude of each output
 KERNEL_RTOL = {np.float32: 2e-5, np.float64: 1e-10}
@@ -174,7 +174,7 @@ def test_reference_refuses_what_the_kernels_refuse(op_type: str, attributes: dic
     op = schema.op_by_name(op_type)
     present = [port.name for port in op.inputs if not port.optional]
     model = op_runner.make_model(op_type, present, list(schema.output_names(op))[:1], np.float32, attributes)
-    with pytest.raises(ValueError) as refused:  # noqa: PT011 - the message is compared below
+    with pytest.raises(ValueError) as refused:  # the message is compared below
         ortlstm.reference.parse_attributes(attributes) if op_type == "LSTMTraining" else ortlstm.reference.lstm_grad(
             {}, **attributes
         )

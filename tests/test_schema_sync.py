@@ -41,7 +41,8 @@ def test_generated_files_are_current() -> None:
     stale = codegen.stale_files(REPO_ROOT)
     if stale:
         pytest.fail(
-            "generated files differ from ops/schema.py; run `python -m ortlstm.ops.codegen`:\n" + "\n".join(stale.values()),
+            "generated files differ from ops/schema.py; run `python -m ortlstm.ops.codegen`:\n"
+            + "\n".join(stale.values()),
             pytrace=False,
         )
 

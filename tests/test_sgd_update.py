@@ -13,8 +13,9 @@ import itertools
 
 import numpy as np
 import pytest
-from ortlstm.ops import schema
 from test_adam_update import _fma, _run_error, make_session
+
+from ortlstm.ops import schema
 
 SPEC = schema.SGD_UPDATE
 HYPERPARAMETERS = ("momentum", "dampening", "weight_decay")

@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortlstm.graphs import losses, optimizers
 from target_cases import decision_arrays
 
 from ortlstm import fit as fitting
+from ortlstm.graphs import losses, optimizers
 from ortlstm.training import Trainer
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"

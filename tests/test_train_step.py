@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.prepare import prepare_model
 from ortlstm.ops import session_options

@@ -28,10 +28,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import build_training_models
 from ortlstm.ops import session_options
-
 from ortlstm.training import float64_disabled_optimizers
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "train_step").glob("*.npz"))

@@ -18,6 +18,7 @@ import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 from conftest import RNG_SEED
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import TrainingModels, build_training_models
 from ortlstm.ops import session_options

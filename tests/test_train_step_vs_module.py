@@ -19,11 +19,11 @@ import numpy as np
 import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
+
+from ortlstm import graphs
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import build_training_models
 from ortlstm.ops import session_options
-
-from ortlstm import graphs
 
 pytest.importorskip("torch")
 ort_artifacts = pytest.importorskip("onnxruntime.training.artifacts")

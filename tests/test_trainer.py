@@ -17,11 +17,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_train_step_parity import RECORDINGS, load, loss_of, optimizer_of
+
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.train_step import build_training_models
 from ortlstm.ops import schema, session_options
-from test_train_step_parity import RECORDINGS, load, loss_of, optimizer_of
-
 from ortlstm.training import Trainer, export_directory, with_carried_state
 
 SEQ_LENGTH, INPUT_SIZE, HIDDEN_SIZE, CLASSES = 3, 4, 5, 3
@@ -400,7 +400,9 @@ def test_checkpoint_from_before_newer_spec_fields_loads(tmp_path: Path) -> None:
         np.testing.assert_array_equal(resumed.parameters[name], value, err_msg=name)
     spec["loss"]["kind"] = "huber_loss"
     save_file(tensors, str(path), metadata={**metadata, "spec": json.dumps(spec)})
-    with pytest.raises(ValueError, match=r"saved with loss.kind=huber_loss, this trainer has loss.kind=cross_entropy \("):
+    with pytest.raises(
+        ValueError, match=r"saved with loss.kind=huber_loss, this trainer has loss.kind=cross_entropy \("
+    ):
         trainer().load(path)
 
 

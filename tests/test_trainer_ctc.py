@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from ortlstm.graphs import losses, optimizers
 
+from ortlstm.graphs import losses, optimizers
 from ortlstm.training import Trainer
 
 FEATURES, CLASSES = 4, 6

@@ -15,11 +15,11 @@ import sys
 
 import numpy as np
 import pytest
-from ortlstm.graphs import losses, optimizers
-from ortlstm.ops import session_options
 
 from ortlstm import graphs
 from ortlstm.demo import build_classifier
+from ortlstm.graphs import losses, optimizers
+from ortlstm.ops import session_options
 from ortlstm.training import Trainer, read_onnxruntime_training_checkpoint
 
 pytest.importorskip("torch")

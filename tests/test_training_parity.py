@@ -37,9 +37,9 @@ import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 from conftest import RNG_SEED
-from ortlstm.ops import session_options
 
 from ortlstm import graphs
+from ortlstm.ops import session_options
 
 torch = pytest.importorskip("torch")
 try:

@@ -12,14 +12,16 @@ import ast
 import dataclasses
 import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from ortlstm.graphs import losses, optimizers
-from ortlstm.graphs.train_step import build_training_models
 from test_trainer import batches, classifier, trainer
 
+from ortlstm.graphs import losses, optimizers
+from ortlstm.graphs.train_step import build_training_models
 from ortlstm.training import Trainer, TrainingSpec
 
 
@@ -172,3 +174,29 @@ def test_only_ort_training_imports_onnxruntime_training_and_graphs_no_onnxruntim
     assert "onnxruntime.training.api" in imported_modules(root / "src" / "ortlstm" / "ort_training" / "checkpoint.py")
     for name in ("carried_state.py", "structure.py"):
         assert not {module for module in imported_modules(root / "graphs" / name) if module.startswith("onnxruntime")}
+
+
+def test_importing_the_trainer_leaves_the_onnxruntime_training_path_unimported() -> None:
+    """``import ortlstm.training`` imports no ``ortlstm.ort_training`` (which imports it back); its names still work.
+
+    A fresh interpreter, since this one's tests have imported everything.
+    """
+    code = (
+        "import sys\n"
+        "import ortlstm.training as training\n"
+        "loaded = sorted(name for name in sys.modules if name.startswith('ortlstm.ort_training'))\n"
+        "assert not loaded, loaded\n"
+        "import ortlstm.ort_training as ort_training\n"
+        "assert training.OrtTrainingImport is ort_training.OrtTrainingImport\n"
+        "assert training.ORT_TRAINING_ADAMW_EPS == ort_training.ORT_TRAINING_ADAMW_EPS\n"
+        "from ortlstm.training import OrtTrainingCheckpoint, read_onnxruntime_training_checkpoint\n"
+        "assert read_onnxruntime_training_checkpoint is ort_training.read_onnxruntime_training_checkpoint\n"
+        "try:\n"
+        "    training.NotAName\n"
+        "except AttributeError as error:\n"
+        "    assert str(error) == \"module 'ortlstm.training' has no attribute 'NotAName'\", error\n"
+        "else:\n"
+        "    raise AssertionError('training.NotAName did not raise')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

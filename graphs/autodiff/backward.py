@@ -239,8 +239,8 @@ def _generic_advice(
     """Freeze ``parameters`` (by their torch names where known) or register a rule for each op of ``ops``."""
     calls = " and ".join(f"register_gradient_rule({domain!r}, {op_type!r}, rule)" for domain, op_type in ops)
     return (
-        f"Freeze them ({freeze_hint(parameters, torch_names)} on the Trainer, --frozen on the command line), or register "
-        f"{'a rule' if len(ops) == 1 else 'a rule for each op'} with ortlstm.graphs.{calls}."
+        f"Freeze them ({freeze_hint(parameters, torch_names)} on the Trainer, --frozen on the command line), or "
+        f"register {'a rule' if len(ops) == 1 else 'a rule for each op'} with ortlstm.graphs.{calls}."
     )
 
 

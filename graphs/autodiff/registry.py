@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TypeVar, overload
 
 import numpy as np
 import onnx
@@ -132,6 +133,32 @@ def _domain_key(domain: str) -> str:
     return "" if domain in ONNX_DOMAINS else domain
 
 
+# A rule keeps its own signature through the decorator (the overloads say which form returns what).
+_Rule = TypeVar("_Rule", bound=GradientRule)
+
+
+@overload
+def register_gradient_rule(
+    domain: str,
+    op_type: str,
+    rule: None = None,
+    *,
+    differentiable: Sequence[int] | Callable[[int], bool] | None = None,
+    replace: bool = False,
+) -> Callable[[_Rule], _Rule]: ...
+
+
+@overload
+def register_gradient_rule(
+    domain: str,
+    op_type: str,
+    rule: _Rule,
+    *,
+    differentiable: Sequence[int] | Callable[[int], bool] | None = None,
+    replace: bool = False,
+) -> _Rule: ...
+
+
 def register_gradient_rule(
     domain: str,
     op_type: str,
@@ -139,7 +166,7 @@ def register_gradient_rule(
     *,
     differentiable: Sequence[int] | Callable[[int], bool] | None = None,
     replace: bool = False,
-) -> Callable[[GradientRule], GradientRule] | GradientRule:
+) -> Callable[[_Rule], _Rule] | GradientRule:
     """Registers the gradient rule of (domain, op_type); usable as a decorator.
 
     A user's own op gets a gradient this way, e.g.::
@@ -168,11 +195,11 @@ def register_gradient_rule(
         def predicate(index: int) -> bool:
             return index in allowed
 
-    def register(function: GradientRule) -> GradientRule:
+    def register(function: _Rule) -> _Rule:
         key = (_domain_key(domain), op_type)
         if key in _RULES and not replace:
             raise ValueError(f"a gradient rule for {domain or 'ai.onnx'}::{op_type} is already registered")
-        _RULES[key] = RuleEntry(function, predicate)  # type: ignore[arg-type]
+        _RULES[key] = RuleEntry(function, predicate)
         return function
 
     return register if rule is None else register(rule)

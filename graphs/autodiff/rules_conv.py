@@ -82,22 +82,22 @@ class _Geometry:
 
 def _ints_attribute(ctx: GradientContext, name: str, default: list[int]) -> list[int]:
     value = ctx.attribute(name)
-    return [int(v) for v in value] if value else default  # type: ignore[union-attr]
+    return [int(v) for v in value] if isinstance(value, list) and value else default
 
 
 def _geometry(ctx: GradientContext) -> _Geometry:
     x, w = ctx.input(0), ctx.input(1)
     x_type, w_type = ctx.emitter.value_type(x), ctx.emitter.value_type(w)
     rank = next((found.rank for found in (w_type, x_type) if found is not None and found.rank is not None), None)
-    kernel_attribute = ctx.attribute("kernel_shape")
+    kernel_attribute = _ints_attribute(ctx, "kernel_shape", [])
     if rank is None and kernel_attribute:
-        rank = len(kernel_attribute) + 2  # type: ignore[arg-type]
+        rank = len(kernel_attribute) + 2
     if rank is None:
         raise ctx.fail("the rank of X and W is unknown; run onnx shape inference first")
     spatial_rank = rank - 2
     w_shape = w_type.shape if w_type is not None else None
     if kernel_attribute:
-        kernel = [int(k) for k in kernel_attribute]  # type: ignore[union-attr]
+        kernel = kernel_attribute
     elif w_shape is not None and all(isinstance(dim, int) for dim in w_shape[2:]):
         kernel = [int(dim) for dim in w_shape[2:]]  # type: ignore[arg-type]
     else:

@@ -42,9 +42,9 @@ def _static_spatial(ctx: GradientContext, name: str) -> list[int] | None:
 
 
 def _kernel(ctx: GradientContext, spatial_rank: int) -> list[int]:
-    kernel_attribute = ctx.attribute("kernel_shape")
+    kernel_attribute = _ints_attribute(ctx, "kernel_shape", [])
     if kernel_attribute:
-        return [int(k) for k in kernel_attribute]  # type: ignore[union-attr]
+        return kernel_attribute
     w_type = ctx.emitter.value_type(ctx.input(1))
     w_shape = w_type.shape if w_type is not None else None
     if w_shape is not None and len(w_shape) == spatial_rank + 2 and all(isinstance(d, int) for d in w_shape[2:]):
@@ -57,9 +57,9 @@ def _rank(ctx: GradientContext) -> int:
         value_type = ctx.emitter.value_type(name)
         if value_type is not None and value_type.rank is not None:
             return value_type.rank
-    kernel_attribute = ctx.attribute("kernel_shape")
+    kernel_attribute = _ints_attribute(ctx, "kernel_shape", [])
     if kernel_attribute:
-        return len(kernel_attribute) + 2  # type: ignore[arg-type]
+        return len(kernel_attribute) + 2
     raise ctx.fail("the rank of X and W is unknown; run onnx shape inference first")
 
 
@@ -80,7 +80,7 @@ def _pads(
     auto_pad = str(ctx.attribute("auto_pad", "NOTSET"))
     if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise ctx.fail(f"auto_pad {auto_pad!r} is not an ONNX auto_pad value")
-    output_shape = ctx.attribute("output_shape")
+    output_shape = _ints_attribute(ctx, "output_shape", [])
     same = auto_pad in ("SAME_UPPER", "SAME_LOWER")
     if not output_shape and not same:
         zeros = [0] * (2 * spatial_rank)
@@ -94,7 +94,7 @@ def _pads(
             "give the model's inputs fixed shapes (fixed_shapes=...) or export it with explicit pads"
         )
     if output_shape:
-        target = [int(v) for v in output_shape][-spatial_rank:]  # type: ignore[union-attr]
+        target = output_shape[-spatial_rank:]
     else:
         target = [size * s for size, s in zip(spatial, strides, strict=True)]
     begins, ends = [], []

@@ -184,6 +184,7 @@ def softmax_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> li
 def log_softmax_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> list[str | None]:
     """dX = dY - exp(Y) * sum(dY, axis), the sum kept as a size-1 axis (opset >= 13 semantics)."""
     (dy,) = grad_outputs
+    assert dy is not None
     y = ctx.output(0)
     axis = _int(ctx, "axis", -1)
     total = ctx.emitter.reduce_sum(dy, [axis], keepdims=True)

@@ -148,10 +148,10 @@ def transpose_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> 
     """dX = transpose(dY, inverse of perm) (no perm: reversed axes, its own inverse)."""
     (dy,) = grad_outputs
     perm = ctx.attribute("perm")
-    if perm is None:
+    if not isinstance(perm, list):  # absent (None): the reversed axes
         return [ctx.op("Transpose", [dy])]
-    inverse = [0] * len(perm)  # type: ignore[arg-type]
-    for axis, source in enumerate(perm):  # type: ignore[arg-type]
+    inverse = [0] * len(perm)
+    for axis, source in enumerate(perm):
         inverse[source] = axis
     return [ctx.op("Transpose", [dy], perm=inverse)]
 

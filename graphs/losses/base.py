@@ -167,7 +167,7 @@ def _constructor(entry: LossDef) -> Callable[..., Loss]:
 
 def _construct(entry: LossDef, *args: object, **kwargs: object) -> Loss:
     bound = entry.signature.bind(*args, **kwargs)
-    return Loss(entry.name, **bound.arguments)  # type: ignore[arg-type]
+    return Loss(entry.name, **bound.arguments)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -525,7 +525,7 @@ def register_loss(
             given = dict(zip(extra_names, args, strict=False))
             for extra in extra_names:
                 if extra in kwargs:
-                    given[extra] = kwargs.pop(extra)  # type: ignore[assignment]
+                    given[extra] = kwargs.pop(extra)
             spec = _construct(LOSSES[kind], *args[len(extra_names) :], **kwargs)
             return add_loss(emitter, spec, input, target, given)  # type: ignore[arg-type]
 

@@ -159,7 +159,7 @@ def as_betas(betas: Sequence[float]) -> tuple[float, float]:
     floats = tuple(float(beta) for beta in betas)
     if len(floats) != 2:
         raise ValueError(f"betas must be two floats, got {floats}")
-    return floats  # type: ignore[return-value]
+    return floats
 
 
 def check_betas(betas: Sequence[float]) -> None:
@@ -231,9 +231,8 @@ class KernelNode:
             ordered.pop()
         slots = optimizer.state_slots()
         outputs = [emitter.fresh(f"{param}.new"), *(emitter.fresh(f"{param}.{slot}.new") for slot in slots)]
-        emitter.op_multi(
-            op.name, ordered, outputs=outputs, domain=op.domain, **{name: int(value) for name, value in flags.items()}
-        )
+        attributes: dict[str, Any] = {name: int(value) for name, value in flags.items()}
+        emitter.op_multi(op.name, ordered, outputs=outputs, domain=op.domain, **attributes)
         return outputs[0], dict(zip(slots, outputs[1:], strict=True))
 
 
@@ -256,6 +255,8 @@ class Optimizer:
 
     torch_name: ClassVar[str] = ""
     kernel: ClassVar[schema.OpSpec | None] = None
+    # Every subclass is a dataclass; declared so that type checkers accept dataclasses.fields(optimizer).
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every optimizer's own checks run after the types are known good (check_field_types).
@@ -288,14 +289,14 @@ class Optimizer:
             ValueError: The group sets a hyperparameter this optimizer does not have.
         """
         overrides = group.overrides()
-        names = {field.name for field in dataclasses.fields(self)}  # type: ignore[arg-type]
+        names = {field.name for field in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise ValueError(
                 f"a parameter group of {type(self).__name__} sets {', '.join(unknown)}, which "
                 f"{type(self).__name__} does not have (its hyperparameters: {', '.join(sorted(names - {'lr'}))})"
             )
-        return dataclasses.replace(self, **overrides)  # type: ignore[type-var]
+        return dataclasses.replace(self, **overrides)
 
     @property
     def emission(self) -> StandardOps | KernelNode:
@@ -421,7 +422,7 @@ def optimizer_from_torch(name: str, **kwargs: Any) -> Optimizer:
         raise ValueError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     cls = OPTIMIZERS[name]
     kwargs = {key: value for key, value in kwargs.items() if key not in ("foreach", "fused", "differentiable")}
-    names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(kwargs) - names)
     if unknown:
         raise ValueError(f"{name} has no hyperparameter {', '.join(unknown)} here (it has {', '.join(sorted(names))})")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import onnx
@@ -270,7 +270,7 @@ class _Rewriter:
         return mul, self._float_nodes(node, float_op, [quantize.input[0], weight], bias, mul.output[0], attributes)
 
     def _float_nodes(
-        self, node: onnx.NodeProto, op: str, inputs: list[str], bias: str, output: str, attributes: dict[str, object]
+        self, node: onnx.NodeProto, op: str, inputs: list[str], bias: str, output: str, attributes: dict[str, Any]
     ) -> list[onnx.NodeProto]:
         """The float op writing ``output``; a bias is Conv's third input, or an Add after a MatMul."""
         name = self._node_name(node)

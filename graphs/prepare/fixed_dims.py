@@ -599,11 +599,11 @@ def _fixing_nodes(graph: onnx.GraphProto, types: Mapping[str, ValueType], trial:
             batch = _rnn_batch(node, types.get(node.input[0]))
             states = [name for i, name in enumerate(node.input) if i in _RNN_STATES[node.op_type] and name]
             if batch in trial.sizes and any(not _follows(node, name, batch, types, graph_inputs) for name in states):
-                fixing.setdefault(batch, label)  # type: ignore[arg-type]
+                fixing.setdefault(batch, label)
         for name in node.output:
-            symbol = _changed_shape(types.get(name), trial.static.get(name), trial)
-            if symbol is not None:
-                fixing.setdefault(symbol, label)
+            changed = _changed_shape(types.get(name), trial.static.get(name), trial)
+            if changed is not None:
+                fixing.setdefault(changed, label)
     return fixing
 
 

@@ -101,7 +101,7 @@ def untie_merged(model: onnx.ModelProto, origins: TorchOrigins | None) -> tuple[
                     untied[copies[target]] = node.input[index]
                 node.input[index] = copies[target]
         sources = {**origins.sources, **{name: (name,) for name in untied}}
-        kinds = {**origins.kinds, **{name: PARAMETER for name in untied}}
+        kinds = {**origins.kinds, **dict.fromkeys(untied, PARAMETER)}
         dropped = tuple(name for name in origins.dropped if name not in copies)
         return untied, dataclasses.replace(origins, kinds=kinds, sources=sources, dropped=dropped)
     outputs = {value.name for value in graph.output}

@@ -33,10 +33,12 @@ class Family:
 
     @property
     def forward_inputs(self) -> tuple[str, ...]:
+        """The training op's input ports."""
         return schema.input_names(self.training)
 
     @property
     def forward_outputs(self) -> tuple[str, ...]:
+        """The training op's output ports."""
         return schema.output_names(self.training)
 
     @property

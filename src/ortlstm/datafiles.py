@@ -139,7 +139,8 @@ class ConcatenatedRows:
     def take(self, rows: np.ndarray) -> np.ndarray:
         """The values of ``rows``, end to end."""
         starts, ends = self.offsets[rows], self.offsets[np.asarray(rows) + 1]
-        positions = np.concatenate([np.arange(start, end) for start, end in zip(starts, ends, strict=True)] or [[]])
+        pieces = [np.arange(start, end) for start, end in zip(starts, ends, strict=True)]
+        positions = np.concatenate(pieces or [np.empty(0, np.int64)])
         return take_rows(self.values, 0, positions.astype(np.int64))
 
 

@@ -81,7 +81,7 @@ def load_digits_sequences(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _torch_classifier(hidden_size: int, seed: int) -> Any:
-    torch = _require("torch", "demo-training")
+    torch: Any = _require("torch", "demo-training")
 
     class DigitClassifier(torch.nn.Module):
         """Bidirectional LSTM over image rows; the two final hidden states feed a linear head."""

@@ -500,28 +500,33 @@ class OneProcess:
     ``mpirun`` (``DistributedTrainer.step_accumulated``) without mpi4py installed.
     """
 
-    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+    def Get_rank(self) -> int:  # mpi4py's names
+        """The only rank."""
         return 0
 
-    def Get_size(self) -> int:  # noqa: N802
+    def Get_size(self) -> int:
+        """One process."""
         return 1
 
-    def Allreduce(self, send: Any, receive: Any) -> None:  # noqa: N802
+    def Allreduce(self, send: Any, receive: Any) -> None:
         """In place: the sum over one process is the value."""
 
-    def Bcast(self, value: Any, root: int = 0) -> None:  # noqa: N802
+    def Bcast(self, value: Any, root: int = 0) -> None:
         """Rank 0's value is this one."""
 
-    def Barrier(self) -> None:  # noqa: N802
+    def Barrier(self) -> None:
         """Nothing to wait for."""
 
     def bcast(self, value: Any, root: int = 0) -> Any:
+        """Rank 0's object is this one."""
         return value
 
     def allgather(self, value: Any) -> list[Any]:
+        """Every rank's object: this one."""
         return [value]
 
-    def Abort(self, code: int = 1) -> None:  # noqa: N802
+    def Abort(self, code: int = 1) -> None:
+        """Ends the process at once, as MPI_Abort ends the job."""
         os._exit(code)
 
 

@@ -439,6 +439,7 @@ def _forward(inputs: Mapping[str, _Array | None], attrs: LstmAttributes, dims: M
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
     hidden, directions = attrs.hidden_size, attrs.num_directions
     X = _to_layout0(inputs["X"], attrs.layout, 1)  # [seq_length, batch_size, input_size]
+    assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
     B = inputs.get("B")
@@ -534,6 +535,7 @@ def _backward(
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
     hidden, directions = attrs.hidden_size, attrs.num_directions
     X = _to_layout0(inputs["X"], attrs.layout, 1)
+    assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
     P = inputs.get("P")

@@ -7,9 +7,10 @@ Run with the training environment, which has torch:
 Each case: an ``nn.GRU`` (2 layers; uni- or bidirectional; batch_first or not) with a Linear head
 on every step's output, exported by each of torch.onnx.export's three flavours (its defaults:
 dynamo with optimize=True, which folds torch's weights into the GRU's ONNX layout: gates r z n ->
-z r h, directions stacked, B = [b_ih, b_hh]; dynamo with optimize=False; TorchScript), then trained in torch for ``STEPS`` steps with MSE. Written in
-record_training.py's format (model, config, batch/<step>/<input>, losses, param/<onnx name> after
-every step), each ONNX initializer's value computed from the torch parameters it was folded from.
+z r h, directions stacked, B = [b_ih, b_hh]; dynamo with optimize=False; TorchScript), then
+trained in torch for ``STEPS`` steps with MSE. Written in record_training.py's format (model,
+config, batch/<step>/<input>, losses, param/<onnx name> after every step), each ONNX
+initializer's value computed from the torch parameters it was folded from.
 
 Seeded; an unchanged recording is left as it is (``write_unless_unchanged``).
 """
@@ -116,8 +117,11 @@ def initializer_pairs(model: onnx.ModelProto, values: dict[str, tuple[np.ndarray
 
 
 def export(net: Net, x: torch.Tensor, exporter: str) -> onnx.ModelProto:
-    """torch.onnx.export: its defaults (``dynamo``: dynamo=True, optimize=True), ``dynamo_unoptimized``
-    (optimize=False) or ``torchscript`` (dynamo=False, the exporter's default opset)."""
+    """torch.onnx.export in one of three flavours.
+
+    Its defaults (``dynamo``: dynamo=True, optimize=True), ``dynamo_unoptimized`` (optimize=False) or
+    ``torchscript`` (dynamo=False, the exporter's default opset).
+    """
     buffer = io.BytesIO()
     if exporter == "torchscript":
         torch.onnx.export(net, (x,), buffer, dynamo=False, input_names=["x"])

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import random_model_grammar as grammar  # noqa: E402
+import random_model_grammar as grammar
 
 HERE = pathlib.Path(__file__).resolve().parent
 OUTPUT = HERE / "random_models"
@@ -78,10 +78,10 @@ def export(
                 program.optimize()
                 program.save(str(out / f"{seed}-dynamo.onnx"))
                 shrink(out / f"{seed}-dynamo.onnx")
-    except Exception as error:  # noqa: BLE001 - any exporter failure is recorded as what it says
+    except Exception as error:  # any exporter failure is recorded as what it says
         message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
         flavours = ("torchscript",) if flavour == "torchscript" else ("dynamo", "dynamo_unoptimized")
-        return {name: message for name in flavours}
+        return dict.fromkeys(flavours, message)
     return {}
 
 

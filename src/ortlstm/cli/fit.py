@@ -211,8 +211,8 @@ def fit_options(args: argparse.Namespace) -> argparse.Namespace:
 def _config_argv(config: Mapping[str, Any], parser: argparse.ArgumentParser, where: str) -> list[str]:
     """--config's options written as the command line would give them (so that they are parsed alike)."""
     actions: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        actions.setdefault(action.dest, action)
+    for each in parser._actions:
+        actions.setdefault(each.dest, each)
     argv: list[str] = []
     for key, value in config.items():
         name = key.replace("-", "_")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import onnx
@@ -66,7 +66,7 @@ def _fixed(dim: int | str | None) -> bool:
     return isinstance(dim, int) and dim > 0
 
 
-def _is_batch_dim(dim: int | str | None) -> bool:
+def _is_batch_dim(dim: int | str | None) -> TypeGuard[str]:
     return isinstance(dim, str) and (dim.lower() in _BATCH_WORDS or "batch" in dim.lower())
 
 
@@ -121,7 +121,8 @@ def data_specs(
         fixed = tuple(dim for dim in kept if dim.input == name)
         specs[name] = ArraySpec(name, "model input", (dtype,), shape, axis, export_dims=fixed)
     if signature.target is not None:
-        target = _target_spec(loss, signature.target, declared.get(trainer.spec.prediction), batch_dim)
+        prediction = trainer.spec.prediction
+        target = _target_spec(loss, signature.target, declared.get(prediction) if prediction else None, batch_dim)
         lengths = signature.extra_targets.get("target_lengths") if loss.kind == "ctc_loss" else None
         specs[signature.target] = dataclasses.replace(target, lengths=lengths)
     required = {extra.name: extra.required for extra in loss.extra_targets}
@@ -264,7 +265,7 @@ def check_data(arrays: Mapping[str, np.ndarray], specs: Mapping[str, ArraySpec],
         raise ValueError(f"{where}: the arrays hold no sample")
     for name, array in arrays.items():
         spec = specs[name]
-        if _is_concatenated(array, spec) and spec.lengths in arrays:
+        if spec.lengths is not None and _is_concatenated(array, spec) and spec.lengths in arrays:
             labels = _sum(arrays[spec.lengths])
             if labels != array.shape[0]:
                 raise ValueError(
@@ -322,7 +323,7 @@ def prepare_data(arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec], wher
     prepared = dict(arrays)
     for name, array in arrays.items():
         spec = specs[name]
-        if not _is_concatenated(array, spec):
+        if spec.lengths is None or not _is_concatenated(array, spec):
             continue
         lengths = arrays[spec.lengths]
         if isinstance(array, ShardedArray) and isinstance(lengths, ShardedArray):

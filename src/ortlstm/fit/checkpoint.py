@@ -141,12 +141,16 @@ def _as_options(saved: Mapping[str, Any], config: Mapping[str, Any]) -> list[Dif
     ]
     kinds = [side["schedule"]["kind"] for side in sides]
     differing: list[Difference] = []
-    for name, old, new in differing_settings(*sides):
+    for name, old, new in differing_settings(sides[0], sides[1]):
         if name in ("schedule.steps_per_epoch", "schedule.total"):
             continue
-        if kinds[0] != kinds[1] and name.startswith("schedule.") and name != "schedule.kind":
-            if name != "schedule.lr" or None in kinds:  # another schedule: its kind says it (and its lr)
-                continue
+        if (
+            kinds[0] != kinds[1]
+            and name.startswith("schedule.")
+            and name != "schedule.kind"
+            and (name != "schedule.lr" or None in kinds)  # another schedule: its kind says it (and its lr)
+        ):
+            continue
         differing.append((_OPTION_NAMES.get(name, name.removeprefix("schedule.")), old, new))
     epochs = _schedule_epochs(saved.get("schedule")), _schedule_epochs(config.get("schedule"))
     if None not in epochs and epochs[0] != epochs[1]:

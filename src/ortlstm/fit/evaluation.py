@@ -44,6 +44,7 @@ def evaluate_data(
     )
     target_name = trainer.signature.target
     wants_output = target_name is not None and (loss_kind.class_target or loss_kind.kind == "ctc_loss")
+    outputs = [spec.prediction] if spec.prediction is not None else []  # a trainer's spec: resolved
     total = 0.0
     elements = 0
     correct = counted = 0
@@ -54,7 +55,7 @@ def evaluate_data(
         rows = np.arange(first, min(first + batch_size, part.stop))
         named = batch_arguments(arrays, specs, target_name, rows)
         if wants_output:
-            loss, prediction = trainer.evaluate(outputs=[spec.prediction], **named)
+            loss, prediction = trainer.evaluate(outputs=outputs, **named)
         else:
             loss, prediction = trainer.evaluate(outputs=[], **named), None
         loss_array = np.asarray(loss, dtype=np.float64)

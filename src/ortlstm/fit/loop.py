@@ -281,7 +281,7 @@ class _Run:
             schedule = schedule.bound(steps_per_epoch, epochs)
         config = fit_config(batch_size, seed, samples, schedule, list(data), shuffle, shard_files(data))
         generator = np.random.Generator(np.random.PCG64(seed))
-        state = FitState(epoch=0, steps_in_epoch=0, rng_state=generator.bit_generator.state)
+        state = FitState(epoch=0, steps_in_epoch=0, rng_state=dict(generator.bit_generator.state))
         return cls(
             trainer=trainer,
             data=data,
@@ -407,7 +407,9 @@ class _Run:
         )
         ranks, eval_batch = self.ranks, self.eval_batch or self.batch_size
         if self.val is not None:
-            split = {} if ranks is None else {"rank": ranks.rank, "size": ranks.size, "gather": ranks.gather}
+            split: dict[str, Any] = {}
+            if ranks is not None:
+                split = {"rank": ranks.rank, "size": ranks.size, "gather": ranks.gather}
             record.val_loss, record.val_accuracy, record.val_cer = evaluate_data(
                 trainer, self.val, self.specs, eval_batch, **split
             )
@@ -416,7 +418,8 @@ class _Run:
             warning = validation_warning(trainer, self.val, self.specs, eval_batch, record.val_loss, self.val_name)
             if warning is not None:
                 self.warn(warning)
-        self.state = FitState(state.epoch + 1, 0, self.generator.bit_generator.state, history=[*state.history, record])
+        rng_state = dict(self.generator.bit_generator.state)
+        self.state = FitState(state.epoch + 1, 0, rng_state, history=[*state.history, record])
         self._save()
 
     def _save(self) -> None:

@@ -19,14 +19,10 @@ onnxruntime is imported lazily (building models needs only onnx); onnxruntime.tr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
 from ortlstm.graphs.structure import graph_hash
-from ortlstm.ort_training import (
-    ORT_TRAINING_ADAMW_EPS,
-    OrtTrainingCheckpoint,
-    OrtTrainingImport,
-    read_onnxruntime_training_checkpoint,
-)
 from ortlstm.training.checkpoint import (
     CHECKPOINT_FORMAT,
     DIRECTORY_FORMAT,
@@ -42,6 +38,25 @@ from ortlstm.training.engine import MODEL_KINDS, float64_disabled_optimizers
 from ortlstm.training.guard import NONFINITE_MODES, NonFiniteStepError
 from ortlstm.training.spec import LearningRate, TrainingSpec
 from ortlstm.training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from ortlstm.ort_training import (
+        ORT_TRAINING_ADAMW_EPS,
+        OrtTrainingCheckpoint,
+        OrtTrainingImport,
+        read_onnxruntime_training_checkpoint,
+    )
+
+# The onnxruntime-training 1.19.2 names this package re-exports, read from ortlstm.ort_training when
+# first asked for (PEP 562): ortlstm.ort_training imports ortlstm.training.checkpoint, so importing it
+# here at module level made the two packages import each other and put the 1.19.2 path into every
+# `import ortlstm.training`.
+_ORT_TRAINING_NAMES = (
+    "ORT_TRAINING_ADAMW_EPS",
+    "OrtTrainingCheckpoint",
+    "OrtTrainingImport",
+    "read_onnxruntime_training_checkpoint",
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -68,3 +83,12 @@ __all__ = [
     "read_onnxruntime_training_checkpoint",
     "with_carried_state",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Imports ``ortlstm.ort_training`` on the first use of one of its re-exported names."""
+    if name in _ORT_TRAINING_NAMES:
+        import ortlstm.ort_training
+
+        return getattr(ortlstm.ort_training, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

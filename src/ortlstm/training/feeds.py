@@ -295,7 +295,7 @@ class Feeds:
                     spec.loss,
                     prediction,
                     given_type,
-                    prediction_name=spec.prediction,
+                    prediction_name=spec.prediction or "prediction",  # check_target's own default name
                     target_name=target_name,
                     extra_types=extra_types,
                 )

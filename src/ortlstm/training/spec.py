@@ -404,7 +404,9 @@ class TrainingSpec:
 def signature_from_json(data: Mapping[str, Any]) -> TrainStepSignature:
     """The signature a training directory's manifest records (lists back to tuples)."""
     fields = {field.name for field in dataclasses.fields(TrainStepSignature)}
-    values = {key: tuple(value) if isinstance(value, list) else value for key, value in data.items() if key in fields}
+    values: dict[str, Any] = {
+        key: tuple(value) if isinstance(value, list) else value for key, value in data.items() if key in fields
+    }
     return TrainStepSignature(**values)
 
 

@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -25,20 +25,15 @@ from ortlstm.graphs.parameters import TrainedParameter, constant_sources, descri
 from ortlstm.graphs.prepare.dequantize import describe_int8
 from ortlstm.graphs.structure import graph_hash
 from ortlstm.graphs.train_step import TrainStepSignature, build_training_models
-from ortlstm.ort_training import (
-    OrtTrainingCheckpoint,
-    OrtTrainingImport,
-    checkpoint_file,
-    import_checkpoint,
-    read_onnxruntime_training_checkpoint,
-    trainer_defaults,
-)
 from ortlstm.training import checkpoint as files
 from ortlstm.training.accumulation import Accumulator
 from ortlstm.training.engine import Engine
 from ortlstm.training.feeds import Feeds
 from ortlstm.training.guard import all_finite, check_mode, loss_value, refusal
 from ortlstm.training.spec import LearningRate, TrainingSpec
+
+if TYPE_CHECKING:  # the 1.19.2 path is imported where used: ortlstm.ort_training imports ortlstm.training
+    from ortlstm.ort_training import OrtTrainingCheckpoint, OrtTrainingImport
 
 
 _NOT_OPTIONS = ("self", "model")
@@ -634,6 +629,7 @@ class Trainer:
             The trainer, its parameters, moments and step loaded; ``last_import`` says what was
             carried over and what was not.
         """
+        from ortlstm.ort_training import checkpoint_file, read_onnxruntime_training_checkpoint, trainer_defaults
         with checkpoint_file(checkpoint) as path:
             content = read_onnxruntime_training_checkpoint(path)
             original = files.load_model(model)
@@ -665,12 +661,14 @@ class Trainer:
         """
         if self._accumulator.batches:
             raise RuntimeError("load_onnxruntime_training_checkpoint(): accumulated gradients are not applied")
+        from ortlstm.ort_training import checkpoint_file, read_onnxruntime_training_checkpoint
         with checkpoint_file(checkpoint) as path:
             content = read_onnxruntime_training_checkpoint(path)
             return self._import_ort_training(content, str(path))
 
     def _import_ort_training(self, content: OrtTrainingCheckpoint, where: str) -> OrtTrainingImport:
         """Loads an ``OrtTrainingCheckpoint``'s content (see ``load_onnxruntime_training_checkpoint``)."""
+        from ortlstm.ort_training import import_checkpoint
         values, imported = import_checkpoint(
             content, where, self.signature, self._engine.initial, self.spec.optimizer.torch_name
         )
