@@ -94,6 +94,7 @@ def _torch_runner(config: tuple[int, int, int, int, str], nonlinearity: str, thr
 
 
 def main() -> None:
+    """Times the configs and prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=["S", "M", "B1", "M-bidir"], choices=sorted(CONFIGS))
     parser.add_argument("--nonlinearity", nargs="+", default=["tanh", "relu"], choices=sorted(ACTIVATIONS))

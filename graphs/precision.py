@@ -13,15 +13,13 @@ import onnx
 
 from ortlstm.graphs.graph_utils import walk_graphs
 from ortlstm.ops.contract import DOMAIN
-from ortlstm.ops.schema import CTC_OPS, GRADIENT_OPS, GRU_OPS, OPS, OPTIMIZER_OPS, RNN_OPS
+from ortlstm.ops.schema import ALL_OPS
 
 PRECISIONS: dict[str, str] = {"32-true": "float32", "bf16-mixed": "bfloat16"}
 """Lightning's precision name -> the kernel ops' ``matmul_precision``."""
 
 GEMM_OPS: tuple[str, ...] = tuple(
-    op.name
-    for op in OPS + GRU_OPS + RNN_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
-    if any(attribute.name == "matmul_precision" for attribute in op.attributes)
+    op.name for op in ALL_OPS if any(attribute.name == "matmul_precision" for attribute in op.attributes)
 )
 """The kernel ops with a ``matmul_precision`` attribute, read off the schema (ops/spec_lstm.py MATMUL_PRECISION)."""
 

@@ -69,7 +69,7 @@ def register_onnx_schemas() -> None:
     Raises:
         RuntimeError: If an op of the same name, domain and version with other ports is registered.
     """
-    for op in schema.OPS + schema.GRU_OPS + schema.RNN_OPS + schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
+    for op in schema.ALL_OPS:
         if onnx.defs.has(op.name, op.version, op.domain):
             _check_registered(op)
             continue

@@ -73,13 +73,16 @@ from ortlstm.ops.spec_rnn import (  # noqa: F401 - the contract, gathered
 )
 from ortlstm.ops.wiring import (  # noqa: F401 - the contract, gathered
     GRU_TRAINING_GRADIENT,
-    RNN_TRAINING_GRADIENT,
     LSTM_TRAINING_GRADIENT,
+    RNN_TRAINING_GRADIENT,
     GradientLink,
     GradientSource,
     GradientWiring,
     gradient_wiring,
 )
+
+ALL_OPS: tuple[OpSpec, ...] = (*OPS, *GRU_OPS, *RNN_OPS, *OPTIMIZER_OPS, *CTC_OPS, *GRADIENT_OPS)
+"""Every op of the domain, in documentation order: what codegen, onnx_defs and the graph code iterate."""
 
 
 def op_by_name(name: str) -> OpSpec:
@@ -88,10 +91,9 @@ def op_by_name(name: str) -> OpSpec:
     Raises:
         KeyError: If no op of that name is declared.
     """
-    every = OPS + GRU_OPS + RNN_OPS + OPTIMIZER_OPS + CTC_OPS + GRADIENT_OPS
-    for op in every:
+    for op in ALL_OPS:
         if op.name == name:
             return op
-    raise KeyError(f"no op {name!r} in domain {DOMAIN!r}; ops are {[op.name for op in every]}")
+    raise KeyError(f"no op {name!r} in domain {DOMAIN!r}; ops are {[op.name for op in ALL_OPS]}")
 
 

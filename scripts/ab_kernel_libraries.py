@@ -21,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import bench_gru  # noqa: E402
-import bench_lstm  # noqa: E402
-import ortlstm.ops.library  # noqa: E402
+import bench_gru
+import bench_lstm
+
+import ortlstm.ops.library
 
 
 def _runner(kind: str, library: str, name: str, threads: int) -> Callable[[], None]:
@@ -40,6 +41,7 @@ def _runner(kind: str, library: str, name: str, threads: int) -> Callable[[], No
 
 
 def main() -> int:
+    """Times the two libraries in alternating rounds; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old")
     parser.add_argument("new")

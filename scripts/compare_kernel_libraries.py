@@ -63,8 +63,9 @@ def configs() -> Iterator[Config]:
 
 def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarray]:
     import onnxruntime as ort
-    import ortlstm.ops
     from onnx import TensorProto, helper
+
+    import ortlstm.ops
     from ortlstm.ops import schema
 
     steps, batch, inputs, hidden = _SIZES[str(settings["size"])]
@@ -179,6 +180,7 @@ def compare(old: str, new: str) -> int:
 
 
 def main() -> int:
+    """Runs the sub-command; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run")

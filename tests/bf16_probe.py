@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+
 import ortlstm.ops
 
 MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "parallel": 4}

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import bf16_probe
 import numpy as np
-import ortlstm.ops
 import pytest
 from test_blas_backend import _build_line
+
+import ortlstm.ops
 
 TESTS = str(Path(__file__).resolve().parent)
 

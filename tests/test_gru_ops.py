@@ -19,10 +19,10 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 import op_runner
-import ortlstm.ops
 import pytest
 from onnx import TensorProto, helper
 
+import ortlstm.ops
 from ortlstm.ops import schema
 from ortlstm.reference_gru import gru_training
 

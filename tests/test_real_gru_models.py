@@ -43,18 +43,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-import ortlstm.reference
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from ortlstm.graphs import build_training_models, losses, optimizers
-from ortlstm.ops import session_options
-from ortlstm.training import Trainer, export_trained_model, graph_hash
 from test_nonfinite_guard import as_float64
 from test_real_dfn_rules import ARCHIVE as DFN_ARCHIVE
 from test_real_dfn_rules import CASES as DFN_DECODERS
 from test_real_dfn_rules import FRAMES
 from test_real_dfn_rules import WHEEL as DFN_WHEEL
+
+import ortlstm.reference
+from ortlstm.graphs import build_training_models, losses, optimizers
+from ortlstm.ops import session_options
+from ortlstm.training import Trainer, export_trained_model, graph_hash
 
 # The Trainer warns that DeepFilterNet3's Conv weights hold folded BatchNorms (tests/test_export_folds.py).
 pytestmark = pytest.mark.filterwarnings("ignore:Conv weights .* are not torch parameters:UserWarning")

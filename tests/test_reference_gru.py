@@ -69,8 +69,10 @@ def test_reference_gradients_equal_finite_differences(config: dict) -> None:
 def _chained_model(
     attributes: Mapping[str, object], present: list[str], dtype: type, gradient: schema.OpSpec = schema.GRU_GRAD
 ) -> object:
-    """GRUTraining feeding GRUGrad (or another cell's pair, by ``gradient``) in one graph; graph outputs the
-    forward outputs and every gradient."""
+    """GRUTraining feeding GRUGrad (or another cell's pair, by ``gradient``) in one graph.
+
+    The graph outputs the forward outputs and every gradient.
+    """
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     training = schema.op_by_name(str(gradient.gradient_of))
     forward_outputs = schema.output_names(training)

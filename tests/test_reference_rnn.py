@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-import ortlstm.ops
 import pytest
 from onnx.reference import ReferenceEvaluator
-from ortlstm.ops import schema
-from ortlstm.reference_rnn import rnn_grad_op, rnn_training, rnn_training_op
 from test_reference_gru import RTOL, _chained_model, _weights
 from test_rnn_ops import EVERY, _attributes, _id, _inputs
 
+import ortlstm.ops
 import ortlstm.reference
+from ortlstm.ops import schema
+from ortlstm.reference_rnn import rnn_grad_op, rnn_training, rnn_training_op
 
 
 def _compare(model: object, feeds: dict[str, np.ndarray], dtype: type, rtol: float) -> list[np.ndarray]:

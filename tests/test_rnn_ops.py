@@ -17,10 +17,11 @@ import onnxruntime as ort
 import op_runner
 import pytest
 from onnx import TensorProto, helper
+
 from ortlstm.ops import schema
 from ortlstm.reference_rnn import rnn_grad, rnn_training
 
-T, N, I, H = 4, 3, 5, 4
+T, N, I, H = 4, 3, 5, 4  # noqa: E741 - the op's dimension names
 SEQUENCE_LENS = np.array([4, 2, 0], np.int32)  # full, partial, empty
 FLOAT32_ATOL = 2e-6  # |ortlstm float32 - onnxruntime RNN float32|, values of order 1
 FLOAT64_ATOL = 1e-12  # ortlstm float64 vs the NumPy float64 reference

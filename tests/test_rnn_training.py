@@ -15,9 +15,10 @@ from pathlib import Path
 
 import onnx
 import pytest
+from test_gru_training import _load, follows_torch, gradients_equal_torch
+
 from ortlstm.graphs.autodiff import registry
 from ortlstm.graphs.convert_rnn import convert_rnns
-from test_gru_training import _load, follows_torch, gradients_equal_torch
 
 RECORDINGS = sorted((Path(__file__).parent / "recordings" / "rnn").glob("*.npz"))
 

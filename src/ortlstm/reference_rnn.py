@@ -66,6 +66,7 @@ def rnn_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
     attrs = parse_attributes(_rnn_activations(attributes))
     hidden, layout, directions = attrs.hidden_size, attrs.layout, attrs.num_directions
     X = _reference._to_layout0(inputs["X"], layout, 1)
+    assert X is not None  # a required input
     steps, batch, _ = X.shape
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
@@ -114,6 +115,7 @@ def rnn_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
         return _reference._to_layout0(inputs.get(name), layout, batch_axis)
 
     X = layout0("X", 1)
+    assert X is not None  # a required input
     steps, batch, _ = X.shape
     W = np.asarray(inputs["W"], np.float64)
     R = np.asarray(inputs["R"], np.float64)
@@ -122,6 +124,7 @@ def rnn_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
     h0 = np.zeros(state_shape) if h0 is None else h0
     grad_ht = np.zeros(state_shape) if grad_ht is None else grad_ht
     hall, grad_hall = (layout0(name, 2) for name in ("HAll", "grad_HAll"))
+    assert hall is not None  # a required input
     grad_hall = np.zeros((steps, directions, batch, hidden)) if grad_hall is None else grad_hall
     lens = inputs.get("sequence_lens")
     lens = np.full(batch, steps) if lens is None else np.asarray(lens, np.int64)

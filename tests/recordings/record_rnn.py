@@ -69,8 +69,10 @@ class Net(torch.nn.Module):
 
 
 def onnx_values(net: Net) -> dict[str, tuple[np.ndarray, str]]:
-    """Every tensor the export may hold for the torch parameters: each parameter (and its transpose), the
-    ONNX-layout W, R, B of each layer."""
+    """Every tensor the export may hold for the torch parameters.
+
+    Each parameter (and its transpose), the ONNX-layout W, R, B of each layer.
+    """
     rnn = net.rnn
     params = {name: value.detach().numpy() for name, value in net.named_parameters()}
     suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
