@@ -5,8 +5,10 @@
 #             on the newest Python found (3.14 or 3.13; onnxruntime-training stops at 3.12)
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
-# plus the kernel tests with the GEMM backend this CPU does not choose (infer) and the drift check
-# of the generated files. Usage: bash scripts/test.sh [pytest args...]
+# plus the kernel tests with the GEMM backend this CPU does not choose (infer), the drift check of
+# the generated files, and the binary wheel (scripts/build_wheels.sh x86_64, then installed in a
+# fresh venv with no compiler and smoke-tested by scripts/wheel_smoke.sh).
+# Usage: bash scripts/test.sh [pytest args...]
 # The package's source is under src/, so nothing in the checkout's root shadows the installed
 # package: Python run from here imports what pip installed.
 set -euo pipefail
@@ -82,6 +84,11 @@ if [ -n "$other_blas" ]; then
     tests/test_lstm_training.py tests/test_lstm_grad.py tests/test_edge_cases.py tests/test_errors.py \
     tests/test_blas_backend.py "$@"
 fi
+
+section "binary wheel: built, installed in a fresh venv with no compiler on PATH, smoke-tested"
+# The infer environment's build dir is reused, so this costs a link, auditwheel and the installs.
+WHEEL_BUILD_PYTHON="$venvs/infer/bin/python" bash scripts/build_wheels.sh x86_64
+bash scripts/wheel_smoke.sh
 
 section "tests: onnxruntime-training-cpu"
 make_venv train "$python" ".[demo-training,test]"
