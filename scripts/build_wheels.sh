@@ -140,7 +140,8 @@ for target in "${targets[@]}"; do
       ;;
     sdist)
       section "sdist"
-      "$tools/bin/python" -m build --sdist --outdir "$root/dist" "$root"
+      # The sources only: scikit-build-core from the tools environment, none of the BLAS wheels.
+      "$tools/bin/python" -m build --sdist --no-isolation --skip-dependency-check --outdir "$root/dist" "$root"
       ls -l "$root"/dist/*.tar.gz
       ;;
   esac
