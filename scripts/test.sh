@@ -71,6 +71,11 @@ export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, sys; print(onnxruntime.__version__, "on Python", sys.version.split()[0])')"
 "$venvs/infer/bin/pytest" tests "$@"
 
+section "binary wheel: built, installed in a fresh venv with no compiler on PATH, smoke-tested"
+# The infer environment's build dir is reused, so this costs a link, auditwheel and the installs.
+WHEEL_BUILD_PYTHON="$venvs/infer/bin/python" bash scripts/build_wheels.sh x86_64
+bash scripts/wheel_smoke.sh
+
 # x86-64 builds link oneMKL and OpenBLAS and pick by CPU vendor (kernels_cpp/common/blas.cc): mkl
 # on Intel, openblas+mkl elsewhere. The kernel tests once more with the other one forced, so both
 # stay correct on every machine (plain openblas: tests/test_blas_backend.py).
@@ -84,11 +89,6 @@ if [ -n "$other_blas" ]; then
     tests/test_lstm_training.py tests/test_lstm_grad.py tests/test_edge_cases.py tests/test_errors.py \
     tests/test_blas_backend.py "$@"
 fi
-
-section "binary wheel: built, installed in a fresh venv with no compiler on PATH, smoke-tested"
-# The infer environment's build dir is reused, so this costs a link, auditwheel and the installs.
-WHEEL_BUILD_PYTHON="$venvs/infer/bin/python" bash scripts/build_wheels.sh x86_64
-bash scripts/wheel_smoke.sh
 
 section "tests: onnxruntime-training-cpu"
 make_venv train "$python" ".[demo-training,test]"
