@@ -10,13 +10,13 @@
 # Each wheel is built by the project's own backend (scikit-build-core, through `python -m build`) and
 # then repaired by auditwheel, which copies libscipy_openblas.so into the wheel (ortlstm.libs/, under a
 # hashed name, with the RUNPATH pointed at it) and gives the wheel the oldest manylinux tag whose
-# glibc symbol versions cover the library's (`auditwheel show dist/*.whl` says which symbols decide).
+# glibc and libstdc++ symbol versions cover the library's (`auditwheel show dist/*.whl` says which symbols decide).
 # Built on Debian 12 (glibc 2.36, GCC 12) that is, by what the library's symbols ask of the system:
 #   x86-64   manylinux_2_34: the pthread_key_* and dladdr that the static oneMKL calls moved into libc
 #            in glibc 2.34, so any link against a newer glibc binds them to GLIBC_2.34;
 #   aarch64  manylinux_2_31: std::ostringstream's constructor@GLIBCXX_3.4.26 (a GCC 9 libstdc++, as
 #            on Debian 11 and Ubuntu 20.04); glibc itself only 2.29 (exp/log/pow), OpenBLAS 2.27.
-# GCC 11+'s one call into a newer libstdc++ (GLIBCXX_3.4.29), which alone made both manylinux_2_34,
+# GCC 11+'s one call into a newer libstdc++ (GLIBCXX_3.4.29), which alone made aarch64 manylinux_2_34,
 # is served inside the library (kernels_cpp/common/libstdcxx_compat.cc). An older tag needs an older
 # toolchain at build time (a manylinux container image, which this machine cannot reach).
 # The ONNX Runtime headers are downloaded at build time only (cmake/OrtHeaders.cmake); the wheels
@@ -27,7 +27,9 @@
 # build's PYTHONPATH, so cmake/Blas.cmake finds it as it finds the host's; cmake/aarch64-linux-gnu.cmake
 # is the toolchain. scripts/arm64_emulated.sh installs and tests that wheel under qemu.
 #
-# The build trees stay in build/wheel-<tag> (reused: a rebuild compiles only what changed).
+# The build trees stay in build/wheel-<tag> (reused; the cross build recompiles only what changed, the
+# isolated x86-64 build everything, as its build environment and so oneMKL's include path are new each
+# time: WHEEL_BUILD_PYTHON avoids that).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
