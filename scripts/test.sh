@@ -6,8 +6,10 @@
 #   train     onnxruntime-training-cpu 1.19.2 + torch (CPU) + demo deps   release build, full suite
 #   sanitize  newest onnxruntime           Debug + AddressSanitizer/UBSan build, kernel tests
 # plus the kernel tests with the GEMM backend this CPU does not choose (infer), the drift check of
-# the generated files and, before any test, ruff and mypy (scripts/lint.sh; the `lint` extra's
-# pinned versions, in infer). Usage: bash scripts/test.sh [pytest args...]
+# the generated files, before any test ruff and mypy (scripts/lint.sh; the `lint` extra's pinned
+# versions, in infer), and the binary wheel (scripts/build_wheels.sh x86_64, then installed in a
+# fresh venv with no compiler and smoke-tested by scripts/wheel_smoke.sh).
+# Usage: bash scripts/test.sh [pytest args...]
 # The package's source is under src/, so nothing in the checkout's root shadows the installed
 # package: Python run from here imports what pip installed.
 set -euo pipefail
@@ -76,6 +78,11 @@ export ORTLSTM_REAL_MODELS="$root/.cache/real-models"
 
 section "tests: onnxruntime $("$venvs/infer/bin/python" -c 'import onnxruntime, sys; print(onnxruntime.__version__, "on Python", sys.version.split()[0])')"
 "$venvs/infer/bin/pytest" tests "$@"
+
+section "binary wheel: built, installed in a fresh venv with no compiler on PATH, smoke-tested"
+# The infer environment's build dir is reused, so this costs a link, auditwheel and the installs.
+WHEEL_BUILD_PYTHON="$venvs/infer/bin/python" bash scripts/build_wheels.sh x86_64
+bash scripts/wheel_smoke.sh
 
 # x86-64 builds link oneMKL and OpenBLAS and pick by CPU vendor (kernels_cpp/common/blas.cc): mkl
 # on Intel, openblas+mkl elsewhere. The kernel tests once more with the other one forced, so both
