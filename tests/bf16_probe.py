@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import ortlstm.ops
 
-MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3}
+MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "operand_steps": 4, "operand_fewer_rows": 5}
 
 
 def _library() -> ctypes.CDLL:
