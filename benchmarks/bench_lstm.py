@@ -100,7 +100,7 @@ CONFIGS: dict[str, BenchConfig] = {
 """The issue's configs (T, N, I, H) plus a bidirectional and a float64 one."""
 
 QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
-COMPETITORS = ("ortlstm", "com.microsoft", "torch")
+COMPETITORS = ("ortlstm", "com.microsoft", "torch", "torch-autocast")
 LIMIT = "GEMM limit"
 
 # Targets from the issue; all compare fwd+bwd medians.
@@ -623,6 +623,7 @@ class TorchRunner(Runner):
     """
 
     name = "torch"
+    autocast = False  # TorchAutocastRunner: forward (and so backward) under torch.autocast's bfloat16
 
     def __init__(self, config: BenchConfig, threads: int) -> None:
         torch = _optional_module("torch")
@@ -655,8 +656,12 @@ class TorchRunner(Runner):
         for leaf in self._leaves:
             leaf.grad = None
 
+    def _context(self) -> Any:
+        return self._torch.autocast("cpu", dtype=self._torch.bfloat16, enabled=self.autocast)
+
     def _forward_with_grad(self) -> None:
-        y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
+        with self._context():
+            y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
         self._pending = (y, h_n)
 
     def _backward(self) -> None:
@@ -669,7 +674,7 @@ class TorchRunner(Runner):
         torch = self._torch
         self._clear_gradients()
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), self._context():
             self._lstm(self._x, (self._h0, self._c0))
         end = time.perf_counter()
         phases.setdefault("fwd_nograd", []).append(end - start)
@@ -691,6 +696,15 @@ class TorchRunner(Runner):
             self.prepare_backward()
         self._backward()
         return self.gradient_bytes
+
+
+class TorchAutocastRunner(TorchRunner):
+    """``torch.nn.LSTM`` under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (issue 33): what a PyTorch user
+    on a bf16 CPU runs (oneDNN's bf16 RNN; float32 parameters; the backward follows the forward's dtypes).
+    """
+
+    name = "torch-autocast"
+    autocast = True
 
 
 class GemmLimitRunner(Runner):
@@ -742,6 +756,8 @@ def make_runner(
         return OrtRunner(competitor, config, threads, feed=feed, spinning=spinning, memory_arena=memory_arena)
     if competitor == "torch":
         return TorchRunner(config, threads)
+    if competitor == "torch-autocast":
+        return TorchAutocastRunner(config, threads)
     raise ValueError(f"unknown competitor {competitor!r}; expected one of {COMPETITORS}")
 
 
