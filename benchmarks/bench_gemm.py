@@ -229,7 +229,7 @@ def ortlstm_calls(np, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa
         f"bf16 GEMM ({backend})": call(1, a16, b16),
         "bf16, both rounded": call(0, a, b),
         "Bf16Operand x2": call(2, a, b),  # constructs (rounds and packs B) once, multiplies twice
-        "Bf16Operand x64": call(4, a, b),  # once, then 64 multiplies: one op call's step GEMMs
+        "Bf16Operand x64": call(5, a, b),  # once, then 64 multiplies: one op call's step GEMMs
     }
 
 

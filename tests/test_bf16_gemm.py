@@ -10,6 +10,7 @@ the choice is per process) against this process's backend within the same bound.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import bf16_probe
 import numpy as np
 import ortlstm.ops
 import pytest
+from test_blas_backend import _build_line
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -93,13 +95,13 @@ def _oracle(a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool, trans_b:
     return exact, bound
 
 
-@pytest.mark.parametrize("mode", ["rounded", "bf16", "operand"])
+@pytest.mark.parametrize("mode", ["rounded", "bf16", "operand", "parallel"])
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (False, True), (True, False), (True, True)])
 def test_gemm_matches_float64_on_rounded_operands(mode, trans_a, trans_b):
     if mode == "operand" and trans_a:
         pytest.skip("the operand object is a right operand: A is never transposed")
     rng = np.random.default_rng(1)
-    m, n, k = 37, 29, 301
+    m, n, k = (301, 29, 1024) if mode == "parallel" else (37, 29, 301)  # parallel: enough work for 3 blocks
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
     c = rng.standard_normal((m, n)).astype(np.float32)
@@ -120,6 +122,7 @@ def test_gemm_empty_and_k_zero():
     np.testing.assert_array_equal(got, np.full((3, 4), 1.0, np.float32))
 
 
+@functools.cache  # one child per (code, backend): the processes dominate this file's time
 def _child(code: str, backend: str | None) -> dict:
     env = dict(os.environ)
     env.pop("ORTLSTM_BF16_GEMM", None)
@@ -139,20 +142,30 @@ rng = np.random.default_rng(2)
 a = rng.standard_normal((64, 512)).astype(np.float32)
 b = rng.standard_normal((256, 512)).astype(np.float32)
 c = np.zeros((64, 256), np.float32)
-got = {mode: bf16_probe.gemm(mode, a, b, c, False, True).tolist() for mode in ("rounded", "operand")}
+got = {mode: bf16_probe.gemm(mode, a, b, c, False, True).tolist() for mode in ("rounded", "operand", "parallel")}
 print(json.dumps({"backend": ortlstm.ops.bf16_gemm_backend(), **got}))
 """
 
 
-def test_forced_fallback_equals_native_within_summation_rounding():
-    fallback = _child(_GEMM_CODE, "fallback")
-    assert fallback["backend"] == "fallback"
-    native = _child(_GEMM_CODE, None)
+def test_each_backend_matches_float64_and_the_fallback_equals_mkl_within_summation_rounding():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((64, 512)).astype(np.float32), rng.standard_normal((256, 512)).astype(np.float32)
-    _, bound = _oracle(a, b, np.zeros((64, 256), np.float32), False, True, 1.0, 0.0)
-    for mode in ("rounded", "operand"):
-        assert (np.abs(np.array(fallback[mode]) - np.array(native[mode])) <= 2 * bound).all()
+    exact, bound = _oracle(a, b, np.zeros((64, 256), np.float32), False, True, 1.0, 0.0)
+    results = {}
+    for backend in ("fallback", "mkl", "onednn"):
+        if backend == "mkl" and "oneMKL" not in _build_line():
+            continue
+        results[backend] = _child(_GEMM_CODE, backend)
+        if backend == "onednn" and results[backend]["backend"] == "fallback":
+            del results[backend]  # a build without oneDNN's headers, or libdnnl missing: test_bf16_onednn.py
+            continue
+        assert results[backend]["backend"] == backend
+        for mode in ("rounded", "operand", "parallel"):  # operand: packed by oneMKL under mkl, oneDNN under onednn
+            assert (np.abs(np.array(results[backend][mode]) - exact) <= bound).all(), (backend, mode)
+    for backend in set(results) - {"fallback"}:
+        for mode in ("rounded", "operand", "parallel"):
+            gap = np.abs(np.array(results["fallback"][mode]) - np.array(results[backend][mode]))
+            assert (gap <= 2 * bound).all(), (backend, mode)
 
 
 def test_fallback_warns_once_saying_why():
@@ -176,8 +189,9 @@ def test_bad_backend_is_refused_clearly():
         """,
         "mkll",
     )
-    assert "ORTLSTM_BF16_GEMM='mkll': not a bf16 GEMM backend of this build of ortlstm (expected mkl, onednn or fallback" in (
-        out["error"]
+    assert (
+        "ORTLSTM_BF16_GEMM='mkll': not a bf16 GEMM backend of this build of ortlstm (expected mkl, onednn or fallback"
+        in out["error"]
     )
 
 

@@ -66,9 +66,8 @@ _GRU = ("GRUTraining", ["X", "W", "R"], ["HAll", "Ht"])
 def test_unknown_value_is_refused_naming_attribute_value_and_allowed(op) -> None:
     attributes = {} if op[0] == "ConvGrad" else {"hidden_size": 4}
     message = _refusal(*op, np.float32, {**attributes, "matmul_precision": "bf16"})
-    assert f"{op[0]} node '{op[0]}_under_test': attribute matmul_precision: expected float32 or bfloat16, got 'bf16'" in (
-        message
-    )
+    expected = "attribute matmul_precision: expected float32 or bfloat16, got 'bf16'"
+    assert f"{op[0]} node '{op[0]}_under_test': {expected}" in message
 
 
 @pytest.mark.parametrize("op", [_LSTM, _LSTM_GRAD, _GRU], ids=lambda op: op[0])

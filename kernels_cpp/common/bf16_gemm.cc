@@ -2,6 +2,7 @@
 // reusable bf16 right operand.
 #include "common/bf16_gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <climits>
@@ -318,6 +319,44 @@ void GemmRoundedBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   const float* a_wide = Dense(a, a_rows, a_cols, lda, &FloatScratch(0), RoundToBfloat16AsFloat);
   const float* b_wide = Dense(b, b_rows, b_cols, ldb, &FloatScratch(1), RoundToBfloat16AsFloat);
   Gemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
+}
+
+void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc) {
+  if (ScaleOnly(m, n, k, beta, c, ldc)) return;
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const Bf16Backend backend = Active();
+  if (backend == Bf16Backend::kMkl || backend == Bf16Backend::kOnednn) {
+    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns), each
+    // one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the calling thread alone).
+    std::vector<Bfloat16> a_bf16, b_bf16;
+    Dense(a, a_rows, a_cols, lda, &a_bf16, RoundToBfloat16);
+    Dense(b, b_rows, b_cols, ldb, &b_bf16, RoundToBfloat16);
+    constexpr int64_t kMinBlockWork = int64_t{1} << 18;  // as ParallelGemm's
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), (m * n * k) / kMinBlockWork));
+    const bool split_rows = m >= n;
+    const int64_t extent = split_rows ? m : n;
+    const int64_t blocks = std::min(parts, extent);
+    executor.For(static_cast<size_t>(blocks), [&](size_t index) {
+      const Range r = SplitRange(extent, blocks, static_cast<int64_t>(index));
+      if (r.end == r.begin) return;
+      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16.data() + r.begin : a_bf16.data() + r.begin * a_cols)
+                                           : a_bf16.data();
+      const Bfloat16* b_block = split_rows ? b_bf16.data()
+                                           : (trans_b ? b_bf16.data() + r.begin * b_cols : b_bf16.data() + r.begin);
+      const int64_t rows = split_rows ? r.end - r.begin : m, cols = split_rows ? n : r.end - r.begin;
+      float* c_block = split_rows ? c + r.begin * ldc : c + r.begin;
+      GemmBf16(trans_a, trans_b, rows, cols, k, alpha, a_block, a_cols, b_block, b_cols, beta, c_block, ldc);
+    });
+    return;
+  }
+  WarnSlowFallback();
+  std::vector<float> a_wide, b_wide;
+  Dense(a, a_rows, a_cols, lda, &a_wide, RoundToBfloat16AsFloat);
+  Dense(b, b_rows, b_cols, ldb, &b_wide, RoundToBfloat16AsFloat);
+  ParallelGemm(executor, trans_a, trans_b, m, n, k, alpha, a_wide.data(), a_cols, b_wide.data(), b_cols, beta, c, ldc);
 }
 
 void Bf16Operand::Free::operator()(void* p) const { ::operator delete(p, kPackedAlignment); }

@@ -5,18 +5,20 @@
 // units (AMX, AVX512-BF16) when the build links oneMKL, else the fallback: the bfloat16 values
 // widened to float32 and the float32 GEMM of common/blas.h (the same products, float32
 // accumulation, so the same numbers within summation order; slower than plain float32 because of
-// the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16, oneMKL's
-// bf16 GEMM measured no faster than the fallback (docs/benchmarks.md); oneDNN's matmul uses those
-// units (common/bf16_onednn.h), so CPUs with bf16 units other than Intel's get "onednn" where the
-// build has it and libdnnl loads. OpenBLAS's sbgemm is not used: the
-// scipy-openblas32 wheel declares scipy_cblas_sbgemm in its cblas.h but does not export it
-// (built without BUILD_BFLOAT16; checked with readelf on 0.3.34).
+// the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16,
+// oneMKL's bf16 GEMM measured no faster than the fallback (docs/benchmarks.md); oneDNN's matmul
+// uses those units (common/bf16_onednn.h), so CPUs with bf16 units other than Intel's get "onednn"
+// where the build has it and libdnnl loads. OpenBLAS's sbgemm is not used: the scipy-openblas32
+// wheel declares scipy_cblas_sbgemm in its cblas.h but does not export it (built without
+// BUILD_BFLOAT16; checked with readelf on 0.3.34).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "common/parallel.h"
 
 namespace ortlstm {
 
@@ -52,6 +54,14 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 // the drop-in for Gemm at a call site whose op runs with matmul_precision="bfloat16".
 void GemmRoundedBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// ParallelGemm of common/blas.h on bfloat16-rounded operands: A and B rounded once (per-thread
+// scratch of the calling thread), then cut into the same blocks of C as ParallelGemm<float> cuts
+// them, each block one single-threaded bf16 GEMM: for the big GEMMs of an op call (the input
+// projection X W^T, the backward's dX, dW and dR), results independent of scheduling.
+void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc);
 
 // A right operand op(B) [K, N] rounded to bfloat16 (and packed where oneMKL runs the GEMM) once,
 // for GEMMs C[M, N] = alpha * A[M, K] * op(B) + beta * C that share M, N, K and B: the recurrent

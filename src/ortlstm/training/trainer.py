@@ -138,7 +138,8 @@ class Trainer:
                 the loss cannot take, an op without gradient on a parameter's path.
         """
         # Every keyword but the model, by its own name: a new option reaches the spec without a list to extend.
-        spec = TrainingSpec.from_options(**{name: value for name, value in locals().items() if name not in _NOT_OPTIONS})
+        options = {name: value for name, value in locals().items() if name not in _NOT_OPTIONS}
+        spec = TrainingSpec.from_options(**options)
         self._build(files.load_model(model), spec)
 
     def _build(self, original: onnx.ModelProto, spec: TrainingSpec) -> None:
