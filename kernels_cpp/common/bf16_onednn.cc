@@ -239,11 +239,19 @@ bool Execute(const Primitive& primitive, const_dnnl_memory_desc_t weights_md, co
 }
 
 // The plain GEMMs' primitives by everything that shapes them; cleared when it grows past kMaxCached
-// (shared pointers keep a primitive that another thread runs alive).
+// (shared pointers keep a primitive that another thread runs alive). Never destroyed: at exit,
+// libdnnl (loaded after this library) runs its static destructors before this library's would run,
+// so destroying primitives then could call into a torn-down oneDNN.
 using GemmKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t>;
 constexpr size_t kMaxCached = 512;
-std::mutex g_gemm_mutex;
-std::map<GemmKey, std::shared_ptr<Primitive>> g_gemm_cache;
+struct GemmCache {
+  std::mutex mutex;
+  std::map<GemmKey, std::shared_ptr<Primitive>> primitives;
+};
+GemmCache& Cache() {
+  static GemmCache* cache = new GemmCache;
+  return *cache;
+}
 
 }  // namespace
 
@@ -266,10 +274,11 @@ bool Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   const OneThread one_thread;
   const GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, Bits(alpha), Bits(beta)};
   std::shared_ptr<Primitive> primitive;
+  GemmCache& cache = Cache();
   {
-    std::lock_guard<std::mutex> lock(g_gemm_mutex);
-    const auto found = g_gemm_cache.find(key);
-    if (found != g_gemm_cache.end()) primitive = found->second;
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    const auto found = cache.primitives.find(key);
+    if (found != cache.primitives.end()) primitive = found->second;
   }
   if (primitive == nullptr) {
     auto made = std::make_shared<Primitive>();
@@ -280,9 +289,9 @@ bool Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     const_dnnl_memory_desc_t weights = made->weights.md;
     primitive = MakeMatmul(std::move(made), weights, alpha, beta);
     if (primitive == nullptr) return false;
-    std::lock_guard<std::mutex> lock(g_gemm_mutex);
-    if (g_gemm_cache.size() >= kMaxCached) g_gemm_cache.clear();
-    g_gemm_cache.emplace(key, primitive);
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (cache.primitives.size() >= kMaxCached) cache.primitives.clear();
+    cache.primitives.emplace(key, primitive);
   }
   return Execute(*primitive, primitive->weights.md, a, b, c);
 }
