@@ -9,8 +9,7 @@
 #       and a build without it (matmul_precision="bfloat16" then runs on oneMKL or the fallback).
 #   ORTLSTM_ONEDNN=ON   the headers are required.     ORTLSTM_ONEDNN=OFF  no oneDNN backend.
 #
-# Provides ortlstm::onednn_headers (an include directory and ORTLSTM_ONEDNN=1, or nothing) and sets
-# ORTLSTM_ONEDNN_DESCRIPTION ("" without the backend).
+# Provides ortlstm::onednn_headers (an include directory and ORTLSTM_ONEDNN=1, or nothing).
 
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
   set(_ortlstm_onednn_default AUTO)
@@ -22,7 +21,6 @@ set_property(CACHE ORTLSTM_ONEDNN PROPERTY STRINGS AUTO ON OFF)
 
 add_library(ortlstm_onednn_headers INTERFACE)
 add_library(ortlstm::onednn_headers ALIAS ortlstm_onednn_headers)
-set(ORTLSTM_ONEDNN_DESCRIPTION "")
 
 if(NOT ORTLSTM_ONEDNN STREQUAL "OFF")
   execute_process(
@@ -44,8 +42,8 @@ else:
   if(_ortlstm_onednn_result EQUAL 0)
     list(GET _ortlstm_onednn 0 _ortlstm_onednn_includedir)
     list(GET _ortlstm_onednn 1 _ortlstm_onednn_version)
-    set(ORTLSTM_ONEDNN_DESCRIPTION "oneDNN bf16 (headers ${_ortlstm_onednn_version}, libdnnl loaded at run time)")
-    message(STATUS "oneDNN bf16 backend: headers from ${_ortlstm_onednn_includedir}")
+    message(STATUS "oneDNN bf16 backend: headers ${_ortlstm_onednn_version} from ${_ortlstm_onednn_includedir} "
+                   "(libdnnl is loaded at run time)")
     target_include_directories(ortlstm_onednn_headers SYSTEM INTERFACE "${_ortlstm_onednn_includedir}")
     target_compile_definitions(ortlstm_onednn_headers INTERFACE ORTLSTM_ONEDNN=1)
     target_link_libraries(ortlstm_onednn_headers INTERFACE ${CMAKE_DL_LIBS})
