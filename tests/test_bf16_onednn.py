@@ -11,6 +11,8 @@ says why. Two threads at once: bit-identical results to one thread and no OpenMP
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_bf16_gemm import _child as _cached_child
@@ -151,4 +153,9 @@ def test_two_threads_identical_and_no_openmp_team(onednn_results, monkeypatch):
     assert out["backend"] == "onednn"
     assert out["count"] == 10
     assert out["same"]
-    assert out["threads_after"] == out["threads_before"], out
+    if os.environ.get("ORTLSTM_UNDER_SANITIZER"):
+        # Under ASan one thread more appears after the two workers also with ORTLSTM_BF16_GEMM=fallback,
+        # where no oneDNN or OpenMP code runs: the sanitizer runtime's, not a team (which adds 3 per thread).
+        assert out["threads_after"] <= out["threads_before"] + 1, out
+    else:
+        assert out["threads_after"] == out["threads_before"], out
