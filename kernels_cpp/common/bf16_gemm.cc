@@ -75,7 +75,7 @@ std::string g_onednn_error;
 std::atomic<Bf16Backend> g_backend{Bf16Backend::kNone};
 std::mutex g_choose_mutex;
 
-Bf16Backend Active() {
+[[maybe_unused]] Bf16Backend Active() {  // unused where neither oneMKL nor oneDNN is built in (aarch64)
   Bf16Backend backend = g_backend.load(std::memory_order_acquire);
   if (backend == Bf16Backend::kNone) {
     if (!ChooseBf16Gemm().empty()) {
@@ -128,7 +128,7 @@ void WarnOnednnRefused(int64_t m, int64_t n, int64_t k) {
 }
 #endif
 
-int Int(int64_t value) {
+[[maybe_unused]] int Int(int64_t value) {
   assert(value >= 0 && value <= INT_MAX);
   return static_cast<int>(value);
 }
@@ -156,7 +156,7 @@ Out* Dense(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<Out>
 }
 
 // Per-thread scratch for the rounded operands (two each: A and B).
-std::vector<Bfloat16>& Bf16Scratch(int which) {
+[[maybe_unused]] std::vector<Bfloat16>& Bf16Scratch(int which) {
   thread_local std::vector<Bfloat16> buffers[2];
   return buffers[which];
 }

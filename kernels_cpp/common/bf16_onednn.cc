@@ -2,6 +2,10 @@
 // API called through dlsym'ed pointers, matmul primitives cached per shape.
 #include "common/bf16_onednn.h"
 
+// Built only with oneDNN's headers (cmake/Onednn.cmake: x86-64 with onednn-devel-cpu-gomp); elsewhere
+// (aarch64, ORTLSTM_ONEDNN=OFF) this file is empty and bf16_gemm.cc never calls it.
+#if defined(ORTLSTM_ONEDNN)
+
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -389,3 +393,5 @@ bool PackedB::Multiply(const uint16_t* a, int64_t lda, int64_t m, float alpha, f
 
 }  // namespace onednn
 }  // namespace ortlstm
+
+#endif  // ORTLSTM_ONEDNN
