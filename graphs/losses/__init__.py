@@ -43,6 +43,7 @@ from ortlstm.graphs.losses.base import (
     target_facts,
     target_size_warning,
 )
+from ortlstm.graphs.losses.facts import MEANS, METRICS
 
 FAMILIES = ("classification", "regression", "divergence", "binary", "sequence", "output")
 """The modules that register the losses, imported in this order: the table's (the CLI lists it)."""
@@ -72,6 +73,8 @@ __all__ = [
     "KINDS",
     "KL_DIV_REDUCTIONS",
     "LOSSES",
+    "MEANS",
+    "METRICS",
     "REDUCTIONS",
     "ExtraTarget",
     "Loss",
