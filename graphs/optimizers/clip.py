@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Sequence
 
 from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.options import BUILDER_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,7 @@ class ClipGradNorm:
     """
 
     max_norm: float
-    norm_type: float = 2.0
+    norm_type: float = BUILDER_DEFAULTS["clip_norm_type"]
 
     def __post_init__(self) -> None:
         # torch does not check max_norm: a negative one multiplies every gradient by a negative coefficient.
@@ -141,7 +142,9 @@ def clip_grad_norm(
 
 
 def clip_settings(
-    clip_grad_norm: float | None, clip_norm_type: float = 2.0, clip_grad_value: float | None = None
+    clip_grad_norm: float | None,
+    clip_norm_type: float = BUILDER_DEFAULTS["clip_norm_type"],
+    clip_grad_value: float | None = BUILDER_DEFAULTS["clip_grad_value"],
 ) -> ClipGradNorm | ClipGradValue | None:
     """The gradient clipping asked for: by total norm, by value, or none (validated).
 
