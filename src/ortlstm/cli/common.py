@@ -339,10 +339,11 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
 
     Args:
         args: The parsed options.
-        run_time: Also ``threads`` and ``nonfinite`` (``fit``'s --threads, --nonfinite).
+        run_time: Also the run-time options but ``lr`` (``fit``'s --threads, --nonfinite: ``RUN_TIME``).
     """
     from ortlstm.fit import param_groups_from_json
     from ortlstm.graphs import losses, optimizers
+    from ortlstm.training.options import RUN_TIME
 
     hyperparameters = {
         name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
@@ -369,6 +370,6 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
         "ir_version": args.ir_version,
         "precision": args.precision,
     }
-    if run_time:
-        keywords.update(threads=args.threads, nonfinite=args.nonfinite)
+    if run_time:  # the optimizer's lr is --lr's; fit gives the Trainer's lr per update (fit_trainer_arguments)
+        keywords.update({name: getattr(args, name) for name in RUN_TIME if name != "lr"})
     return keywords

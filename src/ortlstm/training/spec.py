@@ -6,7 +6,8 @@ the JSON a checkpoint or a training directory records (``to_json`` / ``from_json
 loaded checkpoint is compared on (``graph_json``) and the keywords that rebuild a trainer
 (``trainer_options``). Run-time options (the learning rate, threads, the non-finite mode) are
 neither saved nor compared; the optimizer's ``lr`` is one of them too (only the default of the
-train step's lr input), which its field declares.
+train step's lr input), which its field declares. Each field's default is read from the table of
+options (``ortlstm.training.options``), where it is written once for every surface.
 """
 
 from __future__ import annotations
