@@ -205,3 +205,23 @@ def test_the_saved_spec_json_is_the_one_before_the_table() -> None:
     assert loaded.to_json() == data
     assert spec.differences(loaded) == []  # what a load compares
     assert (loaded.clip_norm_type, loaded.target, loaded.precision) == (2.0, "target", "32-true")
+
+
+def test_the_constructors_that_reopen_a_run_pass_every_run_time_option_on(tmp_path: Path) -> None:
+    """``run_time_values(locals())`` gives the spec what the caller passed, and the modes are still checked."""
+    from test_trainer import classifier
+
+    model = classifier()
+    trainer = Trainer(model, **_loss_and_optimizer(), threads=1)
+    checkpoint = trainer.save(tmp_path / "run.safetensors")
+    trainer.write(tmp_path / "run")
+    given = {"lr": 0.25, "threads": 1, "nonfinite": "skip"}
+    assert sorted(given) == sorted(RUN_TIME)
+    for reopened in (Trainer.from_checkpoint(model, checkpoint, **given), Trainer.open(tmp_path / "run", **given)):
+        assert {name: getattr(reopened.spec, name) for name in RUN_TIME} == given
+        assert reopened.nonfinite == "skip"
+        assert reopened.learning_rate() == 0.25
+    with pytest.raises(ValueError, match="nonfinite: expected one of 'raise', 'skip', got 'maybe'"):
+        Trainer.open(tmp_path / "run", nonfinite="maybe")
+    with pytest.raises(ValueError, match="nonfinite: expected one of 'raise', 'skip', got 'maybe'"):
+        Trainer.from_checkpoint(model, checkpoint, nonfinite="maybe")

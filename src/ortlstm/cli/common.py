@@ -271,9 +271,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, **option_argument("lr"))
     parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
     parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
-    parser.add_argument(
-        "--clip-grad-norm", type=float, metavar="MAX_NORM", **option_argument("clip_grad_norm")
-    )
+    parser.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM", **option_argument("clip_grad_norm"))
     parser.add_argument("--clip-norm-type", type=float, metavar="P", **option_argument("clip_norm_type"))
     parser.add_argument("--clip-grad-value", type=float, metavar="VALUE", **option_argument("clip_grad_value"))
     parser.add_argument("--requires-grad", nargs="+", metavar="NAME", **option_argument("requires_grad"))
