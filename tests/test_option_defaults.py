@@ -113,6 +113,17 @@ def test_the_builder_signature_equals_the_table() -> None:
     assert _on(BUILDER, OPTIONS) == _on(TRAINER, _on(BUILDER, BUILDER_OPTIONS))  # the Trainer's rows are the builder's
 
 
+def test_the_clipping_helpers_take_the_table_s_norm_type() -> None:
+    """torch's clip_grad_norm_ norm_type, the one fact behind ``clip_norm_type``, in the helpers the builder calls."""
+    from ortlstm.graphs.optimizers.clip import ClipGradNorm, clip_grad_norm, clip_settings
+
+    assert _same(ClipGradNorm(1.0).norm_type, DEFAULTS["clip_norm_type"])
+    assert _same(inspect.signature(clip_grad_norm).parameters["norm_type"].default, DEFAULTS["clip_norm_type"])
+    settings = inspect.signature(clip_settings).parameters
+    for name in ("clip_norm_type", "clip_grad_value"):
+        assert _same(settings[name].default, DEFAULTS[name]), name
+
+
 def test_the_trainer_signature_equals_the_table() -> None:
     assert signature_disagreements(Trainer.__init__, _on(TRAINER)) == []
 

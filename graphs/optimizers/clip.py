@@ -94,7 +94,7 @@ def _vector_norm(emitter: GraphEmitter, value: str, norm_type: float) -> str:
 
 
 def clip_grad_norm(
-    emitter: GraphEmitter, grads: Sequence[str], max_norm: float, norm_type: float = 2.0
+    emitter: GraphEmitter, grads: Sequence[str], max_norm: float, norm_type: float = BUILDER_DEFAULTS["clip_norm_type"]
 ) -> tuple[list[str], str]:
     """torch.nn.utils.clip_grad_norm_: scales all gradients together to a total norm of at most max_norm.
 
