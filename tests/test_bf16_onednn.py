@@ -64,7 +64,7 @@ def onednn_results() -> dict:
 
 @pytest.mark.parametrize("case", range(len(_CASES)), ids=["-".join(map(str, case)) for case in _CASES])
 def test_onednn_matches_float64_on_rounded_operands(onednn_results, case):
-    mode, ta, tb, alpha, beta = _CASES[case]
+    _mode, ta, tb, alpha, beta = _CASES[case]
     a, b, c = _operands(ta, tb)
     exact, bound = _oracle(a, b, c, ta, tb, alpha, beta)
     got = np.array(onednn_results[str(case)], np.float32)
