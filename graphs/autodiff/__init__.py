@@ -24,11 +24,9 @@ from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers t
     rules_pool,
     rules_rnn,
     rules_scatter,
-    rules_sequence,
     rules_shape,
 )
 from ortlstm.graphs.autodiff.backward import Backward, build_backward
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.registry import (
     GradientContext,
     GradientRule,
@@ -36,6 +34,7 @@ from ortlstm.graphs.autodiff.registry import (
     register_gradient_rule,
     registered_ops,
 )
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
 
 __all__ = [
     "Backward",

@@ -35,8 +35,8 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import MIN_OPSET, GraphEmitter, infer_value_types, onnx_opset, used_names
 from ortlstm.graphs.autodiff.registry import register_missing_rule_hint
+from ortlstm.graphs.emit.emitter import MIN_OPSET, GraphEmitter, infer_value_types, onnx_opset, used_names
 
 SEQUENCE_OPS = (
     "SplitToSequence",

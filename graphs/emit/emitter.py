@@ -19,7 +19,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 # used_names lives in graph_utils; rules and tests import it from here too.
-from ortlstm.graphs.graph_utils import unique_name, used_names  # noqa: F401
+from ortlstm.graphs.emit.graph_utils import unique_name, used_names  # noqa: F401
 
 MIN_OPSET = 13
 """The oldest ai.onnx opset the builders emit for (axes of ReduceSum/Squeeze/Unsqueeze are inputs)."""
