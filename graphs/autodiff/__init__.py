@@ -4,7 +4,8 @@
 - ``register_gradient_rule`` / ``gradient_rule``: the table of rules, keyed by (domain, op_type);
   a user's own op gets a gradient by registering a rule.
 - ``GraphEmitter``: how every training-graph builder appends nodes (fresh names, typed
-  constants, opset-aware forms).
+  constants, opset-aware forms, each node checked against its schema); it lives at the ground
+  floor, ``ortlstm.graphs.emit``, and is re-exported here.
 
 Importing this package registers the built-in rules (the ``rules_*`` modules).
 """

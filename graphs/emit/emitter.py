@@ -4,7 +4,12 @@ Every builder of training graphs (gradient rules, losses, optimizers, the train 
 nodes through one ``GraphEmitter``, so names never collide with the model's, constants get the
 element type of the values they combine with, and the handful of ops whose signature changed
 between opsets (ReduceSum/ReduceMean/ReduceMax axes, Squeeze/Unsqueeze axes, Split sizes) are
-written in the form the model's ai.onnx opset expects. Protos only; nothing here runs a model.
+written in the form the model's ai.onnx opset expects. Each node is checked against its op's
+schema as it is made (``checks.check_node``), so a misspelt op or attribute or a wrong count of
+inputs fails at the first build. Protos only; nothing here runs a model.
+
+This is the ground floor of ``ortlstm.graphs``: it imports only ``ortlstm.ops`` and onnx, and
+every builder (autodiff, losses, optimizers, prepare, the train step) imports it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import numpy as np
 import onnx
 import onnx.helper
 import onnx.numpy_helper
+
+from ortlstm.graphs.emit.checks import check_parts
 
 # used_names lives in graph_utils; rules and tests import it from here too.
 from ortlstm.graphs.emit.graph_utils import unique_name, used_names  # noqa: F401
@@ -167,19 +174,13 @@ class GraphEmitter:
         outputs: int | Sequence[str] = 1,
         domain: str = "",
         name: str | None = None,
+        attribute_protos: Iterable[onnx.AttributeProto] = (),
         **attributes: Any,
     ) -> str:
-        """Emits one node and returns its first output's name (see ``op_multi`` for more).
-
-        Args:
-            op_type: The op type.
-            inputs: Value names; None or "" for an absent optional input.
-            outputs: The number of outputs (named freshly) or their names.
-            domain: The op's domain.
-            name: The node's name; derived from ``op_type`` when omitted.
-            **attributes: Node attributes; None values are left out.
-        """
-        return self.op_multi(op_type, inputs, outputs=outputs, domain=domain, name=name, **attributes)[0]
+        """Emits one node and returns its first output's name (``op_multi`` returns all; its arguments)."""
+        return self.op_multi(
+            op_type, inputs, outputs=outputs, domain=domain, name=name, attribute_protos=attribute_protos, **attributes
+        )[0]
 
     def op_multi(
         self,
@@ -189,22 +190,44 @@ class GraphEmitter:
         outputs: int | Sequence[str] = 1,
         domain: str = "",
         name: str | None = None,
+        attribute_protos: Iterable[onnx.AttributeProto] = (),
         **attributes: Any,
     ) -> list[str]:
-        """Emits one node and returns all its output names."""
+        """Emits one node and returns all its output names.
+
+        Args:
+            op_type: The op type.
+            inputs: Value names; None or "" for an absent optional input.
+            outputs: The number of outputs (named freshly) or their names.
+            domain: The op's domain.
+            name: The node's name; derived from ``op_type`` when omitted.
+            attribute_protos: Attributes copied as they are (a forward node's, onto its gradient
+                op), after ``attributes``, before the node is checked against its schema.
+            **attributes: Node attributes; None values are left out.
+
+        Raises:
+            checks.NodeSchemaError: The node does not fit its op's schema (an unknown op, a wrong
+                count of inputs or outputs, an attribute the op lacks or of another type).
+        """
         if isinstance(outputs, int):
             output_names = [self.fresh(f"{op_type}_out") for _ in range(outputs)]
         else:
             output_names = list(outputs)
             self.reserve(output_names)
+        input_names = [value or "" for value in inputs]
+        node_name = self.fresh(name or op_type)
         node = onnx.helper.make_node(
             op_type,
-            [value or "" for value in inputs],
+            input_names,
             output_names,
-            name=self.fresh(name or op_type),
+            name=node_name,
             domain=domain,
             **{key: value for key, value in attributes.items() if value is not None},
         )
+        node.attribute.extend(attribute_protos)
+        # The check reads the parts at hand rather than the proto (a field read costs as much as the check).
+        attribute_types = [(a.name, a.type) for a in node.attribute] if attributes or attribute_protos else []
+        check_parts(domain, op_type, node_name, input_names, output_names, attribute_types, self.opset)
         self.nodes.append(node)
         return output_names
 
