@@ -14,6 +14,7 @@ import onnx
 import onnx.checker
 import onnx.defs
 import onnx.helper
+import onnx.numpy_helper
 import pytest
 
 import ortlstm.ops  # noqa: F401 - registers the ortlstm schemas with onnx (the oracle's view of them)
@@ -172,3 +173,31 @@ def test_the_old_module_names_still_import() -> None:
     assert old_emitter.used_names is graph_utils.used_names
     assert old_graph_utils.prune_to_outputs is graph_utils.prune_to_outputs
     assert old_rules_sequence.resolve_static_sequences is sequences.resolve_static_sequences
+
+
+def test_a_misspelt_op_in_a_gradient_rule_fails_at_the_first_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule's typo fails when the rule first runs, naming the node the rule made, not when onnxruntime loads it."""
+    import numpy as np
+
+    from ortlstm.graphs.autodiff import build_backward, infer_value_types, registry
+
+    monkeypatch.setattr(registry, "_RULES", dict(registry._RULES))
+
+    def misspelt(ctx: registry.GradientContext, grad_outputs: Any) -> list[str | None]:
+        return [ctx.op("Mull", [grad_outputs[0], ctx.output(0)])]
+
+    registry.register_gradient_rule("", "Relu", misspelt, replace=True)
+    graph = onnx.helper.make_graph(
+        [
+            onnx.helper.make_node("Relu", ["w"], ["r"], name="relu"),
+            onnx.helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0),
+        ],
+        "g",
+        [],
+        [onnx.helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])],
+        [onnx.numpy_helper.from_array(np.ones(3, np.float32), "w")],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    emitter = GraphEmitter(OPSET, ["w", "r", "loss", "relu"], infer_value_types(model))
+    with pytest.raises(NodeSchemaError, match=r"node 'relu_grad/Mull': ai.onnx has no op 'Mull' at opset 17; did you "):
+        build_backward(model.graph, "loss", ["w"], emitter)
