@@ -98,9 +98,11 @@ std::mutex g_choose_mutex;
 }
 
 // Once per process, the first time a bf16 GEMM runs on the fallback, saying why it is there.
+// (An atomic flag rather than std::call_once: pthread_once would raise the wheels' manylinux tag to 2_34.)
 void WarnSlowFallback() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  {
     const char* forced = std::getenv(kEnvironmentVariable);
     const std::string why = !g_onednn_error.empty() ? "oneDNN did not load: " + g_onednn_error
                             : forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
@@ -111,20 +113,21 @@ void WarnSlowFallback() {
                  "widened to float32 and the float32 GEMM, the same numbers but slower than "
                  "matmul_precision=\"float32\"\n",
                  why.c_str());
-  });
+  }
 }
 
 #if defined(ORTLSTM_ONEDNN)
 // Once per process, if oneDNN refuses a GEMM (a primitive it cannot create or run): that GEMM takes
 // the fallback, the same numbers within summation order.
 void WarnOnednnRefused(int64_t m, int64_t n, int64_t k) {
-  static std::once_flag once;
-  std::call_once(once, [&] {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  {
     std::fprintf(stderr,
                  "ortlstm: warning: oneDNN refused a bf16 GEMM (M %lld, N %lld, K %lld); it and any other it refuses "
                  "run on the fallback GEMM (the same numbers, slower)\n",
                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
-  });
+  }
 }
 #endif
 

@@ -94,7 +94,9 @@ class Bf16Operand {
   std::vector<float> b_rounded_;        // the same values as float32, fallback backend
   std::unique_ptr<void, Free> packed_;  // oneMKL's packed B, or null
   bool onednn_backend_ = false;                   // b_bf16_ serves oneDNN, not oneMKL
+#if defined(ORTLSTM_ONEDNN)  // (without oneDNN, no shared_ptr: its refcount would raise aarch64's manylinux tag)
   std::shared_ptr<const onednn::PackedB> onednn_;  // oneDNN's packed B, or null (it refused the shape)
+#endif
 };
 
 // Chooses the bf16 GEMM backend, once per process (RegisterCustomOps calls it after ChooseBlas).
