@@ -154,6 +154,10 @@ class LSTMTraining(OpRun):
 
     def _run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, **attributes):
         attributes.pop("activations_csv", None)
+        # The evaluator passes the registered schema's defaults once the ortlstm schemas are in onnx's
+        # registry (which of the suite's tests does that first decides the order): only float32 is modelled.
+        precision = attributes.pop("matmul_precision", None)
+        assert precision in (None, "float32"), precision
         result = lstm_forward(X, W, R, B, sequence_lens, initial_h, initial_c, P, **attributes)
         return tuple(result[port.name].astype(X.dtype) for port in FORWARD.outputs)
 
