@@ -12,6 +12,22 @@ namespace ortlstm::schema {
 inline constexpr char kDomain[] = "ortlstm";
 inline constexpr int kOpsetVersion = 1;
 
+// An int attribute's name and the default a kernel falls back to (an op's kIntAttributes).
+struct IntAttribute {
+  const char* name;
+  std::int64_t fallback;
+};
+
+// Axis `axis` of an input's shape, times `factor` plus `offset` (an op's OutputShape); -1 where the
+// shape has no such axis or a rank other than `rank` (-1: any rank).
+template <typename Shape>
+inline constexpr std::int64_t AxisOf(const Shape& shape, std::size_t axis, std::int64_t rank,
+                                     std::int64_t factor, std::int64_t offset) {
+  const auto size = static_cast<std::int64_t>(shape.size());
+  if ((rank >= 0 && size != rank) || axis >= shape.size()) return -1;
+  return factor * static_cast<std::int64_t>(shape[axis]) + offset;
+}
+
 // LSTMTraining: docs/ops.md#lstmtraining
 namespace lstm_training {
 inline constexpr char kName[] = "LSTMTraining";
@@ -27,6 +43,14 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"HAll", "Ht", "Ct", "CAll", "IOFC"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = lstm_training::kName;
+  static constexpr int kNumInputs = lstm_training::kNumInputs;
+  static constexpr int kNumOutputs = lstm_training::kNumOutputs;
+  static constexpr const bool* kInputOptional = lstm_training::kInputOptional;
+  static constexpr const bool* kOutputOptional = lstm_training::kOutputOptional;
+};
 }  // namespace lstm_training
 
 // LSTMGrad: docs/ops.md#lstmgrad
@@ -44,6 +68,14 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, true, false, false, false, false, false, false, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB", "dH0", "dC0", "dP"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true, true, true};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = lstm_grad::kName;
+  static constexpr int kNumInputs = lstm_grad::kNumInputs;
+  static constexpr int kNumOutputs = lstm_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = lstm_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = lstm_grad::kOutputOptional;
+};
 }  // namespace lstm_grad
 
 // GRUTraining: docs/ops.md#grutraining
@@ -64,6 +96,20 @@ inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true};
 inline constexpr char kAttrLinearBeforeReset[] = "linear_before_reset";
 inline constexpr std::int64_t kAttrLinearBeforeResetDefault = 0;
 inline constexpr char kAttrLinearBeforeResetAccepts[] = "0 or 1";
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrLinearBeforeReset, kAttrLinearBeforeResetDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = gru_training::kName;
+  static constexpr int kNumInputs = gru_training::kNumInputs;
+  static constexpr int kNumOutputs = gru_training::kNumOutputs;
+  static constexpr const bool* kInputOptional = gru_training::kInputOptional;
+  static constexpr const bool* kOutputOptional = gru_training::kOutputOptional;
+  static constexpr const IntAttribute* kIntAttributes = gru_training::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
 }  // namespace gru_training
 
 // GRUGrad: docs/ops.md#grugrad
@@ -84,6 +130,20 @@ inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, tr
 inline constexpr char kAttrLinearBeforeReset[] = "linear_before_reset";
 inline constexpr std::int64_t kAttrLinearBeforeResetDefault = 0;
 inline constexpr char kAttrLinearBeforeResetAccepts[] = "0 or 1";
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrLinearBeforeReset, kAttrLinearBeforeResetDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = gru_grad::kName;
+  static constexpr int kNumInputs = gru_grad::kNumInputs;
+  static constexpr int kNumOutputs = gru_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = gru_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = gru_grad::kOutputOptional;
+  static constexpr const IntAttribute* kIntAttributes = gru_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
 }  // namespace gru_grad
 
 // RNNTraining: docs/ops.md#rnntraining
@@ -101,6 +161,14 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"HAll", "Ht"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = rnn_training::kName;
+  static constexpr int kNumInputs = rnn_training::kNumInputs;
+  static constexpr int kNumOutputs = rnn_training::kNumOutputs;
+  static constexpr const bool* kInputOptional = rnn_training::kInputOptional;
+  static constexpr const bool* kOutputOptional = rnn_training::kOutputOptional;
+};
 }  // namespace rnn_training
 
 // RNNGrad: docs/ops.md#rnngrad
@@ -118,6 +186,14 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB", "dH0"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = rnn_grad::kName;
+  static constexpr int kNumInputs = rnn_grad::kNumInputs;
+  static constexpr int kNumOutputs = rnn_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = rnn_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = rnn_grad::kOutputOptional;
+};
 }  // namespace rnn_grad
 
 // AdamUpdate: docs/ops.md#adamupdate
@@ -140,6 +216,35 @@ inline constexpr char kAttrMaximize[] = "maximize";
 inline constexpr std::int64_t kAttrDecoupledWeightDecayDefault = 0;
 inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, false, false, true, true, true, true, true, true, false};
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrDecoupledWeightDecay, kAttrDecoupledWeightDecayDefault},
+    {kAttrMaximize, kAttrMaximizeDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = adam_update::kName;
+  static constexpr int kNumInputs = adam_update::kNumInputs;
+  static constexpr int kNumOutputs = adam_update::kNumOutputs;
+  static constexpr const bool* kInputOptional = adam_update::kInputOptional;
+  static constexpr const bool* kOutputOptional = adam_update::kOutputOptional;
+  static constexpr const bool* kInputIsDouble = adam_update::kInputIsDouble;
+  static constexpr const IntAttribute* kIntAttributes = adam_update::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kParamOut: return shape_of(In::kParam);
+    case Out::kExpAvgOut: return shape_of(In::kParam);
+    case Out::kExpAvgSqOut: return shape_of(In::kParam);
+    case Out::kMaxExpAvgSqOut: return shape_of(In::kParam);
+    default: return Shape{};
+  }
+}
 }  // namespace adam_update
 
 // SGDUpdate: docs/ops.md#sgdupdate
@@ -162,6 +267,33 @@ inline constexpr char kAttrMaximize[] = "maximize";
 inline constexpr std::int64_t kAttrNesterovDefault = 0;
 inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, true, false, true, true, true, true};
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrNesterov, kAttrNesterovDefault},
+    {kAttrMaximize, kAttrMaximizeDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = sgd_update::kName;
+  static constexpr int kNumInputs = sgd_update::kNumInputs;
+  static constexpr int kNumOutputs = sgd_update::kNumOutputs;
+  static constexpr const bool* kInputOptional = sgd_update::kInputOptional;
+  static constexpr const bool* kOutputOptional = sgd_update::kOutputOptional;
+  static constexpr const bool* kInputIsDouble = sgd_update::kInputIsDouble;
+  static constexpr const IntAttribute* kIntAttributes = sgd_update::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kParamOut: return shape_of(In::kParam);
+    case Out::kMomentumBufferOut: return shape_of(In::kParam);
+    default: return Shape{};
+  }
+}
 }  // namespace sgd_update
 
 // CTCLoss: docs/ops.md#ctcloss
@@ -184,6 +316,33 @@ inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
 inline constexpr std::int64_t kAttrBlankDefault = 0;
 inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
 inline constexpr bool kInputIsInteger[kNumInputs] = {false, true, true, true};
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrBlank, kAttrBlankDefault},
+    {kAttrZeroInfinity, kAttrZeroInfinityDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = ctc_loss::kName;
+  static constexpr int kNumInputs = ctc_loss::kNumInputs;
+  static constexpr int kNumOutputs = ctc_loss::kNumOutputs;
+  static constexpr const bool* kInputOptional = ctc_loss::kInputOptional;
+  static constexpr const bool* kOutputOptional = ctc_loss::kOutputOptional;
+  static constexpr const bool* kInputIsInteger = ctc_loss::kInputIsInteger;
+  static constexpr const IntAttribute* kIntAttributes = ctc_loss::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kLoss: return Shape{AxisOf(shape_of(In::kLogProbs), 1, -1, 1, 0)};
+    case Out::kLogAlpha: return Shape{AxisOf(shape_of(In::kLogProbs), 1, -1, 1, 0), AxisOf(shape_of(In::kLogProbs), 0, -1, 1, 0), AxisOf(shape_of(In::kTargets), 1, 2, 2, 1)};
+    default: return Shape{};
+  }
+}
 }  // namespace ctc_loss
 
 // CTCLossGrad: docs/ops.md#ctclossgrad
@@ -206,6 +365,32 @@ inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
 inline constexpr std::int64_t kAttrBlankDefault = 0;
 inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
 inline constexpr bool kInputIsInteger[kNumInputs] = {false, false, true, true, true, false, false};
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrBlank, kAttrBlankDefault},
+    {kAttrZeroInfinity, kAttrZeroInfinityDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = ctc_loss_grad::kName;
+  static constexpr int kNumInputs = ctc_loss_grad::kNumInputs;
+  static constexpr int kNumOutputs = ctc_loss_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = ctc_loss_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = ctc_loss_grad::kOutputOptional;
+  static constexpr const bool* kInputIsInteger = ctc_loss_grad::kInputIsInteger;
+  static constexpr const IntAttribute* kIntAttributes = ctc_loss_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kGradLogProbs: return shape_of(In::kLogProbs);
+    default: return Shape{};
+  }
+}
 }  // namespace ctc_loss_grad
 
 // ConvGrad: docs/ops.md#convgrad
@@ -233,6 +418,32 @@ inline constexpr char kAttrMatmulPrecision[] = "matmul_precision";
 inline constexpr char kAttrAutoPadDefault[] = "NOTSET";
 inline constexpr std::int64_t kAttrGroupDefault = 1;
 inline constexpr char kAttrMatmulPrecisionDefault[] = "float32";
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrGroup, kAttrGroupDefault},
+};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = conv_grad::kName;
+  static constexpr int kNumInputs = conv_grad::kNumInputs;
+  static constexpr int kNumOutputs = conv_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = conv_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = conv_grad::kOutputOptional;
+  static constexpr const IntAttribute* kIntAttributes = conv_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kX);
+    case Out::kDW: return shape_of(In::kW);
+    case Out::kDB: return Shape{AxisOf(shape_of(In::kW), 0, -1, 1, 0)};
+    default: return Shape{};
+  }
+}
 }  // namespace conv_grad
 
 // SigmoidGrad: docs/ops.md#sigmoidgrad
@@ -250,6 +461,24 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false};
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = sigmoid_grad::kName;
+  static constexpr int kNumInputs = sigmoid_grad::kNumInputs;
+  static constexpr int kNumOutputs = sigmoid_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = sigmoid_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = sigmoid_grad::kOutputOptional;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kDY);
+    default: return Shape{};
+  }
+}
 }  // namespace sigmoid_grad
 
 // TanhGrad: docs/ops.md#tanhgrad
@@ -267,6 +496,24 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false};
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.
+struct Traits {
+  static constexpr const char* kName = tanh_grad::kName;
+  static constexpr int kNumInputs = tanh_grad::kNumInputs;
+  static constexpr int kNumOutputs = tanh_grad::kNumOutputs;
+  static constexpr const bool* kInputOptional = tanh_grad::kInputOptional;
+  static constexpr const bool* kOutputOptional = tanh_grad::kOutputOptional;
+};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kDY);
+    default: return Shape{};
+  }
+}
 }  // namespace tanh_grad
 
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
