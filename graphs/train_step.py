@@ -29,9 +29,9 @@ import onnx.numpy_helper
 from ortlstm.graphs import losses as losses_module
 from ortlstm.graphs import optimizers as optimizers_module
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import ValueType
+from ortlstm.graphs.emit.emitter import ValueType
+from ortlstm.graphs.emit.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
-from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.optimizers.clip import clip_settings
 from ortlstm.graphs.options import BUILDER_DEFAULTS

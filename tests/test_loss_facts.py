@@ -21,7 +21,7 @@ import pytest
 
 from ortlstm.distributed import loss_weight
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 
 RECORDINGS = pathlib.Path(__file__).resolve().parent / "recordings"
 SOURCES = pathlib.Path(__file__).resolve().parents[1] / "src" / "ortlstm"

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.field_types import check_field_types
 from ortlstm.graphs.losses.facts import check_facts
 from ortlstm.graphs.losses.shapes import broadcast_problem, described, shape_text, type_name

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import (
     INDEX_TYPES,
     Loss,

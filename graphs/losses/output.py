@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import Loss, register_loss, shape_text
 
 

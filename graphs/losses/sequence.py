@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import (
     INDEX_TYPES,
     ExtraTarget,

@@ -14,7 +14,7 @@ import onnx
 import onnx.helper
 
 if TYPE_CHECKING:
-    from ortlstm.graphs.autodiff.emitter import ValueType
+    from ortlstm.graphs.emit.emitter import ValueType
 
 
 def type_name(elem_type: int) -> str:

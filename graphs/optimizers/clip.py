@@ -11,7 +11,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.options import BUILDER_DEFAULTS
 
 

@@ -15,13 +15,15 @@
 // The time loop is cut into executor tasks by groups of batch entries, as the LSTM's is
 // (SplitTimeLoop, lstm/lstm_math.h; entries are independent through the recurrence, so each task
 // takes its rows through every step), and the two directions of a bidirectional GRU run as two
-// tasks when the executor has the width; the GEMMs over all steps (Q, dX, dW, dR) follow.
+// tasks when the executor has the width (recurrent/backward_helpers.h: RunBackward, shared with the
+// RNN); the GEMMs over all steps (Q, dX, dW, dR) follow.
 #include <algorithm>
 
 #include "common/blas.h"
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
 #include "lstm/lstm_math.h"
+#include "recurrent/backward_helpers.h"
 
 namespace ortlstm {
 namespace {
@@ -56,40 +58,23 @@ class GruBackwardDirection {
 
   // The time loop, from grad_Ht back to dH0: the gate gradients of every step, in X's row order.
   void Recurrence(const Executor& executor) {
-    const int64_t N = dims_.batch_size;
     const int64_t rows = dims_.Rows();
-    for (int64_t b = 0; b < N; ++b) {
-      T* dh = dh_.get() + b * H_;
-      const bool ran = dims_.seq_length > 0 && (io_.sequence_lens == nullptr || io_.sequence_lens[b] > 0);
-      if (io_.grad_Ht && ran) {
-        std::copy_n(io_.grad_Ht + dims_.StateRow(d_, b) * H_, H_, dh);
-      } else {
-        std::fill_n(dh, H_, T(0));
-      }
-    }
+    LastStepGradient(dims_, d_, io_.grad_Ht, io_.sequence_lens, dh_.get());
     if (rows > 0) {
-      GatherHiddenPrev();
+      GatherHiddenPrev(dims_, d_, config_.cell.IsReverse(d_), io_.initial_h, io_.HAll, io_.sequence_lens,
+                       hidden_prev_.get());
       if (lbr_) {
         // Q [T*N, H] = H_{t-1} Rh^T, every step at once.
         ParallelGemm(executor, false, true, rows, H_, H_, T(1), hidden_prev_.get(), H_, R_ + 2 * H_ * H_, H_, T(0),
                      q_.get(), H_);
       }
       const bool reverse = config_.cell.IsReverse(d_);
-      // Each task's rows through every step; dL/dH_t and dL/dH_{t-1} swap roles every step.
-      executor.For(static_cast<size_t>(groups_), [&](size_t k) {
-        const Range group = SplitRange(N, groups_, static_cast<int64_t>(k));
-        T* dh = dh_.get();
-        T* dh_prev = dh_prev_.get();
-        for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
-          Step(reverse ? dims_.seq_length - 1 - s : s, group, dh, dh_prev, prime_.get() + k * 2 * H_);
-          std::swap(dh, dh_prev);
-        }
-      });
-      if (dims_.seq_length % 2 == 1) std::swap(dh_, dh_prev_);
+      RunBackwardSteps(dims_, reverse, groups_, executor, &dh_, &dh_prev_,
+                       [&](int64_t t, Range group, const T* dh, T* dh_prev, size_t k) {
+                         Step(t, group, dh, dh_prev, prime_.get() + k * 2 * H_);
+                       });
     }
-    if (io_.dH0) {
-      for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
-    }
+    WriteInitialStateGradient(dims_, d_, dh_.get(), io_.dH0);
   }
 
   // dX (+)= this direction's share, dW, dR, dB: GEMMs over all steps.
@@ -136,25 +121,6 @@ class GruBackwardDirection {
 
  private:
   bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
-
-  // hidden_prev [T*N, H], X row order: the state each step started from.
-  void GatherHiddenPrev() {
-    const int64_t N = dims_.batch_size;
-    const bool reverse = config_.cell.IsReverse(d_);
-    for (int64_t b = 0; b < N; ++b) {
-      const T* state = io_.initial_h ? io_.initial_h + dims_.StateRow(d_, b) * H_ : nullptr;
-      for (int64_t s = 0; s < dims_.seq_length; ++s) {
-        const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
-        T* out = hidden_prev_.get() + dims_.XRow(t, b) * H_;
-        if (state) {
-          std::copy_n(state, H_, out);
-        } else {
-          std::fill_n(out, H_, T(0));
-        }
-        if (Active(t, b)) state = io_.HAll + dims_.SeqRow(t, d_, b) * H_;
-      }
-    }
-  }
 
   // Step t for batch entries `group`: dh holds their dL/dH_t, dh_prev gets dL/dH_{t-1}; `prime`
   // [2H] is the task's room for f' and g'.
@@ -266,26 +232,9 @@ class GruBackwardDirection {
 template <typename T>
 void GruBackward(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
-  // The recurrences of two directions are independent: one task each, serial inside; dX sums
-  // the directions' shares afterwards, in direction order.
-  const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
-  const SerialExecutor serial;
-  const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
-  // Groups of entries only (the step's GEMMs are not cut into blocks of units here).
-  const int64_t groups = SplitTimeLoop<T>(dims, step_executor, L2CacheBytes()).row_groups;
-  if (directions_in_parallel) {
-    GruBackwardDirection<T> forward(dims, config, tensors, 0, groups, allocator);
-    GruBackwardDirection<T> backward(dims, config, tensors, 1, groups, allocator);
-    executor.For(2, [&](size_t d) { (d == 0 ? forward : backward).Recurrence(serial); });
-    forward.WeightGradients(executor);
-    backward.WeightGradients(executor);
-    return;
-  }
-  for (int64_t d = 0; d < dims.num_directions; ++d) {
-    GruBackwardDirection<T> direction(dims, config, tensors, d, groups, allocator);
-    direction.Recurrence(executor);
-    direction.WeightGradients(executor);
-  }
+  RunBackward<T>(dims, executor, [&](int64_t d, int64_t groups) {
+    return GruBackwardDirection<T>(dims, config, tensors, d, groups, allocator);
+  });
 }
 
 template void GruBackward<float>(const LstmDims&, const GruConfig&, const GruBackwardTensors<float>&,

@@ -15,7 +15,7 @@ import onnx
 
 from ortlstm.datafiles import ConcatenatedRows, ShardedArray, bind_batch_axes, take_rows
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
+from ortlstm.graphs.emit.emitter import ValueType, value_type_of
 from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.training import CarriedState, Trainer, with_carried_state
 

@@ -16,8 +16,8 @@ import onnx
 import onnx.helper
 
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
 from ortlstm.graphs.carried_state import CarriedState
+from ortlstm.graphs.emit.emitter import ValueType, infer_value_types, value_type_of
 from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.graphs.train_step import TrainStepSignature
 from ortlstm.training.spec import DEFAULT_TARGET, TrainingSpec
