@@ -93,6 +93,9 @@ def render_header() -> str:
         "  if ((rank >= 0 && size != rank) || axis >= shape.size()) return -1;",
         "  return factor * static_cast<std::int64_t>(shape[axis]) + offset;",
         "}",
+        "",
+        "// The spec's dim names (docs/ops.md#dims), for the OutputShape of an op whose shapes are written in them.",
+        f"enum class Dim : int {{ {', '.join(cpp_enumerator(dim) for dim in schema.DIM_DOCS)} }};",
     ]
     for family in schema.FAMILIES:
         for op in family.ops:
@@ -332,6 +335,8 @@ def _render_traits(family: schema.Family, op: schema.OpSpec) -> list[str]:
 
 def _render_output_shape(family: schema.Family, op: schema.OpSpec) -> list[str]:
     """``OutputShape``, each output's shape from the input shapes, where the family gives the op rules."""
+    if family.output_shapes is None:
+        return _render_dim_output_shape(op)
     rules = family.shapes_of(op)
     if not rules:
         return []
@@ -354,6 +359,27 @@ def _render_output_shape(family: schema.Family, op: schema.OpSpec) -> list[str]:
             )
             value = f"Shape{{{axes}}}"
         lines.append(f"    case Out::{cpp_enumerator(rule.output)}: return {value};")
+    return [*lines, "    default: return Shape{};", "  }", "}"]
+
+
+def _render_dim_output_shape(op: schema.OpSpec) -> list[str]:
+    """``OutputShape`` of an op whose output shapes are the spec's dim names (``PortSpec.shape``), per layout."""
+
+    def shape(port: schema.PortSpec, layout: int) -> str:
+        dims = (schema.parse_dim(expression) for expression in schema.shape_for_layout(port, layout))
+        return "Shape{" + ", ".join(f"dim_of(Dim::{cpp_enumerator(name)}, {factor})" for factor, name in dims) + "}"
+
+    lines = [
+        "// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times",
+        "// that dim (Shape: a vector-like of what dim_of returns).",
+        "template <typename Shape, typename DimOf>",
+        "inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {",
+        "  switch (port) {",
+    ]
+    for port in op.outputs:
+        seq, batch = shape(port, 0), shape(port, 1)
+        value = seq if seq == batch else f"layout == 1 ? {batch} : {seq}"
+        lines += [f"    case Out::{cpp_enumerator(port.name)}:", f"      return {value};"]
     return [*lines, "    default: return Shape{};", "  }", "}"]
 
 
@@ -393,6 +419,20 @@ def _render_attribute_namespace() -> list[str]:
         "inline constexpr Spec kAll[] = {"
         + ", ".join(f"{{{cpp_enumerator(attr.name)}, {cpp_enumerator(attr.name)}Type}}" for attr in shared)
         + "};",
+        "// num_directions of each accepted direction value (the spec's num_directions); 0 for any other.",
+        f"inline constexpr const char* kDirections[] = {{{_strings(schema.DIRECTIONS)}}};",
+        "inline constexpr std::int64_t kDirectionNumDirections[] = {"
+        + ", ".join(str(schema.num_directions(direction)) for direction in schema.DIRECTIONS)
+        + "};",
+        "inline constexpr bool SameText(const char* a, const char* b) {",
+        "  return *a == *b && (*a == '\\0' || SameText(a + 1, b + 1));",
+        "}",
+        "inline constexpr std::int64_t NumDirections(const char* direction) {",
+        "  for (std::size_t i = 0; i < sizeof(kDirections) / sizeof(kDirections[0]); ++i) {",
+        "    if (SameText(kDirections[i], direction)) return kDirectionNumDirections[i];",
+        "  }",
+        "  return 0;",
+        "}",
         "}  // namespace attr",
     ]
     return lines

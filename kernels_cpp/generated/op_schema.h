@@ -28,6 +28,9 @@ inline constexpr std::int64_t AxisOf(const Shape& shape, std::size_t axis, std::
   return factor * static_cast<std::int64_t>(shape[axis]) + offset;
 }
 
+// The spec's dim names (docs/ops.md#dims), for the OutputShape of an op whose shapes are written in them.
+enum class Dim : int { kSeqLength, kBatchSize, kInputSize, kHiddenSize, kNumDirections };
+
 // LSTMTraining: docs/ops.md#lstmtraining
 namespace lstm_training {
 inline constexpr char kName[] = "LSTMTraining";
@@ -51,6 +54,24 @@ struct Traits {
   static constexpr const bool* kInputOptional = lstm_training::kInputOptional;
   static constexpr const bool* kOutputOptional = lstm_training::kOutputOptional;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kCt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kCAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kIOFC:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 4)};
+    default: return Shape{};
+  }
+}
 }  // namespace lstm_training
 
 // LSTMGrad: docs/ops.md#lstmgrad
@@ -76,6 +97,28 @@ struct Traits {
   static constexpr const bool* kInputOptional = lstm_grad::kInputOptional;
   static constexpr const bool* kOutputOptional = lstm_grad::kOutputOptional;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 8)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDC0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDP:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3)};
+    default: return Shape{};
+  }
+}
 }  // namespace lstm_grad
 
 // GRUTraining: docs/ops.md#grutraining
@@ -110,6 +153,20 @@ struct Traits {
   static constexpr const IntAttribute* kIntAttributes = gru_training::kIntAttributes;
   static constexpr std::size_t kNumIntAttributes = 1;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kZRH:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 3)};
+    default: return Shape{};
+  }
+}
 }  // namespace gru_training
 
 // GRUGrad: docs/ops.md#grugrad
@@ -144,6 +201,24 @@ struct Traits {
   static constexpr const IntAttribute* kIntAttributes = gru_grad::kIntAttributes;
   static constexpr std::size_t kNumIntAttributes = 1;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 6)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
 }  // namespace gru_grad
 
 // RNNTraining: docs/ops.md#rnntraining
@@ -169,6 +244,18 @@ struct Traits {
   static constexpr const bool* kInputOptional = rnn_training::kInputOptional;
   static constexpr const bool* kOutputOptional = rnn_training::kOutputOptional;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
 }  // namespace rnn_training
 
 // RNNGrad: docs/ops.md#rnngrad
@@ -194,6 +281,24 @@ struct Traits {
   static constexpr const bool* kInputOptional = rnn_grad::kInputOptional;
   static constexpr const bool* kOutputOptional = rnn_grad::kOutputOptional;
 };
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 2)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
 }  // namespace rnn_grad
 
 // AdamUpdate: docs/ops.md#adamupdate
@@ -563,6 +668,18 @@ struct Spec {
 };
 // Every attribute, in the spec's order.
 inline constexpr Spec kAll[] = {{kHiddenSize, kHiddenSizeType}, {kDirection, kDirectionType}, {kActivations, kActivationsType}, {kActivationAlpha, kActivationAlphaType}, {kActivationBeta, kActivationBetaType}, {kActivationsCsv, kActivationsCsvType}, {kClip, kClipType}, {kInputForget, kInputForgetType}, {kLayout, kLayoutType}, {kMatmulPrecision, kMatmulPrecisionType}};
+// num_directions of each accepted direction value (the spec's num_directions); 0 for any other.
+inline constexpr const char* kDirections[] = {"forward", "reverse", "bidirectional"};
+inline constexpr std::int64_t kDirectionNumDirections[] = {1, 1, 2};
+inline constexpr bool SameText(const char* a, const char* b) {
+  return *a == *b && (*a == '\0' || SameText(a + 1, b + 1));
+}
+inline constexpr std::int64_t NumDirections(const char* direction) {
+  for (std::size_t i = 0; i < sizeof(kDirections) / sizeof(kDirections[0]); ++i) {
+    if (SameText(kDirections[i], direction)) return kDirectionNumDirections[i];
+  }
+  return 0;
+}
 }  // namespace attr
 
 // Size limits the kernels enforce: docs/ops.md, section Refused.

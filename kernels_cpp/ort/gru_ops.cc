@@ -51,10 +51,6 @@ struct TrainingSpec {
   static std::string Validate(const Config& config, const GruTrainingInputs& inputs, LstmDims* dims) {
     return ValidateGruTrainingInputs(config.cell, inputs, dims);
   }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // HAll, Ht, ZRH
-    return {SequenceShape(dims, dims.hidden_size), StateShape(dims), SequenceShape(dims, dims.GateWidth())};
-  }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<TrainingSpec>& ports,
                   const Executor& executor, const ScratchAllocator& allocator) {
@@ -74,9 +70,6 @@ struct GradSpec {
   }
   static std::string Validate(const Config& config, const GruGradInputs& inputs, LstmDims* dims) {
     return ValidateGruGradInputs(config.cell, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    return HiddenStateGradShapes(dims);
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,

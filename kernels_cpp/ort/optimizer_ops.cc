@@ -116,8 +116,8 @@ class AdamUpdateKernel {
       std::array<void*, spec::kNumOutputs> out{};
       for (Out port : {Out::kParamOut, Out::kExpAvgOut, Out::kExpAvgSqOut, Out::kMaxExpAvgSqOut}) {
         if (port == Out::kMaxExpAvgSqOut && t.max_exp_avg_sq == nullptr) continue;
-        error = AllocateOutput(context, spec::Index(port), spec::OutputShape(port, [&](In in) { return arg(in).shape; }),
-                               &out[spec::Index(port)]);
+        const std::vector<int64_t> out_shape = spec::OutputShape(port, [&](In in) { return arg(in).shape; });
+        error = AllocateOutput(context, spec::Index(port), out_shape, &out[spec::Index(port)]);
         if (!error.empty()) {
           return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
         }
@@ -204,8 +204,8 @@ class SgdUpdateKernel {
       std::array<void*, spec::kNumOutputs> out{};
       for (Out port : {Out::kParamOut, Out::kMomentumBufferOut}) {
         if (port == Out::kMomentumBufferOut && !with_momentum) continue;
-        error = AllocateOutput(context, spec::Index(port), spec::OutputShape(port, [&](In in) { return arg(in).shape; }),
-                               &out[spec::Index(port)]);
+        const std::vector<int64_t> out_shape = spec::OutputShape(port, [&](In in) { return arg(in).shape; });
+        error = AllocateOutput(context, spec::Index(port), out_shape, &out[spec::Index(port)]);
         if (!error.empty()) {
           return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
         }
