@@ -271,7 +271,7 @@ def _render_family_facts(family: schema.Family, op: schema.OpSpec) -> list[str]:
     for flag in family.input_flags:
         values = [all(allowed in flag.types for allowed in constraints[port.type_str]) for port in op.inputs]
         lines.append(f"inline constexpr bool kInput{flag.name}[kNumInputs] = {{{_bools(values)}}};")
-    return [*lines, *_render_traits(family, op), *_render_output_shape(family, op)]
+    return [*lines, *_render_output_shape(family, op), *_render_traits(family, op)]
 
 
 def _render_own_attributes(op: schema.OpSpec, attributes: Sequence[schema.AttrSpec], accepts: bool) -> list[str]:
@@ -312,15 +312,34 @@ def _render_traits(family: schema.Family, op: schema.OpSpec) -> list[str]:
             ),
             "};",
         ]
-    members = ["kInputOptional", "kOutputOptional", *(f"kInput{flag.name}" for flag in family.input_flags)]
+    arrays = [
+        "kInputNames",
+        "kOutputNames",
+        "kInputOptional",
+        "kInputIsInt32",
+        "kOutputOptional",
+        *(f"kInput{flag.name}" for flag in family.input_flags),
+    ]
+    forward_shape = [
+        "  template <typename Shape, typename DimOf>",
+        "  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {",
+        f"    return {namespace}::OutputShape<Shape>(port, layout, dim_of);",
+        "  }",
+    ]
     return [
         *lines,
-        "// What ort/schema_op.h's SchemaOp reads of the op; a kernel's traits derive from it.",
+        "// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's",
+        "// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.",
         "struct Traits {",
+        f"  using In = {namespace}::In;",
+        f"  using Out = {namespace}::Out;",
         f"  static constexpr const char* kName = {namespace}::kName;",
         f"  static constexpr int kNumInputs = {namespace}::kNumInputs;",
         f"  static constexpr int kNumOutputs = {namespace}::kNumOutputs;",
-        *(f"  static constexpr const bool* {member} = {namespace}::{member};" for member in members),
+        *(f"  static constexpr const auto& {member} = {namespace}::{member};" for member in arrays),
+        f"  static constexpr std::size_t Index(In port) {{ return {namespace}::Index(port); }}",
+        f"  static constexpr std::size_t Index(Out port) {{ return {namespace}::Index(port); }}",
+        *(forward_shape if family.output_shapes is None else []),
         *(
             [
                 f"  static constexpr const IntAttribute* kIntAttributes = {namespace}::kIntAttributes;",

@@ -69,7 +69,7 @@ def test_a_family_declared_outside_ops_renders_into_the_header() -> None:
         "inline constexpr std::int64_t kAttrStrideDefault = 1;",
         "inline constexpr bool kInputIsIndex[kNumInputs] = {false, true};",
         "    {kAttrStride, kAttrStrideDefault},",
-        "  static constexpr const bool* kInputIsIndex = toy_gather::kInputIsIndex;",
+        "  static constexpr const auto& kInputIsIndex = toy_gather::kInputIsIndex;",
         "  static constexpr std::size_t kNumIntAttributes = 1;",
         "    case Out::kY: return Shape{AxisOf(shape_of(In::kRows), 0, -1, 1, 0), "
         "AxisOf(shape_of(In::kX), 1, 2, 3, 1)};",

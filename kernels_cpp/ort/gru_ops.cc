@@ -40,8 +40,7 @@ std::string ReadGruConfig(const OrtKernelInfo* info, bool gradient, GruConfig* c
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::gru_training)
+struct TrainingSpec : schema::gru_training::Traits {
   using Config = GruConfig;
   // No static shape inference in ORT (see the top of this file).
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
@@ -61,8 +60,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::gru_grad)
+struct GradSpec : schema::gru_grad::Traits {
   using Config = GruConfig;
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {

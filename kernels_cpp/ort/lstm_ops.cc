@@ -168,18 +168,10 @@ void InferOutputs(OrtShapeInferContext* ctx, const InferredDims& d, const FromIn
   }
 }
 
-// The two ops' generated schemas, as the template arguments InferOutputs takes.
-struct TrainingSchema {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_training)
-};
-struct GradSchema {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_grad)
-};
-
 OrtStatus* InferTrainingShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   InferredDims d{};
   if (!InferDims(ctx, &d)) return nullptr;
-  InferOutputs<TrainingSchema>(ctx, d, [](schema::lstm_training::Out, InferShape*) { return false; });
+  InferOutputs<schema::lstm_training::Traits>(ctx, d, [](schema::lstm_training::Out, InferShape*) { return false; });
   return nullptr;
 }
 
@@ -189,7 +181,7 @@ OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   using In = schema::lstm_grad::In;
   using Out = schema::lstm_grad::Out;
   // dX, dW, dR take the shapes of X, W, R (their symbols too).
-  InferOutputs<GradSchema>(ctx, d, [&](Out port, InferShape* shape) {
+  InferOutputs<schema::lstm_grad::Traits>(ctx, d, [&](Out port, InferShape* shape) {
     const In source = port == Out::kDX ? In::kX : port == Out::kDW ? In::kW : port == Out::kDR ? In::kR : In::kCount;
     if (source == In::kCount) return false;
     ONNXTensorElementDataType type;
@@ -211,8 +203,7 @@ std::string ReadLstmConfig(const OrtKernelInfo* info, bool gradient, LstmConfig*
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_training)
+struct TrainingSpec : schema::lstm_training::Traits {
   using Config = LstmConfig;
   static constexpr auto kInfer = &InferTrainingShapes;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
@@ -235,8 +226,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_grad)
+struct GradSpec : schema::lstm_grad::Traits {
   using Config = LstmConfig;
   static constexpr auto kInfer = &InferGradShapes;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {

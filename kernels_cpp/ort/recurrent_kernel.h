@@ -2,9 +2,8 @@
 // LSTMGrad, GRUTraining, GRUGrad, RNNTraining, RNNGrad): what they share is reading the ports of
 // the op's generated schema, validating them once, allocating the outputs, turning bad_alloc into
 // a status and answering ORT's port queries (the output shapes are the schema's generated OutputShape
-// over the validated dims); what a cell adds is its Spec (lstm_ops.cc,
-// gru_ops.cc, rnn_ops.cc):
-//   ORTLSTM_SCHEMA_TRAITS(schema::op)      the generated schema's names, ports and optionality
+// over the validated dims); what a cell adds is its Spec (lstm_ops.cc, gru_ops.cc, rnn_ops.cc):
+//   struct Spec : schema::op::Traits      the generated schema's names, ports, optionality and shapes
 //   using Config;                          the parsed attributes (LstmConfig, GruConfig; the RNN's LstmConfig)
 //   static std::string ReadConfig(const OrtKernelInfo*, Config*);  read, parse and check them
 //   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*);  or nullptr
@@ -23,26 +22,6 @@
 #include "ort/lstm_validation.h"
 #include "ort/ort_util.h"
 #include "ort/schema_op.h"
-
-// The constants of one op's generated schema namespace (generated/op_schema.h), as members of
-// the Spec struct a template can take (a namespace cannot be a template argument).
-#define ORTLSTM_SCHEMA_TRAITS(ns)                                                                  \
-  static constexpr const char* kName = ns::kName;                                                  \
-  using In = ns::In;                                                                               \
-  using Out = ns::Out;                                                                             \
-  static constexpr int kNumInputs = ns::kNumInputs;                                                \
-  static constexpr int kNumOutputs = ns::kNumOutputs;                                              \
-  static constexpr const auto& kInputNames = ns::kInputNames;                                      \
-  static constexpr const auto& kOutputNames = ns::kOutputNames;                                    \
-  static constexpr const auto& kInputOptional = ns::kInputOptional;                                \
-  static constexpr const auto& kInputIsInt32 = ns::kInputIsInt32;                                  \
-  static constexpr const auto& kOutputOptional = ns::kOutputOptional;                              \
-  static constexpr std::size_t Index(In port) { return ns::Index(port); }                          \
-  static constexpr std::size_t Index(Out port) { return ns::Index(port); }                          \
-  template <typename Shape, typename DimOf>                                                        \
-  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {                   \
-    return ns::OutputShape<Shape>(port, layout, dim_of);                                           \
-  }
 
 namespace ortlstm::ort {
 

@@ -53,8 +53,7 @@ std::string ReadRnnConfig(const OrtKernelInfo* info, bool gradient, LstmConfig* 
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::rnn_training)
+struct TrainingSpec : schema::rnn_training::Traits {
   using Config = LstmConfig;
   // No static shape inference in ORT (see the top of this file).
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
@@ -73,8 +72,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::rnn_grad)
+struct GradSpec : schema::rnn_grad::Traits {
   using Config = LstmConfig;
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
