@@ -77,38 +77,30 @@ def render_header() -> str:
         "",
         f'inline constexpr char kDomain[] = "{schema.DOMAIN}";',
         f"inline constexpr int kOpsetVersion = {schema.OPSET_VERSION};",
+        "",
+        "// An int attribute's name and the default a kernel falls back to (an op's kIntAttributes).",
+        "struct IntAttribute {",
+        "  const char* name;",
+        "  std::int64_t fallback;",
+        "};",
+        "",
+        "// Axis `axis` of an input's shape, times `factor` plus `offset` (an op's OutputShape); -1 where the",
+        "// shape has no such axis or a rank other than `rank` (-1: any rank).",
+        "template <typename Shape>",
+        "inline constexpr std::int64_t AxisOf(const Shape& shape, std::size_t axis, std::int64_t rank,",
+        "                                     std::int64_t factor, std::int64_t offset) {",
+        "  const auto size = static_cast<std::int64_t>(shape.size());",
+        "  if ((rank >= 0 && size != rank) || axis >= shape.size()) return -1;",
+        "  return factor * static_cast<std::int64_t>(shape[axis]) + offset;",
+        "}",
+        "",
+        "// The spec's dim names (docs/ops.md#dims), for the OutputShape of an op whose shapes are written in them.",
+        f"enum class Dim : int {{ {', '.join(cpp_enumerator(dim) for dim in schema.DIM_DOCS)} }};",
     ]
-    for op in schema.OPS:
-        lines += ["", *_render_op_namespace(op)]
-    shared = schema.attribute_names(schema.LSTM_TRAINING)
-    for op in schema.GRU_OPS + schema.RNN_OPS:
-        # The attributes they share with the LSTM ops are attr::'s; their own are named in the op's namespace.
-        namespace = _render_op_namespace(op)
-        own = [attr for attr in op.attributes if attr.name not in shared]
-        lines += ["", *namespace[:-1], *_render_own_attributes(op, own), namespace[-1]]
-    for op in schema.OPTIMIZER_OPS:
-        # Their attributes are their own (the LSTM ops share attr:: below): named in the op's namespace.
-        attributes = _render_own_attributes(op)
-        constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
-        is_double = [constraints[port.type_str] == ("tensor(double)",) for port in op.inputs]
-        attributes.append(f"inline constexpr bool kInputIsDouble[kNumInputs] = {{{_bools(is_double)}}};")
-        namespace = _render_op_namespace(op)
-        lines += ["", *namespace[:-1], *attributes, namespace[-1]]
-    for op in schema.CTC_OPS:
-        constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
-        is_integer = [
-            not any("float" in allowed or "double" in allowed for allowed in constraints[port.type_str])
-            for port in op.inputs
-        ]
-        namespace = _render_op_namespace(op)
-        extra = [
-            *_render_own_attributes(op),
-            f"inline constexpr bool kInputIsInteger[kNumInputs] = {{{_bools(is_integer)}}};",
-        ]
-        lines += ["", *namespace[:-1], *extra, namespace[-1]]
-    for op in schema.GRADIENT_OPS:
-        namespace = _render_op_namespace(op)
-        lines += ["", *namespace[:-1], *_render_own_attributes(op), namespace[-1]]
+    for family in schema.FAMILIES:
+        for op in family.ops:
+            namespace = _render_op_namespace(op)
+            lines += ["", *namespace[:-1], *_render_family_facts(family, op), namespace[-1]]
     lines += [
         "",
         *_render_attribute_namespace(),
@@ -127,19 +119,17 @@ def render_docs() -> str:
     Returns:
         The Markdown text.
     """
-    optimizer_ops = schema.OPTIMIZER_OPS
     lines = [
         "# ortlstm operators",
         "",
         f"<!-- {_GENERATED_NOTE} -->",
         "",
         f"Domain `{schema.DOMAIN}`, opset version {schema.OPSET_VERSION}. "
-        f"Ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.OPS)}; "
-        f"the GRU: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRU_OPS)}; "
-        f"the RNN: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.RNN_OPS)}; "
-        f"for the train step's optimizer: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in optimizer_ops)}; "
-        f"the CTC loss: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.CTC_OPS)}; "
-        f"gradients of standard ops: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in schema.GRADIENT_OPS)}.",
+        + "; ".join(
+            f"{family.doc_label}: {', '.join(f'[{op.name}](#{op.name.lower()})' for op in family.ops)}"
+            for family in schema.FAMILIES
+        )
+        + ".",
         "",
         "A NumPy reference implementation of both ops (`ortlstm.reference`, for onnx's `ReferenceEvaluator`) and",
         "conformance test data in ONNX's node-test layout (tests/conformance/data) with a runner for any backend:",
@@ -159,10 +149,9 @@ def render_docs() -> str:
         "With `layout=1` (batch-major, as in ONNX LSTM) batch_size moves to the first axis of every",
         "tensor that has one; the tables show both layouts.",
     ]
-    for op in schema.OPS + schema.GRU_OPS + schema.RNN_OPS:
-        lines += ["", *_render_op_docs(op)]
-    for op in schema.OPTIMIZER_OPS + schema.CTC_OPS + schema.GRADIENT_OPS:
-        lines += ["", *_render_op_docs(op)]
+    for family in schema.FAMILIES:
+        for op in family.ops:
+            lines += ["", *_render_op_docs(op)]
     return "\n".join(lines) + "\n"
 
 
@@ -274,30 +263,155 @@ def _render_op_namespace(op: schema.OpSpec) -> list[str]:
     ]
 
 
-def _render_own_attributes(op: schema.OpSpec, attributes: Sequence[schema.AttrSpec] | None = None) -> list[str]:
-    """Names and defaults of the attributes of an op that does not share the LSTM ops' attr:: namespace.
+def _render_family_facts(family: schema.Family, op: schema.OpSpec) -> list[str]:
+    """What an op's namespace holds beyond its ports, as its family declares: own attributes, input flags, traits."""
+    own = [attr for attr in op.attributes if attr.name not in family.shared_attributes]
+    lines = _render_own_attributes(op, own, family.attribute_accepts)
+    constraints = {constraint.type_str: constraint.allowed_types for constraint in op.type_constraints}
+    for flag in family.input_flags:
+        values = [all(allowed in flag.types for allowed in constraints[port.type_str]) for port in op.inputs]
+        lines.append(f"inline constexpr bool kInput{flag.name}[kNumInputs] = {{{_bools(values)}}};")
+    return [*lines, *_render_output_shape(family, op), *_render_traits(family, op)]
 
-    ``attributes`` (default: all of the op's) picks those that are its own; with a subset, their
-    accepted values are rendered too, for the messages of the kernel that reads them.
+
+def _render_own_attributes(op: schema.OpSpec, attributes: Sequence[schema.AttrSpec], accepts: bool) -> list[str]:
+    """Names and defaults of the attributes an op names in its own namespace (not the shared attr::).
+
+    With ``accepts``, their accepted values are rendered too, for the messages of the kernel that reads them.
     """
-    own = op.attributes if attributes is None else tuple(attributes)
-    lines = [f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in own]
+    lines = [f'inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}[] = "{attr.name}";' for attr in attributes]
     lines += [
-        _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr) for attr in own if attr.default is not None
+        _cpp_default(f"kAttr{cpp_enumerator(attr.name)[1:]}Default", attr)
+        for attr in attributes
+        if attr.default is not None
     ]
-    if attributes is not None:
+    if accepts:
         lines += [
             f"inline constexpr char kAttr{cpp_enumerator(attr.name)[1:]}Accepts[] = {json.dumps(attr.accepts)};"
-            for attr in own
+            for attr in attributes
         ]
     return lines
 
 
+def _render_traits(family: schema.Family, op: schema.OpSpec) -> list[str]:
+    """The op's Traits (what ort/schema_op.h reads) and its own int attributes with their defaults."""
+    namespace = cpp_namespace(op.name)
+    own_ints = [
+        attr
+        for attr in op.attributes
+        if attr.name not in family.shared_attributes and attr.type is schema.AttrType.INT and attr.default is not None
+    ]
+    lines = []
+    if own_ints:
+        lines += [
+            "// The op's own int attributes with their defaults, in the spec's order.",
+            "inline constexpr IntAttribute kIntAttributes[] = {",
+            *(
+                f"    {{kAttr{cpp_enumerator(attr.name)[1:]}, kAttr{cpp_enumerator(attr.name)[1:]}Default}},"
+                for attr in own_ints
+            ),
+            "};",
+        ]
+    arrays = [
+        "kInputNames",
+        "kOutputNames",
+        "kInputOptional",
+        "kInputIsInt32",
+        "kOutputOptional",
+        *(f"kInput{flag.name}" for flag in family.input_flags),
+    ]
+    forward_shape = [
+        "  template <typename Shape, typename DimOf>",
+        "  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {",
+        f"    return {namespace}::OutputShape<Shape>(port, layout, dim_of);",
+        "  }",
+    ]
+    return [
+        *lines,
+        "// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's",
+        "// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.",
+        "struct Traits {",
+        f"  using In = {namespace}::In;",
+        f"  using Out = {namespace}::Out;",
+        f"  static constexpr const char* kName = {namespace}::kName;",
+        f"  static constexpr int kNumInputs = {namespace}::kNumInputs;",
+        f"  static constexpr int kNumOutputs = {namespace}::kNumOutputs;",
+        *(f"  static constexpr const auto& {member} = {namespace}::{member};" for member in arrays),
+        f"  static constexpr std::size_t Index(In port) {{ return {namespace}::Index(port); }}",
+        f"  static constexpr std::size_t Index(Out port) {{ return {namespace}::Index(port); }}",
+        *(forward_shape if family.output_shapes is None else []),
+        *(
+            [
+                f"  static constexpr const IntAttribute* kIntAttributes = {namespace}::kIntAttributes;",
+                f"  static constexpr std::size_t kNumIntAttributes = {len(own_ints)};",
+            ]
+            if own_ints
+            else []
+        ),
+        "};",
+    ]
+
+
+def _render_output_shape(family: schema.Family, op: schema.OpSpec) -> list[str]:
+    """``OutputShape``, each output's shape from the input shapes, where the family gives the op rules."""
+    if family.output_shapes is None:
+        return _render_dim_output_shape(op)
+    rules = family.shapes_of(op)
+    if not rules:
+        return []
+    lines = [
+        "// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape",
+        "// by value. An axis a rule cannot read is -1; an output without a rule is [].",
+        "template <typename ShapeOf>",
+        "inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {",
+        "  using Shape = decltype(shape_of(In::kCount));",
+        "  switch (port) {",
+    ]
+    for rule in rules:
+        if rule.axes is None:
+            value = f"shape_of(In::{cpp_enumerator(rule.like)})"
+        else:
+            axes = ", ".join(
+                f"AxisOf(shape_of(In::{cpp_enumerator(axis.input)}), {axis.axis}, "
+                f"{-1 if axis.rank is None else axis.rank}, {axis.factor}, {axis.offset})"
+                for axis in rule.axes
+            )
+            value = f"Shape{{{axes}}}"
+        lines.append(f"    case Out::{cpp_enumerator(rule.output)}: return {value};")
+    return [*lines, "    default: return Shape{};", "  }", "}"]
+
+
+def _render_dim_output_shape(op: schema.OpSpec) -> list[str]:
+    """``OutputShape`` of an op whose output shapes are the spec's dim names (``PortSpec.shape``), per layout."""
+
+    def shape(port: schema.PortSpec, layout: int) -> str:
+        dims = (schema.parse_dim(expression) for expression in schema.shape_for_layout(port, layout))
+        return "Shape{" + ", ".join(f"dim_of(Dim::{cpp_enumerator(name)}, {factor})" for factor, name in dims) + "}"
+
+    lines = [
+        "// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times",
+        "// that dim (Shape: a vector-like of what dim_of returns).",
+        "template <typename Shape, typename DimOf>",
+        "inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {",
+        "  switch (port) {",
+    ]
+    for port in op.outputs:
+        seq, batch = shape(port, 0), shape(port, 1)
+        value = seq if seq == batch else f"layout == 1 ? {batch} : {seq}"
+        lines += [f"    case Out::{cpp_enumerator(port.name)}:", f"      return {value};"]
+    return [*lines, "    default: return Shape{};", "  }", "}"]
+
+
 def _render_attribute_namespace() -> list[str]:
-    first, *others = schema.OPS
-    for op in others:
-        if op.attributes != first.attributes:
-            raise ValueError(f"{op.name} and {first.name} must declare the same attributes: the header shares them")
+    shared = schema.SHARED_ATTRIBUTES
+    for family in schema.FAMILIES:
+        # The family that declares the shared attributes (the LSTM ops) declares them alike in each op.
+        if any(op.attributes == shared for op in family.ops):
+            for op in family.ops:
+                if op.attributes != shared:
+                    raise ValueError(
+                        f"{op.name} must declare the shared attributes of {family.name}: the header shares them"
+                    )
     types = [attr_type.name for attr_type in schema.AttrType]
     lines = [
         "// Attribute names shared by both ops, their types, the values the kernels accept (completing",
@@ -308,7 +422,7 @@ def _render_attribute_namespace() -> list[str]:
         f"inline constexpr const char* kTypeNames[] = {{{_strings(types)}}};",
         "inline constexpr const char* TypeName(Type type) { return kTypeNames[static_cast<int>(type)]; }",
     ]
-    for attr in first.attributes:
+    for attr in shared:
         name = cpp_enumerator(attr.name)
         lines.append(f'inline constexpr char {name}[] = "{attr.name}";')
         lines.append(f"inline constexpr Type {name}Type = Type::{_cpp_type(attr.type)};")
@@ -322,8 +436,22 @@ def _render_attribute_namespace() -> list[str]:
         "};",
         "// Every attribute, in the spec's order.",
         "inline constexpr Spec kAll[] = {"
-        + ", ".join(f"{{{cpp_enumerator(attr.name)}, {cpp_enumerator(attr.name)}Type}}" for attr in first.attributes)
+        + ", ".join(f"{{{cpp_enumerator(attr.name)}, {cpp_enumerator(attr.name)}Type}}" for attr in shared)
         + "};",
+        "// num_directions of each accepted direction value (the spec's num_directions); 0 for any other.",
+        f"inline constexpr const char* kDirections[] = {{{_strings(schema.DIRECTIONS)}}};",
+        "inline constexpr std::int64_t kDirectionNumDirections[] = {"
+        + ", ".join(str(schema.num_directions(direction)) for direction in schema.DIRECTIONS)
+        + "};",
+        "inline constexpr bool SameText(const char* a, const char* b) {",
+        "  return *a == *b && (*a == '\\0' || SameText(a + 1, b + 1));",
+        "}",
+        "inline constexpr std::int64_t NumDirections(const char* direction) {",
+        "  for (std::size_t i = 0; i < sizeof(kDirections) / sizeof(kDirections[0]); ++i) {",
+        "    if (SameText(kDirections[i], direction)) return kDirectionNumDirections[i];",
+        "  }",
+        "  return 0;",
+        "}",
         "}  // namespace attr",
     ]
     return lines

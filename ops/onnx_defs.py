@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 _OpSchema = onnx.defs.OpSchema
 
 
-def build_op_schema(op: schema.OpSpec) -> onnx.defs.OpSchema:
+def build_op_schema(op: schema.OpSpec, family: schema.Family | None = None) -> onnx.defs.OpSchema:
     """Translates one op spec into an ``onnx.defs.OpSchema``, with type and shape inference.
 
     Args:
         op: The op spec.
+        family: Its family, whose ``output_shapes`` rules the inference follows; None looks it up in
+            ``schema.FAMILIES``.
 
     Returns:
         A schema ready for ``onnx.defs.register_schema``.
@@ -47,15 +49,12 @@ def build_op_schema(op: schema.OpSpec) -> onnx.defs.OpSchema:
         ],
         attributes=[_attribute(attr) for attr in op.attributes],
     )
-    if op in schema.OPTIMIZER_OPS:
-        inference = infer_optimizer_types_and_shapes
-    elif op in schema.CTC_OPS:
-        inference = infer_ctc_types_and_shapes
-    elif op in schema.GRADIENT_OPS:
-        inference = infer_gradient_types_and_shapes
+    family = schema.family_of(op) if family is None else family
+    if family.output_shapes is None:
+        op_schema.set_type_and_shape_inference_function(functools.partial(infer_types_and_shapes, op))
     else:
-        inference = infer_types_and_shapes
-    op_schema.set_type_and_shape_inference_function(functools.partial(inference, op))
+        rules = family.shapes_of(op)
+        op_schema.set_type_and_shape_inference_function(functools.partial(infer_from_rules, op, rules))
     return op_schema
 
 
@@ -69,11 +68,12 @@ def register_onnx_schemas() -> None:
     Raises:
         RuntimeError: If an op of the same name, domain and version with other ports is registered.
     """
-    for op in schema.ALL_OPS:
-        if onnx.defs.has(op.name, op.version, op.domain):
-            _check_registered(op)
-            continue
-        onnx.defs.register_schema(build_op_schema(op))
+    for family in schema.FAMILIES:
+        for op in family.ops:
+            if onnx.defs.has(op.name, op.version, op.domain):
+                _check_registered(op)
+                continue
+            onnx.defs.register_schema(build_op_schema(op, family))
 
 
 def opset() -> onnxscript.values.Opset:
@@ -154,92 +154,55 @@ def infer_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.Inferenc
         ctx.set_output_type(index, output_type)
 
 
-def infer_optimizer_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Gives each present output of an optimizer op (``schema.OPTIMIZER_OPS``) its first input's type and shape.
+def infer_from_rules(
+    op: schema.OpSpec, rules: Sequence[schema.OutputShape], ctx: onnx.shape_inference.InferenceContext
+) -> None:
+    """Sets the type and shape of each present output that a rule of the op's family covers.
 
-    Every tensor output of those ops is "as param", the first input; the kernels check the others.
-
-    Args:
-        op: The op spec the node instantiates.
-        ctx: onnx's inference context for the node.
-    """
-    param_type = _input_tensor_type(ctx, 0)
-    if param_type is None:
-        return
-    for index, port in enumerate(op.outputs):
-        if index >= ctx.get_num_outputs() or not ctx.has_output(index) or port.shape_doc != schema.SHAPE_AS_PARAM:
-            continue
-        output_type = onnx.TypeProto()
-        output_type.tensor_type.CopyFrom(param_type)
-        ctx.set_output_type(index, output_type)
-
-
-def infer_ctc_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Sets the types and shapes of a CTC op's outputs (``schema.CTC_OPS``) from log_probs and targets.
-
-    loss is [N] and grad_log_probs is log_probs' shape; log_alpha is [N, T, 2*S+1] where S is padded
-    targets' second axis (for concatenated targets S is a value, max(target_lengths), so that axis
-    stays unknown). Runtime checks are the kernel's.
+    An output takes the element type of its rule's ``like`` input and, where that input's shape is
+    known (at the rule's rank, if it names one), either its whole shape or the rule's axes (an axis
+    that cannot be read stays unknown). Runtime checks are the kernel's.
 
     Args:
         op: The op spec the node instantiates.
+        rules: Its family's ``OutputShape`` rules for it.
         ctx: onnx's inference context for the node.
     """
-    log_probs = _input_tensor_type(ctx, schema.input_index(op, "log_probs"))
-    if log_probs is None:
-        return
-    lp_dims = list(log_probs.shape.dim) if log_probs.HasField("shape") and len(log_probs.shape.dim) == 3 else None
-    targets = _input_tensor_type(ctx, schema.input_index(op, "targets"))
-    for index, port in enumerate(op.outputs):
-        if index >= ctx.get_num_outputs() or not ctx.has_output(index):
+    for rule in rules:
+        index = schema.output_index(op, rule.output)
+        like = _input_tensor_type(ctx, schema.input_index(op, rule.like))
+        if like is None or index >= ctx.get_num_outputs() or not ctx.has_output(index):
             continue
         output_type = onnx.TypeProto()
         tensor_type = output_type.tensor_type
-        tensor_type.elem_type = log_probs.elem_type
-        if lp_dims is not None:
-            shape = tensor_type.shape
-            shape.SetInParent()
-            if port.name == "loss":
-                shape.dim.add().CopyFrom(lp_dims[1])
-            elif port.name == "log_alpha":
-                shape.dim.add().CopyFrom(lp_dims[1])
-                shape.dim.add().CopyFrom(lp_dims[0])
-                states = shape.dim.add()
-                target_dims = list(targets.shape.dim) if targets is not None and targets.HasField("shape") else []
-                if len(target_dims) == 2 and target_dims[1].HasField("dim_value"):  # padded [N, S]
-                    states.dim_value = 2 * target_dims[1].dim_value + 1
-            else:
-                for dim in lp_dims:
-                    shape.dim.add().CopyFrom(dim)
-        ctx.set_output_type(index, output_type)
-
-
-def infer_gradient_types_and_shapes(op: schema.OpSpec, ctx: onnx.shape_inference.InferenceContext) -> None:
-    """Sets the types and shapes of a gradient op's outputs (``schema.GRADIENT_OPS``).
-
-    ConvGrad: dX as X, dW as W, dB [M] from W; SigmoidGrad and TanhGrad: dX as dY. Runtime checks
-    are the kernel's.
-
-    Args:
-        op: The op spec the node instantiates.
-        ctx: onnx's inference context for the node.
-    """
-    sources = {"dX": "X", "dW": "W", "dB": "W"} if op is schema.CONV_GRAD else {"dX": "dY"}
-    for index, port in enumerate(op.outputs):
-        if index >= ctx.get_num_outputs() or not ctx.has_output(index):
-            continue
-        source = _input_tensor_type(ctx, schema.input_index(op, sources[port.name]))
-        if source is None:
-            continue
-        output_type = onnx.TypeProto()
-        tensor_type = output_type.tensor_type
-        tensor_type.elem_type = source.elem_type
-        if source.HasField("shape"):
+        tensor_type.elem_type = like.elem_type
+        if like.HasField("shape") and (rule.rank is None or len(like.shape.dim) == rule.rank):
             tensor_type.shape.SetInParent()
-            dims = list(source.shape.dim)[:1] if port.name == "dB" else list(source.shape.dim)
-            for dim in dims:
-                tensor_type.shape.dim.add().CopyFrom(dim)
+            if rule.axes is None:
+                for dim in like.shape.dim:
+                    tensor_type.shape.dim.add().CopyFrom(dim)
+            for axis in rule.axes or ():
+                _write_axis(ctx, op, axis, tensor_type.shape.dim.add())
         ctx.set_output_type(index, output_type)
+
+
+def _write_axis(
+    ctx: onnx.shape_inference.InferenceContext,
+    op: schema.OpSpec,
+    axis: schema.AxisOf,
+    dim: onnx.TensorShapeProto.Dimension,
+) -> None:
+    """Fills one output dim from ``axis``'s input; leaves it unknown where that cannot be read."""
+    source = _input_tensor_type(ctx, schema.input_index(op, axis.input))
+    if source is None or not source.HasField("shape"):
+        return
+    dims = list(source.shape.dim)
+    if (axis.rank is not None and len(dims) != axis.rank) or axis.axis >= len(dims):
+        return
+    if axis.factor == 1 and axis.offset == 0:
+        dim.CopyFrom(dims[axis.axis])
+    elif dims[axis.axis].HasField("dim_value"):
+        dim.dim_value = axis.factor * dims[axis.axis].dim_value + axis.offset
 
 
 class _Binding(NamedTuple):

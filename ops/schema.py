@@ -8,8 +8,8 @@ Changing the order or meaning of a port requires bumping the op's version.
 
 The declarations live in the modules beside it, one family each: ``contract`` (what a declaration
 is made of), ``spec_lstm``, ``spec_gru``, ``spec_rnn``, ``wiring`` (gradient ops to forward nodes),
-``spec_optimizers``, ``spec_ctc`` and ``spec_gradients``. This module gathers them: every layer reads
-``ortlstm.ops.schema``.
+``spec_optimizers``, ``spec_ctc`` and ``spec_gradients``, each with its ``Family`` record (``family``: what
+codegen and onnx_defs read of a family). This module gathers them: every layer reads ``ortlstm.ops.schema``.
 """
 
 from __future__ import annotations
@@ -39,34 +39,46 @@ from ortlstm.ops.contract import (  # noqa: F401 - the contract, gathered
     parse_dim,
     shape_for_layout,
 )
+from ortlstm.ops.family import (  # noqa: F401 - the contract, gathered
+    AxisOf,
+    Family,
+    InputFlag,
+    OutputShape,
+)
 from ortlstm.ops.spec_ctc import (  # noqa: F401 - the contract, gathered
+    CTC_FAMILY,
     CTC_LOSS,
     CTC_LOSS_GRAD,
     CTC_OPS,
 )
 from ortlstm.ops.spec_gradients import (  # noqa: F401 - the contract, gathered
     CONV_GRAD,
+    GRADIENT_FAMILY,
     GRADIENT_OPS,
     SIGMOID_GRAD,
     TANH_GRAD,
 )
 from ortlstm.ops.spec_gru import (  # noqa: F401 - the contract, gathered
+    GRU_FAMILY,
     GRU_GRAD,
     GRU_OPS,
     GRU_TRAINING,
 )
 from ortlstm.ops.spec_lstm import (  # noqa: F401 - the contract, gathered
+    LSTM_FAMILY,
     LSTM_GRAD,
     LSTM_TRAINING,
     OPS,
 )
 from ortlstm.ops.spec_optimizers import (  # noqa: F401 - the contract, gathered
     ADAM_UPDATE,
+    OPTIMIZER_FAMILY,
     OPTIMIZER_OPS,
     SGD_UPDATE,
     SHAPE_AS_PARAM,
 )
 from ortlstm.ops.spec_rnn import (  # noqa: F401 - the contract, gathered
+    RNN_FAMILY,
     RNN_GRAD,
     RNN_OPS,
     RNN_TRAINING,
@@ -81,8 +93,33 @@ from ortlstm.ops.wiring import (  # noqa: F401 - the contract, gathered
     gradient_wiring,
 )
 
-ALL_OPS: tuple[OpSpec, ...] = (*OPS, *GRU_OPS, *RNN_OPS, *OPTIMIZER_OPS, *CTC_OPS, *GRADIENT_OPS)
-"""Every op of the domain, in documentation order: what codegen, onnx_defs and the graph code iterate."""
+FAMILIES: tuple[Family, ...] = (
+    LSTM_FAMILY,
+    GRU_FAMILY,
+    RNN_FAMILY,
+    OPTIMIZER_FAMILY,
+    CTC_FAMILY,
+    GRADIENT_FAMILY,
+)
+"""Every op family, in documentation order: what codegen and onnx_defs iterate (a new family is one entry)."""
+
+ALL_OPS: tuple[OpSpec, ...] = tuple(op for family in FAMILIES for op in family.ops)
+"""Every op of the domain, in documentation order: what the graph code iterates."""
+
+SHARED_ATTRIBUTES: tuple[AttrSpec, ...] = LSTM_TRAINING.attributes
+"""The attributes of the header's shared ``attr::`` namespace (a family names them in ``shared_attributes``)."""
+
+
+def family_of(op: OpSpec) -> Family:
+    """Returns the family that declares ``op``.
+
+    Raises:
+        KeyError: If no family declares it.
+    """
+    for family in FAMILIES:
+        if op in family.ops:
+            return family
+    raise KeyError(f"op {op.name!r} is in no family of {[family.name for family in FAMILIES]}")
 
 
 def op_by_name(name: str) -> OpSpec:

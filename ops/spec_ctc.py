@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ortlstm.ops.contract import DOMAIN, OPSET_VERSION, AttrSpec, AttrType, OpSpec, PortSpec, TypeConstraintSpec
+from ortlstm.ops.family import AxisOf, Family, InputFlag, OutputShape
 
 # ---- CTC ops ------------------------------------------------------------------------------------
 # torch.nn.functional.ctc_loss's native pair (_ctc_loss, _ctc_loss_backward) as ops of the domain.
@@ -192,3 +193,26 @@ CTC_OPS: tuple[OpSpec, ...] = (CTC_LOSS, CTC_LOSS_GRAD)
 """The CTC loss and its gradient: ops with their own dims and attributes, like the optimizer ops."""
 
 
+
+_LOG_PROBS_RANK = 3  # [T, N, C]: the shapes below are known only at that rank
+CTC_FAMILY = Family(
+    name="CTC",
+    ops=CTC_OPS,
+    doc_label="the CTC loss",
+    input_flags=(InputFlag("IsInteger", ("tensor(int32)", "tensor(int64)")),),
+    output_shapes={
+        CTC_LOSS.name: (
+            OutputShape("loss", "log_probs", (AxisOf("log_probs", 1),), rank=_LOG_PROBS_RANK),
+            # [N, T, 2*S+1]; S is padded targets' [N, S] second axis (for concatenated targets it is a
+            # value, max(target_lengths), so that axis stays unknown).
+            OutputShape(
+                "log_alpha",
+                "log_probs",
+                (AxisOf("log_probs", 1), AxisOf("log_probs", 0), AxisOf("targets", 1, rank=2, factor=2, offset=1)),
+                rank=_LOG_PROBS_RANK,
+            ),
+        ),
+        CTC_LOSS_GRAD.name: (OutputShape("grad_log_probs", "log_probs", rank=_LOG_PROBS_RANK),),
+    },
+)
+"""The CTC ops: their attributes are their own; the integer inputs take int32 or int64."""

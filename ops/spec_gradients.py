@@ -6,6 +6,7 @@ Part of the op contract (``ops/schema.py``).
 from __future__ import annotations
 
 from ortlstm.ops.contract import DOMAIN, OPSET_VERSION, AttrSpec, AttrType, OpSpec, PortSpec, TypeConstraintSpec
+from ortlstm.ops.family import AxisOf, Family, OutputShape
 from ortlstm.ops.spec_lstm import MATMUL_PRECISION
 
 # ---- Gradients of standard ops ------------------------------------------------------------------
@@ -154,3 +155,18 @@ TANH_GRAD = _activation_grad("TanhGrad", "Tanh", "dX = dY * (1 - Y * Y)")
 
 GRADIENT_OPS: tuple[OpSpec, ...] = (CONV_GRAD, SIGMOID_GRAD, TANH_GRAD)
 """Gradients of standard ops (Conv, Sigmoid, Tanh): ops with their own dims and attributes, like the CTC ops."""
+
+GRADIENT_FAMILY = Family(
+    name="gradients",
+    ops=GRADIENT_OPS,
+    doc_label="gradients of standard ops",
+    output_shapes={
+        CONV_GRAD.name: (
+            OutputShape("dX", "X"),
+            OutputShape("dW", "W"),
+            OutputShape("dB", "W", (AxisOf("W", 0),)),  # [M], the maps: W's first axis
+        ),
+        **{op.name: (OutputShape("dX", "dY"),) for op in (SIGMOID_GRAD, TANH_GRAD)},
+    },
+)
+"""The gradients of standard ops: their attributes are their own; each output is shaped like an input."""

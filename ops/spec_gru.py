@@ -22,9 +22,11 @@ from ortlstm.ops.contract import (
     OpSpec,
     PortSpec,
 )
+from ortlstm.ops.family import Family
 from ortlstm.ops.spec_lstm import (
     FLOAT_TYPES,
     LSTM_ATTRIBUTES,
+    LSTM_FAMILY,
     LSTM_GRAD,
     LSTM_TRAINING,
     SEQUENCE_LENS_TYPE,
@@ -226,3 +228,12 @@ in one GEMM over all steps rather than stashed.""",
 )
 
 GRU_OPS: tuple[OpSpec, ...] = (GRU_TRAINING, GRU_GRAD)
+
+GRU_FAMILY = Family(
+    name="GRU",
+    ops=GRU_OPS,
+    doc_label="the GRU",
+    shared_attributes=LSTM_FAMILY.shared_attributes,
+    attribute_accepts=True,
+)
+"""The GRU ops: the attributes they share with the LSTM ops are ``attr::``'s; their own are named per op."""

@@ -22,6 +22,7 @@ from ortlstm.ops.contract import (
     PortSpec,
     TypeConstraintSpec,
 )
+from ortlstm.ops.family import Family
 
 FLOAT_TYPES = TypeConstraintSpec(
     type_str="T",
@@ -408,3 +409,12 @@ peephole LSTM would be wrong.""",
 OPS: tuple[OpSpec, ...] = (LSTM_TRAINING, LSTM_GRAD)
 
 
+
+LSTM_FAMILY = Family(
+    name="LSTM",
+    ops=OPS,
+    doc_label="Ops",
+    shared_attributes=tuple(attr.name for attr in LSTM_ATTRIBUTES),
+    attribute_accepts=True,
+)
+"""The LSTM ops: their attributes are the header's shared ``attr::``; output shapes from the spec's dims."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ortlstm.ops.contract import DOMAIN, OPSET_VERSION, AttrSpec, AttrType, OpSpec, PortSpec, TypeConstraintSpec
+from ortlstm.ops.family import Family, InputFlag, OutputShape
 
 # ---- optimizer ops ------------------------------------------------------------------------------
 # Not LSTM ops: their ports have no LSTM dims (shape_doc says what they are) and they take none of
@@ -174,3 +175,15 @@ OPTIMIZER_OPS: tuple[OpSpec, ...] = (ADAM_UPDATE, SGD_UPDATE)
 """Ops of the domain that are not LSTMs: the train step's optimizer updates."""
 
 
+
+OPTIMIZER_FAMILY = Family(
+    name="optimizer",
+    ops=OPTIMIZER_OPS,
+    doc_label="for the train step's optimizer",
+    input_flags=(InputFlag("IsDouble", ("tensor(double)",)),),
+    output_shapes={
+        op.name: tuple(OutputShape(port.name, "param") for port in op.outputs if port.shape_doc == SHAPE_AS_PARAM)
+        for op in OPTIMIZER_OPS
+    },
+)
+"""The optimizer ops: their attributes are their own; every tensor output is param's type and shape."""

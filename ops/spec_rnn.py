@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ortlstm.ops.contract import ACTIVATIONS, DOMAIN, OPSET_VERSION, OpSpec, PortSpec
-from ortlstm.ops.spec_gru import GRU_GRAD, GRU_TRAINING, recurrent_attributes
+from ortlstm.ops.spec_gru import GRU_FAMILY, GRU_GRAD, GRU_TRAINING, recurrent_attributes
 from ortlstm.ops.spec_lstm import FLOAT_TYPES, SEQUENCE_LENS_TYPE
 
 RNN_GATES = 1
@@ -119,3 +119,6 @@ dWb = dRb = sum da.""",
 )
 
 RNN_OPS: tuple[OpSpec, ...] = (RNN_TRAINING, RNN_GRAD)
+
+RNN_FAMILY = dataclasses.replace(GRU_FAMILY, name="RNN", ops=RNN_OPS, doc_label="the RNN")
+"""The RNN ops: rendered as the GRU's (shared ``attr::``, their own attributes per op)."""

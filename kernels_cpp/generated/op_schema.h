@@ -12,6 +12,25 @@ namespace ortlstm::schema {
 inline constexpr char kDomain[] = "ortlstm";
 inline constexpr int kOpsetVersion = 1;
 
+// An int attribute's name and the default a kernel falls back to (an op's kIntAttributes).
+struct IntAttribute {
+  const char* name;
+  std::int64_t fallback;
+};
+
+// Axis `axis` of an input's shape, times `factor` plus `offset` (an op's OutputShape); -1 where the
+// shape has no such axis or a rank other than `rank` (-1: any rank).
+template <typename Shape>
+inline constexpr std::int64_t AxisOf(const Shape& shape, std::size_t axis, std::int64_t rank,
+                                     std::int64_t factor, std::int64_t offset) {
+  const auto size = static_cast<std::int64_t>(shape.size());
+  if ((rank >= 0 && size != rank) || axis >= shape.size()) return -1;
+  return factor * static_cast<std::int64_t>(shape[axis]) + offset;
+}
+
+// The spec's dim names (docs/ops.md#dims), for the OutputShape of an op whose shapes are written in them.
+enum class Dim : int { kSeqLength, kBatchSize, kInputSize, kHiddenSize, kNumDirections };
+
 // LSTMTraining: docs/ops.md#lstmtraining
 namespace lstm_training {
 inline constexpr char kName[] = "LSTMTraining";
@@ -27,6 +46,44 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"HAll", "Ht", "Ct", "CAll", "IOFC"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true};
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kCt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kCAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kIOFC:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 4)};
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = lstm_training::In;
+  using Out = lstm_training::Out;
+  static constexpr const char* kName = lstm_training::kName;
+  static constexpr int kNumInputs = lstm_training::kNumInputs;
+  static constexpr int kNumOutputs = lstm_training::kNumOutputs;
+  static constexpr const auto& kInputNames = lstm_training::kInputNames;
+  static constexpr const auto& kOutputNames = lstm_training::kOutputNames;
+  static constexpr const auto& kInputOptional = lstm_training::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = lstm_training::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = lstm_training::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return lstm_training::Index(port); }
+  static constexpr std::size_t Index(Out port) { return lstm_training::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return lstm_training::OutputShape<Shape>(port, layout, dim_of);
+  }
+};
 }  // namespace lstm_training
 
 // LSTMGrad: docs/ops.md#lstmgrad
@@ -44,6 +101,48 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, true, false, false, false, false, false, false, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB", "dH0", "dC0", "dP"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true, true, true};
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 4), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 8)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDC0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDP:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3)};
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = lstm_grad::In;
+  using Out = lstm_grad::Out;
+  static constexpr const char* kName = lstm_grad::kName;
+  static constexpr int kNumInputs = lstm_grad::kNumInputs;
+  static constexpr int kNumOutputs = lstm_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = lstm_grad::kInputNames;
+  static constexpr const auto& kOutputNames = lstm_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = lstm_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = lstm_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = lstm_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return lstm_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return lstm_grad::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return lstm_grad::OutputShape<Shape>(port, layout, dim_of);
+  }
+};
 }  // namespace lstm_grad
 
 // GRUTraining: docs/ops.md#grutraining
@@ -64,6 +163,46 @@ inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true};
 inline constexpr char kAttrLinearBeforeReset[] = "linear_before_reset";
 inline constexpr std::int64_t kAttrLinearBeforeResetDefault = 0;
 inline constexpr char kAttrLinearBeforeResetAccepts[] = "0 or 1";
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kZRH:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 3)};
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrLinearBeforeReset, kAttrLinearBeforeResetDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = gru_training::In;
+  using Out = gru_training::Out;
+  static constexpr const char* kName = gru_training::kName;
+  static constexpr int kNumInputs = gru_training::kNumInputs;
+  static constexpr int kNumOutputs = gru_training::kNumOutputs;
+  static constexpr const auto& kInputNames = gru_training::kInputNames;
+  static constexpr const auto& kOutputNames = gru_training::kOutputNames;
+  static constexpr const auto& kInputOptional = gru_training::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = gru_training::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = gru_training::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return gru_training::Index(port); }
+  static constexpr std::size_t Index(Out port) { return gru_training::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return gru_training::OutputShape<Shape>(port, layout, dim_of);
+  }
+  static constexpr const IntAttribute* kIntAttributes = gru_training::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
 }  // namespace gru_training
 
 // GRUGrad: docs/ops.md#grugrad
@@ -84,6 +223,50 @@ inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, tr
 inline constexpr char kAttrLinearBeforeReset[] = "linear_before_reset";
 inline constexpr std::int64_t kAttrLinearBeforeResetDefault = 0;
 inline constexpr char kAttrLinearBeforeResetAccepts[] = "0 or 1";
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 3), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 6)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrLinearBeforeReset, kAttrLinearBeforeResetDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = gru_grad::In;
+  using Out = gru_grad::Out;
+  static constexpr const char* kName = gru_grad::kName;
+  static constexpr int kNumInputs = gru_grad::kNumInputs;
+  static constexpr int kNumOutputs = gru_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = gru_grad::kInputNames;
+  static constexpr const auto& kOutputNames = gru_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = gru_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = gru_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = gru_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return gru_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return gru_grad::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return gru_grad::OutputShape<Shape>(port, layout, dim_of);
+  }
+  static constexpr const IntAttribute* kIntAttributes = gru_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
 }  // namespace gru_grad
 
 // RNNTraining: docs/ops.md#rnntraining
@@ -101,6 +284,38 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"HAll", "Ht"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true};
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kHAll:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kHt:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = rnn_training::In;
+  using Out = rnn_training::Out;
+  static constexpr const char* kName = rnn_training::kName;
+  static constexpr int kNumInputs = rnn_training::kNumInputs;
+  static constexpr int kNumOutputs = rnn_training::kNumOutputs;
+  static constexpr const auto& kInputNames = rnn_training::kInputNames;
+  static constexpr const auto& kOutputNames = rnn_training::kOutputNames;
+  static constexpr const auto& kInputOptional = rnn_training::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = rnn_training::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = rnn_training::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return rnn_training::Index(port); }
+  static constexpr std::size_t Index(Out port) { return rnn_training::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return rnn_training::OutputShape<Shape>(port, layout, dim_of);
+  }
+};
 }  // namespace rnn_training
 
 // RNNGrad: docs/ops.md#rnngrad
@@ -118,6 +333,44 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false, false, true, t
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false, false, false, true, false, false, false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX", "dW", "dR", "dB", "dH0"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {true, true, true, true, true};
+// Shape of an output in `layout` (0 or 1) over the spec's dims: dim_of(Dim, factor) returns factor times
+// that dim (Shape: a vector-like of what dim_of returns).
+template <typename Shape, typename DimOf>
+inline Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+  switch (port) {
+    case Out::kDX:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kSeqLength, 1), dim_of(Dim::kInputSize, 1)} : Shape{dim_of(Dim::kSeqLength, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDW:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1), dim_of(Dim::kInputSize, 1)};
+    case Out::kDR:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    case Out::kDB:
+      return Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 2)};
+    case Out::kDH0:
+      return layout == 1 ? Shape{dim_of(Dim::kBatchSize, 1), dim_of(Dim::kNumDirections, 1), dim_of(Dim::kHiddenSize, 1)} : Shape{dim_of(Dim::kNumDirections, 1), dim_of(Dim::kBatchSize, 1), dim_of(Dim::kHiddenSize, 1)};
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = rnn_grad::In;
+  using Out = rnn_grad::Out;
+  static constexpr const char* kName = rnn_grad::kName;
+  static constexpr int kNumInputs = rnn_grad::kNumInputs;
+  static constexpr int kNumOutputs = rnn_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = rnn_grad::kInputNames;
+  static constexpr const auto& kOutputNames = rnn_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = rnn_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = rnn_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = rnn_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return rnn_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return rnn_grad::Index(port); }
+  template <typename Shape, typename DimOf>
+  static Shape OutputShape(Out port, std::int64_t layout, const DimOf& dim_of) {
+    return rnn_grad::OutputShape<Shape>(port, layout, dim_of);
+  }
+};
 }  // namespace rnn_grad
 
 // AdamUpdate: docs/ops.md#adamupdate
@@ -140,6 +393,43 @@ inline constexpr char kAttrMaximize[] = "maximize";
 inline constexpr std::int64_t kAttrDecoupledWeightDecayDefault = 0;
 inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, false, false, true, true, true, true, true, true, false};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kParamOut: return shape_of(In::kParam);
+    case Out::kExpAvgOut: return shape_of(In::kParam);
+    case Out::kExpAvgSqOut: return shape_of(In::kParam);
+    case Out::kMaxExpAvgSqOut: return shape_of(In::kParam);
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrDecoupledWeightDecay, kAttrDecoupledWeightDecayDefault},
+    {kAttrMaximize, kAttrMaximizeDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = adam_update::In;
+  using Out = adam_update::Out;
+  static constexpr const char* kName = adam_update::kName;
+  static constexpr int kNumInputs = adam_update::kNumInputs;
+  static constexpr int kNumOutputs = adam_update::kNumOutputs;
+  static constexpr const auto& kInputNames = adam_update::kInputNames;
+  static constexpr const auto& kOutputNames = adam_update::kOutputNames;
+  static constexpr const auto& kInputOptional = adam_update::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = adam_update::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = adam_update::kOutputOptional;
+  static constexpr const auto& kInputIsDouble = adam_update::kInputIsDouble;
+  static constexpr std::size_t Index(In port) { return adam_update::Index(port); }
+  static constexpr std::size_t Index(Out port) { return adam_update::Index(port); }
+  static constexpr const IntAttribute* kIntAttributes = adam_update::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
 }  // namespace adam_update
 
 // SGDUpdate: docs/ops.md#sgdupdate
@@ -162,6 +452,41 @@ inline constexpr char kAttrMaximize[] = "maximize";
 inline constexpr std::int64_t kAttrNesterovDefault = 0;
 inline constexpr std::int64_t kAttrMaximizeDefault = 0;
 inline constexpr bool kInputIsDouble[kNumInputs] = {false, false, true, false, true, true, true, true};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kParamOut: return shape_of(In::kParam);
+    case Out::kMomentumBufferOut: return shape_of(In::kParam);
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrNesterov, kAttrNesterovDefault},
+    {kAttrMaximize, kAttrMaximizeDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = sgd_update::In;
+  using Out = sgd_update::Out;
+  static constexpr const char* kName = sgd_update::kName;
+  static constexpr int kNumInputs = sgd_update::kNumInputs;
+  static constexpr int kNumOutputs = sgd_update::kNumOutputs;
+  static constexpr const auto& kInputNames = sgd_update::kInputNames;
+  static constexpr const auto& kOutputNames = sgd_update::kOutputNames;
+  static constexpr const auto& kInputOptional = sgd_update::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = sgd_update::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = sgd_update::kOutputOptional;
+  static constexpr const auto& kInputIsDouble = sgd_update::kInputIsDouble;
+  static constexpr std::size_t Index(In port) { return sgd_update::Index(port); }
+  static constexpr std::size_t Index(Out port) { return sgd_update::Index(port); }
+  static constexpr const IntAttribute* kIntAttributes = sgd_update::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
 }  // namespace sgd_update
 
 // CTCLoss: docs/ops.md#ctcloss
@@ -184,6 +509,41 @@ inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
 inline constexpr std::int64_t kAttrBlankDefault = 0;
 inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
 inline constexpr bool kInputIsInteger[kNumInputs] = {false, true, true, true};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kLoss: return Shape{AxisOf(shape_of(In::kLogProbs), 1, -1, 1, 0)};
+    case Out::kLogAlpha: return Shape{AxisOf(shape_of(In::kLogProbs), 1, -1, 1, 0), AxisOf(shape_of(In::kLogProbs), 0, -1, 1, 0), AxisOf(shape_of(In::kTargets), 1, 2, 2, 1)};
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrBlank, kAttrBlankDefault},
+    {kAttrZeroInfinity, kAttrZeroInfinityDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = ctc_loss::In;
+  using Out = ctc_loss::Out;
+  static constexpr const char* kName = ctc_loss::kName;
+  static constexpr int kNumInputs = ctc_loss::kNumInputs;
+  static constexpr int kNumOutputs = ctc_loss::kNumOutputs;
+  static constexpr const auto& kInputNames = ctc_loss::kInputNames;
+  static constexpr const auto& kOutputNames = ctc_loss::kOutputNames;
+  static constexpr const auto& kInputOptional = ctc_loss::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = ctc_loss::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = ctc_loss::kOutputOptional;
+  static constexpr const auto& kInputIsInteger = ctc_loss::kInputIsInteger;
+  static constexpr std::size_t Index(In port) { return ctc_loss::Index(port); }
+  static constexpr std::size_t Index(Out port) { return ctc_loss::Index(port); }
+  static constexpr const IntAttribute* kIntAttributes = ctc_loss::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
 }  // namespace ctc_loss
 
 // CTCLossGrad: docs/ops.md#ctclossgrad
@@ -206,6 +566,40 @@ inline constexpr char kAttrZeroInfinity[] = "zero_infinity";
 inline constexpr std::int64_t kAttrBlankDefault = 0;
 inline constexpr std::int64_t kAttrZeroInfinityDefault = 0;
 inline constexpr bool kInputIsInteger[kNumInputs] = {false, false, true, true, true, false, false};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kGradLogProbs: return shape_of(In::kLogProbs);
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrBlank, kAttrBlankDefault},
+    {kAttrZeroInfinity, kAttrZeroInfinityDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = ctc_loss_grad::In;
+  using Out = ctc_loss_grad::Out;
+  static constexpr const char* kName = ctc_loss_grad::kName;
+  static constexpr int kNumInputs = ctc_loss_grad::kNumInputs;
+  static constexpr int kNumOutputs = ctc_loss_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = ctc_loss_grad::kInputNames;
+  static constexpr const auto& kOutputNames = ctc_loss_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = ctc_loss_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = ctc_loss_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = ctc_loss_grad::kOutputOptional;
+  static constexpr const auto& kInputIsInteger = ctc_loss_grad::kInputIsInteger;
+  static constexpr std::size_t Index(In port) { return ctc_loss_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return ctc_loss_grad::Index(port); }
+  static constexpr const IntAttribute* kIntAttributes = ctc_loss_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 2;
+};
 }  // namespace ctc_loss_grad
 
 // ConvGrad: docs/ops.md#convgrad
@@ -233,6 +627,40 @@ inline constexpr char kAttrMatmulPrecision[] = "matmul_precision";
 inline constexpr char kAttrAutoPadDefault[] = "NOTSET";
 inline constexpr std::int64_t kAttrGroupDefault = 1;
 inline constexpr char kAttrMatmulPrecisionDefault[] = "float32";
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kX);
+    case Out::kDW: return shape_of(In::kW);
+    case Out::kDB: return Shape{AxisOf(shape_of(In::kW), 0, -1, 1, 0)};
+    default: return Shape{};
+  }
+}
+// The op's own int attributes with their defaults, in the spec's order.
+inline constexpr IntAttribute kIntAttributes[] = {
+    {kAttrGroup, kAttrGroupDefault},
+};
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = conv_grad::In;
+  using Out = conv_grad::Out;
+  static constexpr const char* kName = conv_grad::kName;
+  static constexpr int kNumInputs = conv_grad::kNumInputs;
+  static constexpr int kNumOutputs = conv_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = conv_grad::kInputNames;
+  static constexpr const auto& kOutputNames = conv_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = conv_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = conv_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = conv_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return conv_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return conv_grad::Index(port); }
+  static constexpr const IntAttribute* kIntAttributes = conv_grad::kIntAttributes;
+  static constexpr std::size_t kNumIntAttributes = 1;
+};
 }  // namespace conv_grad
 
 // SigmoidGrad: docs/ops.md#sigmoidgrad
@@ -250,6 +678,32 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false};
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kDY);
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = sigmoid_grad::In;
+  using Out = sigmoid_grad::Out;
+  static constexpr const char* kName = sigmoid_grad::kName;
+  static constexpr int kNumInputs = sigmoid_grad::kNumInputs;
+  static constexpr int kNumOutputs = sigmoid_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = sigmoid_grad::kInputNames;
+  static constexpr const auto& kOutputNames = sigmoid_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = sigmoid_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = sigmoid_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = sigmoid_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return sigmoid_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return sigmoid_grad::Index(port); }
+};
 }  // namespace sigmoid_grad
 
 // TanhGrad: docs/ops.md#tanhgrad
@@ -267,6 +721,32 @@ inline constexpr bool kInputOptional[kNumInputs] = {false, false};
 inline constexpr bool kInputIsInt32[kNumInputs] = {false, false};
 inline constexpr const char* kOutputNames[kNumOutputs] = {"dX"};
 inline constexpr bool kOutputOptional[kNumOutputs] = {false};
+// Shape of an output from the input shapes (ops/ family rules); shape_of(In) returns an input's shape
+// by value. An axis a rule cannot read is -1; an output without a rule is [].
+template <typename ShapeOf>
+inline auto OutputShape(Out port, const ShapeOf& shape_of) -> decltype(shape_of(In::kCount)) {
+  using Shape = decltype(shape_of(In::kCount));
+  switch (port) {
+    case Out::kDX: return shape_of(In::kDY);
+    default: return Shape{};
+  }
+}
+// The op's schema as one type (a namespace cannot be a template argument): what ort/schema_op.h's
+// SchemaOp and ort/recurrent_kernel.h read; a kernel's traits or Spec derive from it.
+struct Traits {
+  using In = tanh_grad::In;
+  using Out = tanh_grad::Out;
+  static constexpr const char* kName = tanh_grad::kName;
+  static constexpr int kNumInputs = tanh_grad::kNumInputs;
+  static constexpr int kNumOutputs = tanh_grad::kNumOutputs;
+  static constexpr const auto& kInputNames = tanh_grad::kInputNames;
+  static constexpr const auto& kOutputNames = tanh_grad::kOutputNames;
+  static constexpr const auto& kInputOptional = tanh_grad::kInputOptional;
+  static constexpr const auto& kInputIsInt32 = tanh_grad::kInputIsInt32;
+  static constexpr const auto& kOutputOptional = tanh_grad::kOutputOptional;
+  static constexpr std::size_t Index(In port) { return tanh_grad::Index(port); }
+  static constexpr std::size_t Index(Out port) { return tanh_grad::Index(port); }
+};
 }  // namespace tanh_grad
 
 // Attribute names shared by both ops, their types, the values the kernels accept (completing
@@ -316,6 +796,18 @@ struct Spec {
 };
 // Every attribute, in the spec's order.
 inline constexpr Spec kAll[] = {{kHiddenSize, kHiddenSizeType}, {kDirection, kDirectionType}, {kActivations, kActivationsType}, {kActivationAlpha, kActivationAlphaType}, {kActivationBeta, kActivationBetaType}, {kActivationsCsv, kActivationsCsvType}, {kClip, kClipType}, {kInputForget, kInputForgetType}, {kLayout, kLayoutType}, {kMatmulPrecision, kMatmulPrecisionType}};
+// num_directions of each accepted direction value (the spec's num_directions); 0 for any other.
+inline constexpr const char* kDirections[] = {"forward", "reverse", "bidirectional"};
+inline constexpr std::int64_t kDirectionNumDirections[] = {1, 1, 2};
+inline constexpr bool SameText(const char* a, const char* b) {
+  return *a == *b && (*a == '\0' || SameText(a + 1, b + 1));
+}
+inline constexpr std::int64_t NumDirections(const char* direction) {
+  for (std::size_t i = 0; i < sizeof(kDirections) / sizeof(kDirections[0]); ++i) {
+    if (SameText(kDirections[i], direction)) return kDirectionNumDirections[i];
+  }
+  return 0;
+}
 }  // namespace attr
 
 // Size limits the kernels enforce: docs/ops.md, section Refused.

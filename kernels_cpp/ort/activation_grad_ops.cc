@@ -23,15 +23,10 @@ static_assert(schema::sigmoid_grad::kNumOutputs == schema::tanh_grad::kNumOutput
 static_assert(schema::sigmoid_grad::Index(In::kDY) == schema::tanh_grad::Index(schema::tanh_grad::In::kDY));
 static_assert(schema::sigmoid_grad::Index(In::kY) == schema::tanh_grad::Index(schema::tanh_grad::In::kY));
 
-template <pointwise::Activation kActivation>
-struct ActivationGradTraits {
+// The op's generated traits (name and ports) and its activation.
+template <pointwise::Activation kActivation, typename OpTraits>
+struct ActivationGradTraits : OpTraits {
   static constexpr pointwise::Activation kWhich = kActivation;
-  static constexpr const char* kName =
-      kActivation == pointwise::Activation::kSigmoid ? schema::sigmoid_grad::kName : schema::tanh_grad::kName;
-  static constexpr int kNumInputs = schema::sigmoid_grad::kNumInputs;
-  static constexpr int kNumOutputs = schema::sigmoid_grad::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::sigmoid_grad::kInputOptional;
-  static constexpr const bool* kOutputOptional = schema::sigmoid_grad::kOutputOptional;
 };
 
 template <typename Traits, typename T>
@@ -54,7 +49,9 @@ class ActivationGradKernel {
       if (error.empty() && !count) error = "Y: shape " + FormatShape(y.shape) + " overflows";
       if (!error.empty()) return Fail(Traits::kName, node_, error);
       void* grad_x = nullptr;
-      error = AllocateOutput(context, spec::Index(Out::kDX), y.shape, &grad_x);
+      error = AllocateOutput(context, spec::Index(Out::kDX),
+                             spec::OutputShape(Out::kDX, [&](In port) { return inputs[spec::Index(port)].shape; }),
+                             &grad_x);
       if (!error.empty()) return Fail(Traits::kName, node_, error);
       pointwise::ActivationGrad<T>(Traits::kWhich, *count, grad_y.template Data<T>(), y.template Data<T>(),
                                    static_cast<T*>(grad_x), OrtExecutor(context));
@@ -77,8 +74,8 @@ struct ActivationGradOp : SchemaOp<ActivationGradOp<Traits, T>, ActivationGradKe
   ONNXTensorElementDataType GetInputType(size_t) const { return kElementType<T>; }
 };
 
-using SigmoidGradTraits = ActivationGradTraits<pointwise::Activation::kSigmoid>;
-using TanhGradTraits = ActivationGradTraits<pointwise::Activation::kTanh>;
+using SigmoidGradTraits = ActivationGradTraits<pointwise::Activation::kSigmoid, schema::sigmoid_grad::Traits>;
+using TanhGradTraits = ActivationGradTraits<pointwise::Activation::kTanh, schema::tanh_grad::Traits>;
 
 // Static storage: ORT keeps pointers to the op definitions for the life of every session.
 ActivationGradOp<SigmoidGradTraits, float> g_sigmoid_grad_float;

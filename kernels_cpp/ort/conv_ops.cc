@@ -37,9 +37,14 @@ class ConvGradKernel {
       void* grad_x = nullptr;
       void* grad_w = nullptr;
       void* grad_b = nullptr;
-      error = AllocateOutput(context, spec::Index(Out::kDX), arg(In::kX).shape, &grad_x);
-      if (error.empty()) error = AllocateOutput(context, spec::Index(Out::kDW), arg(In::kW).shape, &grad_w);
-      if (error.empty()) error = AllocateOutput(context, spec::Index(Out::kDB), {dims.maps}, &grad_b);
+      auto shape_of = [&](In port) { return arg(port).shape; };
+      error = AllocateOutput(context, spec::Index(Out::kDX), spec::OutputShape(Out::kDX, shape_of), &grad_x);
+      if (error.empty()) {
+        error = AllocateOutput(context, spec::Index(Out::kDW), spec::OutputShape(Out::kDW, shape_of), &grad_w);
+      }
+      if (error.empty()) {
+        error = AllocateOutput(context, spec::Index(Out::kDB), spec::OutputShape(Out::kDB, shape_of), &grad_b);
+      }
       if (!error.empty()) return Fail(spec::kName, node_, error);
       OrtScratchAllocator allocator(context);
       conv::ConvGrad<T>(dims, arg(In::kDY).template Data<T>(), arg(In::kX).template Data<T>(),
@@ -57,13 +62,7 @@ class ConvGradKernel {
 };
 
 // What SchemaOp reads of the generated schema.
-struct ConvGradTraits {
-  static constexpr const char* kName = spec::kName;
-  static constexpr int kNumInputs = spec::kNumInputs;
-  static constexpr int kNumOutputs = spec::kNumOutputs;
-  static constexpr const bool* kInputOptional = spec::kInputOptional;
-  static constexpr const bool* kOutputOptional = spec::kOutputOptional;
-};
+using ConvGradTraits = spec::Traits;
 
 template <typename T>
 struct ConvGradOp : SchemaOp<ConvGradOp<T>, ConvGradKernel<T>, ConvGradTraits, T> {

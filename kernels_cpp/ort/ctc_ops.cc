@@ -74,7 +74,9 @@ class CtcLossKernel {
 
       void* loss = nullptr;
       void* log_alpha = nullptr;
-      error = AllocateOutput(context, spec::Index(Out::kLoss), {dims.batch_size}, &loss);
+      error = AllocateOutput(context, spec::Index(Out::kLoss),
+                             spec::OutputShape(Out::kLoss, [&](In port) { return arg(port).shape; }), &loss);
+      // 2*S+1 states: S is a value for concatenated targets, which no shape rule reads.
       if (error.empty()) {
         error = AllocateOutput(context, spec::Index(Out::kLogAlpha), {dims.batch_size, dims.max_time, dims.NumStates()},
                                &log_alpha);
@@ -122,7 +124,9 @@ class CtcLossGradKernel {
       if (!error.empty()) return Fail(spec::kName, node_, error);
 
       void* grad_log_probs = nullptr;
-      error = AllocateOutput(context, spec::Index(Out::kGradLogProbs), arg(In::kLogProbs).shape, &grad_log_probs);
+      error = AllocateOutput(context, spec::Index(Out::kGradLogProbs),
+                             spec::OutputShape(Out::kGradLogProbs, [&](In port) { return arg(port).shape; }),
+                             &grad_log_probs);
       if (!error.empty()) return Fail(spec::kName, node_, error);
       ctc::CtcBackward<T>(dims, indices.view, arg(In::kGradLoss).template Data<T>(),
                           arg(In::kLogProbs).template Data<T>(), arg(In::kLoss).template Data<T>(),
@@ -138,27 +142,15 @@ class CtcLossGradKernel {
   std::string node_;
 };
 
-// What CtcOp reads of an op's generated schema.
-struct CtcLossTraits {
+// What CtcOp reads: the op's generated traits (name, ports, kInputIsInteger) and its kernel.
+struct CtcLossTraits : schema::ctc_loss::Traits {
   template <typename T>
   using Kernel = CtcLossKernel<T>;
-  static constexpr const char* kName = schema::ctc_loss::kName;
-  static constexpr int kNumInputs = schema::ctc_loss::kNumInputs;
-  static constexpr int kNumOutputs = schema::ctc_loss::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::ctc_loss::kInputOptional;
-  static constexpr const bool* kInputIsInteger = schema::ctc_loss::kInputIsInteger;
-  static constexpr const bool* kOutputOptional = schema::ctc_loss::kOutputOptional;
 };
 
-struct CtcLossGradTraits {
+struct CtcLossGradTraits : schema::ctc_loss_grad::Traits {
   template <typename T>
   using Kernel = CtcLossGradKernel<T>;
-  static constexpr const char* kName = schema::ctc_loss_grad::kName;
-  static constexpr int kNumInputs = schema::ctc_loss_grad::kNumInputs;
-  static constexpr int kNumOutputs = schema::ctc_loss_grad::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::ctc_loss_grad::kInputOptional;
-  static constexpr const bool* kInputIsInteger = schema::ctc_loss_grad::kInputIsInteger;
-  static constexpr const bool* kOutputOptional = schema::ctc_loss_grad::kOutputOptional;
 };
 
 template <typename Traits, typename T>

@@ -40,8 +40,7 @@ std::string ReadGruConfig(const OrtKernelInfo* info, bool gradient, GruConfig* c
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::gru_training)
+struct TrainingSpec : schema::gru_training::Traits {
   using Config = GruConfig;
   // No static shape inference in ORT (see the top of this file).
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
@@ -50,10 +49,6 @@ struct TrainingSpec {
   }
   static std::string Validate(const Config& config, const GruTrainingInputs& inputs, LstmDims* dims) {
     return ValidateGruTrainingInputs(config.cell, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // HAll, Ht, ZRH
-    return {SequenceShape(dims, dims.hidden_size), StateShape(dims), SequenceShape(dims, dims.GateWidth())};
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<TrainingSpec>& ports,
@@ -65,8 +60,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::gru_grad)
+struct GradSpec : schema::gru_grad::Traits {
   using Config = GruConfig;
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
@@ -74,9 +68,6 @@ struct GradSpec {
   }
   static std::string Validate(const Config& config, const GruGradInputs& inputs, LstmDims* dims) {
     return ValidateGruGradInputs(config.cell, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    return HiddenStateGradShapes(dims);
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,

@@ -114,7 +114,7 @@ InferDim Known(int64_t value) { return InferDim{value, ""}; }
 
 struct InferredDims {
   ONNXTensorElementDataType type;
-  InferDim seq_length, batch_size, hidden_size, num_directions;
+  InferDim seq_length, batch_size, input_size, hidden_size, num_directions;
   int64_t layout;
 };
 
@@ -125,10 +125,12 @@ bool InferDims(OrtShapeInferContext* ctx, InferredDims* dims) {
   dims->layout = InferAttrInt(ctx, schema::attr::kLayout).value_or(0);
   dims->seq_length = dims->layout == 1 ? x_shape[1] : x_shape[0];
   dims->batch_size = dims->layout == 1 ? x_shape[0] : x_shape[1];
+  dims->input_size = x_shape[2];
   const auto hidden = InferAttrInt(ctx, schema::attr::kHiddenSize);
   dims->hidden_size = Known(hidden && *hidden > 0 ? *hidden : -1);
   const auto direction = InferAttrString(ctx, schema::attr::kDirection);
-  dims->num_directions = Known(direction && *direction == "bidirectional" ? 2 : 1);
+  const int64_t num_directions = schema::attr::NumDirections(direction ? direction->c_str() : "");
+  dims->num_directions = Known(num_directions > 0 ? num_directions : 1);
   return true;
 }
 
@@ -140,30 +142,36 @@ InferDim Times(int64_t factor, const InferDim& dim) {
   return Known(product);
 }
 
-InferShape SequenceShapeOf(const InferredDims& d, const InferDim& width) {
-  if (d.layout == 1) return {d.batch_size, d.seq_length, d.num_directions, width};
-  return {d.seq_length, d.num_directions, d.batch_size, width};
+// factor times one of the spec's dims; a symbolic dim stays a symbol only with factor 1.
+InferDim InferDimOf(const InferredDims& d, schema::Dim dim, int64_t factor) {
+  InferDim value = Known(-1);
+  switch (dim) {
+    case schema::Dim::kSeqLength: value = d.seq_length; break;
+    case schema::Dim::kBatchSize: value = d.batch_size; break;
+    case schema::Dim::kInputSize: value = d.input_size; break;
+    case schema::Dim::kHiddenSize: value = d.hidden_size; break;
+    case schema::Dim::kNumDirections: value = d.num_directions; break;
+  }
+  return factor == 1 ? value : Times(factor, value);
 }
 
-InferShape StateShapeOf(const InferredDims& d) {
-  if (d.layout == 1) return {d.batch_size, d.num_directions, d.hidden_size};
-  return {d.num_directions, d.batch_size, d.hidden_size};
+// Sets every output's type and shape from the op's generated OutputShape (the spec's shapes), except
+// where `from_input` gives a port the shape of an input instead.
+template <typename Spec, typename FromInput>
+void InferOutputs(OrtShapeInferContext* ctx, const InferredDims& d, const FromInput& from_input) {
+  const auto dim_of = [&](schema::Dim dim, int64_t factor) { return InferDimOf(d, dim, factor); };
+  for (int port = 0; port < Spec::kNumOutputs; ++port) {
+    const auto out = static_cast<typename Spec::Out>(port);
+    InferShape shape;
+    if (!from_input(out, &shape)) shape = Spec::template OutputShape<InferShape>(out, d.layout, dim_of);
+    if (!InferOutput(ctx, Spec::Index(out), d.type, shape)) break;
+  }
 }
 
 OrtStatus* InferTrainingShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   InferredDims d{};
   if (!InferDims(ctx, &d)) return nullptr;
-  using Out = schema::lstm_training::Out;
-  const std::array<std::pair<Out, InferShape>, 5> outputs = {{
-      {Out::kHAll, SequenceShapeOf(d, d.hidden_size)},
-      {Out::kHt, StateShapeOf(d)},
-      {Out::kCt, StateShapeOf(d)},
-      {Out::kCAll, SequenceShapeOf(d, d.hidden_size)},
-      {Out::kIOFC, SequenceShapeOf(d, Times(4, d.hidden_size))},
-  }};
-  for (const auto& [port, shape] : outputs) {
-    if (!InferOutput(ctx, schema::lstm_training::Index(port), d.type, shape)) break;
-  }
+  InferOutputs<schema::lstm_training::Traits>(ctx, d, [](schema::lstm_training::Out, InferShape*) { return false; });
   return nullptr;
 }
 
@@ -172,25 +180,14 @@ OrtStatus* InferGradShapes(const OrtCustomOp*, OrtShapeInferContext* ctx) {
   if (!InferDims(ctx, &d)) return nullptr;
   using In = schema::lstm_grad::In;
   using Out = schema::lstm_grad::Out;
-  // dX, dW, dR take the shapes of X, W, R.
-  auto input_shape = [&](In port) {
-    InferShape shape;
+  // dX, dW, dR take the shapes of X, W, R (their symbols too).
+  InferOutputs<schema::lstm_grad::Traits>(ctx, d, [&](Out port, InferShape* shape) {
+    const In source = port == Out::kDX ? In::kX : port == Out::kDW ? In::kW : port == Out::kDR ? In::kR : In::kCount;
+    if (source == In::kCount) return false;
     ONNXTensorElementDataType type;
-    if (!InferInput(ctx, schema::lstm_grad::Index(port), &type, &shape) || shape.size() != 3) shape.clear();
-    return shape;
-  };
-  const std::array<std::pair<Out, InferShape>, 7> outputs = {{
-      {Out::kDX, input_shape(In::kX)},
-      {Out::kDW, input_shape(In::kW)},
-      {Out::kDR, input_shape(In::kR)},
-      {Out::kDB, {d.num_directions, Times(8, d.hidden_size)}},
-      {Out::kDH0, StateShapeOf(d)},
-      {Out::kDC0, StateShapeOf(d)},
-      {Out::kDP, {d.num_directions, Times(3, d.hidden_size)}},
-  }};
-  for (const auto& [port, shape] : outputs) {
-    if (!InferOutput(ctx, schema::lstm_grad::Index(port), d.type, shape)) break;
-  }
+    if (!InferInput(ctx, schema::lstm_grad::Index(source), &type, shape) || shape->size() != 3) shape->clear();
+    return true;
+  });
   return nullptr;
 }
 
@@ -206,8 +203,7 @@ std::string ReadLstmConfig(const OrtKernelInfo* info, bool gradient, LstmConfig*
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_training)
+struct TrainingSpec : schema::lstm_training::Traits {
   using Config = LstmConfig;
   static constexpr auto kInfer = &InferTrainingShapes;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
@@ -215,11 +211,6 @@ struct TrainingSpec {
   }
   static std::string Validate(const Config& config, const TrainingInputs& inputs, LstmDims* dims) {
     return ValidateTrainingInputs(config, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // HAll, Ht, Ct, CAll, IOFC
-    return {SequenceShape(dims, dims.hidden_size), StateShape(dims), StateShape(dims),
-            SequenceShape(dims, dims.hidden_size), SequenceShape(dims, dims.GateWidth())};
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<TrainingSpec>& ports,
@@ -235,8 +226,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::lstm_grad)
+struct GradSpec : schema::lstm_grad::Traits {
   using Config = LstmConfig;
   static constexpr auto kInfer = &InferGradShapes;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
@@ -244,12 +234,6 @@ struct GradSpec {
   }
   static std::string Validate(const Config& config, const GradInputs& inputs, LstmDims* dims) {
     return ValidateGradInputs(config, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // dX, dW, dR, dB, dH0, dC0, dP
-    const auto weights = WeightShapes(dims);
-    return {InputShape(dims), weights[0], weights[1], weights[2], StateShape(dims), StateShape(dims),
-            {dims.num_directions, 3 * dims.hidden_size}};
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,

@@ -116,7 +116,8 @@ class AdamUpdateKernel {
       std::array<void*, spec::kNumOutputs> out{};
       for (Out port : {Out::kParamOut, Out::kExpAvgOut, Out::kExpAvgSqOut, Out::kMaxExpAvgSqOut}) {
         if (port == Out::kMaxExpAvgSqOut && t.max_exp_avg_sq == nullptr) continue;
-        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
+        const std::vector<int64_t> out_shape = spec::OutputShape(port, [&](In in) { return arg(in).shape; });
+        error = AllocateOutput(context, spec::Index(port), out_shape, &out[spec::Index(port)]);
         if (!error.empty()) {
           return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
         }
@@ -203,7 +204,8 @@ class SgdUpdateKernel {
       std::array<void*, spec::kNumOutputs> out{};
       for (Out port : {Out::kParamOut, Out::kMomentumBufferOut}) {
         if (port == Out::kMomentumBufferOut && !with_momentum) continue;
-        error = AllocateOutput(context, spec::Index(port), shape, &out[spec::Index(port)]);
+        const std::vector<int64_t> out_shape = spec::OutputShape(port, [&](In in) { return arg(in).shape; });
+        error = AllocateOutput(context, spec::Index(port), out_shape, &out[spec::Index(port)]);
         if (!error.empty()) {
           return Fail(spec::kName, node_, std::string(spec::kOutputNames[spec::Index(port)]) + ": " + error);
         }
@@ -223,35 +225,16 @@ class SgdUpdateKernel {
   std::string node_;
 };
 
-// What OptimizerOp reads of an op's generated schema: its ports and its two 0/1 attributes.
-struct AdamTraits {
+// What OptimizerOp reads: the op's generated traits (ports, kInputIsDouble, its two 0/1 int attributes in
+// the spec's order: the kernel's flags) and its kernel.
+struct AdamTraits : schema::adam_update::Traits {
   template <typename T>
   using Kernel = AdamUpdateKernel<T>;
-  static constexpr const char* kName = schema::adam_update::kName;
-  static constexpr int kNumInputs = schema::adam_update::kNumInputs;
-  static constexpr int kNumOutputs = schema::adam_update::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::adam_update::kInputOptional;
-  static constexpr const bool* kInputIsDouble = schema::adam_update::kInputIsDouble;
-  static constexpr const bool* kOutputOptional = schema::adam_update::kOutputOptional;
-  static constexpr std::array<std::pair<const char*, int64_t>, 2> kFlags{{
-      {schema::adam_update::kAttrDecoupledWeightDecay, schema::adam_update::kAttrDecoupledWeightDecayDefault},
-      {schema::adam_update::kAttrMaximize, schema::adam_update::kAttrMaximizeDefault},
-  }};
 };
 
-struct SgdTraits {
+struct SgdTraits : schema::sgd_update::Traits {
   template <typename T>
   using Kernel = SgdUpdateKernel<T>;
-  static constexpr const char* kName = schema::sgd_update::kName;
-  static constexpr int kNumInputs = schema::sgd_update::kNumInputs;
-  static constexpr int kNumOutputs = schema::sgd_update::kNumOutputs;
-  static constexpr const bool* kInputOptional = schema::sgd_update::kInputOptional;
-  static constexpr const bool* kInputIsDouble = schema::sgd_update::kInputIsDouble;
-  static constexpr const bool* kOutputOptional = schema::sgd_update::kOutputOptional;
-  static constexpr std::array<std::pair<const char*, int64_t>, 2> kFlags{{
-      {schema::sgd_update::kAttrNesterov, schema::sgd_update::kAttrNesterovDefault},
-      {schema::sgd_update::kAttrMaximize, schema::sgd_update::kAttrMaximizeDefault},
-  }};
 };
 
 template <typename Traits, typename T>
@@ -260,8 +243,9 @@ struct OptimizerOp : SchemaOp<OptimizerOp<Traits, T>, typename Traits::template 
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
     std::array<int64_t, 2> flags{};
+    static_assert(Traits::kNumIntAttributes == flags.size(), "the kernel takes two 0/1 int attributes");
     for (size_t i = 0; i < flags.size(); ++i) {
-      const auto& [name, fallback] = Traits::kFlags[i];
+      const auto& [name, fallback] = Traits::kIntAttributes[i];
       std::string error = ReadIntAttribute(info, name, fallback, &flags[i]);
       if (error.empty() && flags[i] != 0 && flags[i] != 1) {
         error = std::string("attribute ") + name + ": expected 0 or 1, got " + std::to_string(flags[i]);

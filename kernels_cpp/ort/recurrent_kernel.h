@@ -1,14 +1,13 @@
 // The ORT kernel and op definition of every recurrent training and gradient op (LSTMTraining,
 // LSTMGrad, GRUTraining, GRUGrad, RNNTraining, RNNGrad): what they share is reading the ports of
 // the op's generated schema, validating them once, allocating the outputs, turning bad_alloc into
-// a status and answering ORT's port queries; what a cell adds is its Spec (lstm_ops.cc,
-// gru_ops.cc, rnn_ops.cc):
-//   ORTLSTM_SCHEMA_TRAITS(schema::op)      the generated schema's names, ports and optionality
+// a status and answering ORT's port queries (the output shapes are the schema's generated OutputShape
+// over the validated dims); what a cell adds is its Spec (lstm_ops.cc, gru_ops.cc, rnn_ops.cc):
+//   struct Spec : schema::op::Traits      the generated schema's names, ports, optionality and shapes
 //   using Config;                          the parsed attributes (LstmConfig, GruConfig; the RNN's LstmConfig)
 //   static std::string ReadConfig(const OrtKernelInfo*, Config*);  read, parse and check them
 //   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*);  or nullptr
 //   static std::string Validate(const Config&, const std::array<TensorArg, kNumInputs>&, LstmDims*);
-//   static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims&);  port order
 //   template <typename T> static void Run(const LstmDims&, const Config&, const RecurrentPorts<Spec>&,
 //                                         const Executor&, const ScratchAllocator&);
 #pragma once
@@ -23,22 +22,6 @@
 #include "ort/lstm_validation.h"
 #include "ort/ort_util.h"
 #include "ort/schema_op.h"
-
-// The constants of one op's generated schema namespace (generated/op_schema.h), as members of
-// the Spec struct a template can take (a namespace cannot be a template argument).
-#define ORTLSTM_SCHEMA_TRAITS(ns)                                                                  \
-  static constexpr const char* kName = ns::kName;                                                  \
-  using In = ns::In;                                                                               \
-  using Out = ns::Out;                                                                             \
-  static constexpr int kNumInputs = ns::kNumInputs;                                                \
-  static constexpr int kNumOutputs = ns::kNumOutputs;                                              \
-  static constexpr const auto& kInputNames = ns::kInputNames;                                      \
-  static constexpr const auto& kOutputNames = ns::kOutputNames;                                    \
-  static constexpr const auto& kInputOptional = ns::kInputOptional;                                \
-  static constexpr const auto& kInputIsInt32 = ns::kInputIsInt32;                                  \
-  static constexpr const auto& kOutputOptional = ns::kOutputOptional;                              \
-  static constexpr std::size_t Index(In port) { return ns::Index(port); }                          \
-  static constexpr std::size_t Index(Out port) { return ns::Index(port); }
 
 namespace ortlstm::ort {
 
@@ -94,11 +77,28 @@ void BindGradPorts(const RecurrentPorts<Spec>& ports, Tensors* t) {
   t->dH0 = ports.template Out<T>(Out::kDH0);
 }
 
-// The output shapes of the gradient op of a cell whose one state is H (GRUGrad, RNNGrad), in port
-// order: dX, dW, dR, dB, dH0.
-inline std::array<std::vector<int64_t>, 5> HiddenStateGradShapes(const LstmDims& dims) {
-  const auto weights = WeightShapes(dims);
-  return {InputShape(dims), weights[0], weights[1], weights[2], StateShape(dims)};
+// The value of one of the spec's dims in a validated call.
+inline int64_t DimValue(const LstmDims& dims, schema::Dim dim) {
+  switch (dim) {
+    case schema::Dim::kSeqLength: return dims.seq_length;
+    case schema::Dim::kBatchSize: return dims.batch_size;
+    case schema::Dim::kInputSize: return dims.input_size;
+    case schema::Dim::kHiddenSize: return dims.hidden_size;
+    case schema::Dim::kNumDirections: return dims.num_directions;
+  }
+  return -1;
+}
+
+// Every output's shape, in port order: the op's generated OutputShape (the spec's shapes) over the dims.
+template <typename Spec>
+std::array<std::vector<int64_t>, Spec::kNumOutputs> RecurrentOutputShapes(const LstmDims& dims) {
+  const auto dim_of = [&](schema::Dim dim, int64_t factor) { return factor * DimValue(dims, dim); };
+  std::array<std::vector<int64_t>, Spec::kNumOutputs> shapes;
+  for (size_t port = 0; port < shapes.size(); ++port) {
+    shapes[port] = Spec::template OutputShape<std::vector<int64_t>>(static_cast<typename Spec::Out>(port),
+                                                                    dims.layout, dim_of);
+  }
+  return shapes;
 }
 
 template <typename Spec, typename T>
@@ -113,7 +113,7 @@ class RecurrentKernel {
       LstmDims dims;
       if (error.empty()) error = Spec::Validate(config_, inputs, &dims);
       if (!error.empty()) return Fail(Spec::kName, node_, error);
-      const std::array<std::vector<int64_t>, Spec::kNumOutputs> shapes = Spec::OutputShapes(dims);
+      const std::array<std::vector<int64_t>, Spec::kNumOutputs> shapes = RecurrentOutputShapes<Spec>(dims);
       std::array<void*, Spec::kNumOutputs> out{};
       for (size_t port = 0; port < shapes.size(); ++port) {
         error = AllocateOutput(context, port, shapes[port], &out[port]);

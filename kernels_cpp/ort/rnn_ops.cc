@@ -27,7 +27,10 @@ std::string ReadRnnConfig(const OrtKernelInfo* info, bool gradient, LstmConfig* 
   std::string error = ReadLstmAttributes(info, &raw);
   if (!error.empty()) return error;
   if (raw.input_forget) return "attribute input_forget: the RNN has none (it is ONNX LSTM's); remove it";
-  const size_t num_directions = raw.direction.value_or("forward") == "bidirectional" ? 2 : 1;
+  // Any other direction is refused by the parser below; 1 until then.
+  const std::string direction = raw.direction.value_or(schema::attr::kDirectionDefault);
+  const int64_t directions = schema::attr::NumDirections(direction.c_str());
+  const size_t num_directions = directions > 0 ? static_cast<size_t>(directions) : 1;
   if (!raw.activations || raw.activations->empty()) {
     raw.activations = std::vector<std::string>(num_directions, "Tanh");
   } else if (raw.activations->size() != num_directions) {
@@ -50,8 +53,7 @@ std::string ReadRnnConfig(const OrtKernelInfo* info, bool gradient, LstmConfig* 
   return error;
 }
 
-struct TrainingSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::rnn_training)
+struct TrainingSpec : schema::rnn_training::Traits {
   using Config = LstmConfig;
   // No static shape inference in ORT (see the top of this file).
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
@@ -60,10 +62,6 @@ struct TrainingSpec {
   }
   static std::string Validate(const Config& config, const RnnTrainingInputs& inputs, LstmDims* dims) {
     return ValidateRnnTrainingInputs(config, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // HAll, Ht
-    return {SequenceShape(dims, dims.hidden_size), StateShape(dims)};
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<TrainingSpec>& ports,
@@ -74,8 +72,7 @@ struct TrainingSpec {
   }
 };
 
-struct GradSpec {
-  ORTLSTM_SCHEMA_TRAITS(schema::rnn_grad)
+struct GradSpec : schema::rnn_grad::Traits {
   using Config = LstmConfig;
   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*) = nullptr;
   static std::string ReadConfig(const OrtKernelInfo* info, Config* config) {
@@ -83,9 +80,6 @@ struct GradSpec {
   }
   static std::string Validate(const Config& config, const RnnGradInputs& inputs, LstmDims* dims) {
     return ValidateRnnGradInputs(config, inputs, dims);
-  }
-  static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    return HiddenStateGradShapes(dims);
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,
