@@ -178,7 +178,16 @@ struct RnnOp : SchemaOp<RnnOp<Spec, T>, typename Spec::template Kernel<T>, Spec,
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
     LstmConfig config;
-    const std::string error = ReadRnnConfig(info, std::string(Spec::kName) == schema::rnn_grad::kName, &config);
+    const bool grad = std::string(Spec::kName) == schema::rnn_grad::kName;
+    std::string error = ReadRnnConfig(info, grad, &config);
+    if (error.empty()) error = RefuseBf16Tensors<T>(config.matmul_precision);
+    // RNNGrad's GEMMs run bfloat16 (rnn/rnn_backward.cc); RNNTraining's forward does once it runs on
+    // the shared forward driver (task rnndriver): until then it is refused rather than run in float32.
+    if (error.empty() && !grad && config.matmul_precision == MatmulPrecision::kBfloat16) {
+      error = "attribute matmul_precision: bfloat16 is not yet supported by RNNTraining (its forward runs float32 "
+              "GEMMs until it moves onto the shared recurrent driver, issue 33); pass matmul_precision=\"float32\" "
+              "or omit it (LSTMTraining, GRUTraining and RNNGrad run bfloat16)";
+    }
     if (!error.empty()) return Fail(Spec::kName, node, error);
     return RnnOp::NewKernel(kernel, config, node);
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "common/blas.h"
+#include "recurrent/recurrent_gemm.h"
 #include "rnn/rnn_cell.h"
 #include "rnn/rnn_math.h"
 
@@ -47,7 +48,9 @@ class RnnBackwardDirection {
     if (dims_.Rows() > 0) {
       GatherHiddenPrev();
       const bool reverse = config_.IsReverse(d_);
-      for (int64_t s = dims_.seq_length - 1; s >= 0; --s) Step(reverse ? dims_.seq_length - 1 - s : s);
+      // R for dH_{t-1} = da R, once per op call (a bf16 operand rounds it here).
+      const StepOperand<T> weight(config_.matmul_precision, false, false, N, H_, H_, R_, H_);
+      for (int64_t s = dims_.seq_length - 1; s >= 0; --s) Step(reverse ? dims_.seq_length - 1 - s : s, weight);
     }
     if (io_.dH0) {
       for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
@@ -76,7 +79,7 @@ class RnnBackwardDirection {
     }
   }
 
-  void Step(int64_t t) {
+  void Step(int64_t t, const StepOperand<T>& weight) {
     const int64_t N = dims_.batch_size;
     const int64_t H = H_;
     T* rows = grad_pre_.get() + dims_.XRow(t, 0) * H;
@@ -96,7 +99,7 @@ class RnnBackwardDirection {
       std::fill_n(dhp, H, T(0));
     }
     // dH_{t-1} += da R; inactive rows add zeros to their passed-through dH.
-    Gemm(false, false, N, H, H, T(1), rows, ld, R_, H, T(1), dh_prev_.get(), H);
+    weight.Multiply(rows, ld, T(1), dh_prev_.get(), H, N);
     std::swap(dh_, dh_prev_);
   }
 
@@ -115,10 +118,13 @@ class RnnBackwardDirection {
     }
     const T* da = grad_pre_.get();
     if (io_.dX) {
-      ParallelGemm(executor, false, false, rows, I, H, T(1), da, H, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
+      RecurrentParallelGemm(config_.matmul_precision, executor, false, false, rows, I, H, da, H, W_, I,
+                            d_ == 0 ? T(0) : T(1), io_.dX, I);
     }
-    if (dW) ParallelGemm(executor, true, false, H, I, rows, T(1), da, H, io_.X, I, T(0), dW, I);
-    if (dR) ParallelGemm(executor, true, false, H, H, rows, T(1), da, H, hidden_prev_.get(), H, T(0), dR, H);
+    if (dW) RecurrentParallelGemm(config_.matmul_precision, executor, true, false, H, I, rows, da, H, io_.X, I, T(0),
+                                  dW, I);
+    if (dR) RecurrentParallelGemm(config_.matmul_precision, executor, true, false, H, H, rows, da, H,
+                                  hidden_prev_.get(), H, T(0), dR, H);
     if (dB) {
       std::fill_n(dB, H, T(0));
       for (int64_t row = 0; row < rows; ++row) {
