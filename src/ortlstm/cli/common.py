@@ -336,7 +336,6 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         run_time: Also --nonfinite, which a training directory does not record (``fit``'s, not ``train-step``'s).
     """
     from ortlstm.graphs.convert import MAX_IR_VERSION
-    from ortlstm.graphs.precision import PRECISIONS
     from ortlstm.training import NONFINITE_MODES
 
     parser.add_argument(
@@ -375,12 +374,19 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
     parser.add_argument(
         "--ir-version", type=int, default=MAX_IR_VERSION, help="the training models' IR version"
     )
+    add_precision(parser)
+
+
+def add_precision(parser: argparse.ArgumentParser) -> None:
+    """``--precision`` (Lightning's names): ``fit``, ``train-step`` and the demos."""
+    from ortlstm.graphs.precision import PRECISIONS
+
     parser.add_argument(
         "--precision",
         choices=tuple(PRECISIONS),
         default="32-true",
-        help="bf16-mixed: the LSTM/GRU/Conv gradient GEMMs on bfloat16 operands with float32 accumulation, weights "
-        "and optimizer state (torch.autocast's bf16 on the CPU); the LSTM and GRU ops refuse it for now",
+        help="bf16-mixed: the LSTM/GRU/RNN/Conv GEMMs on bfloat16 operands with float32 accumulation, weights "
+        "and optimizer state (torch.autocast's bf16 on the CPU); RNNTraining refuses it for now",
     )
 
 
