@@ -17,7 +17,10 @@ its ctypes probe (kernels_cpp/common/bf16_probe.cc), one thread as a kernel task
 LSTM's shapes (BF16_SHAPES): its float32 GEMM, the bf16 GEMM alone on operands already in bfloat16
 (the limit), the same with both operands rounded per call, and a Bf16Operand (B rounded and packed
 once, A per call, as the recurrent driver will use it); with torch, ``a @ b`` in float32 and bfloat16
-(oneDNN). The bf16 backend is the process's: run once per ``ORTLSTM_BF16_GEMM=mkl|fallback``.
+(oneDNN). The bf16 backend is the process's: run once per ``ORTLSTM_BF16_GEMM=mkl|onednn|fallback``
+(interleave the runs). ``--tasks 2`` runs every call in 2 threads at once, each on its own operands,
+as two ORT executor tasks of one op call would (``Bf16Operand x64``: a time loop's 64 step GEMMs with
+its construction, per step).
 
 Medians of interleaved repetitions; prints a markdown table. Usage:
     python benchmarks/bench_gemm.py [--mkl-rt /path/libmkl_rt.so.2] [--threads 1,2] [--bf16]
@@ -221,12 +224,30 @@ def ortlstm_calls(np, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa
         run.keep = (x, y, c)  # type: ignore[attr-defined]
         return run
 
-    return {
+    calls = {
         "ortlstm float32": call(3, a, b),
         f"bf16 GEMM ({backend})": call(1, a16, b16),
         "bf16, both rounded": call(0, a, b),
         "Bf16Operand x2": call(2, a, b),  # constructs (rounds and packs B) once, multiplies twice
     }
+    if m <= 256:  # a step GEMM: once, then 64 multiplies, as in one op call (a projection runs once per call)
+        calls["Bf16Operand x64"] = call(5, a, b)
+    return calls
+
+
+def in_tasks(calls: list[dict[str, Callable[[], None]]], pool) -> dict[str, Callable[[], None]]:  # noqa: ANN001
+    """Each name's calls (one per task) run at once, one in this thread and the rest in ``pool``."""
+
+    def together(runs: list[Callable[[], None]]) -> Callable[[], None]:
+        def run() -> None:
+            pending = [pool.submit(other) for other in runs[1:]]
+            runs[0]()
+            for future in pending:
+                future.result()
+
+        return run
+
+    return {name: together([task[name] for task in calls]) for name in calls[0]}
 
 
 def torch_bf16_calls(np, torch, m, n, k, ta, tb) -> dict[str, Callable[[], None]]:  # noqa: ANN001
@@ -237,22 +258,32 @@ def torch_bf16_calls(np, torch, m, n, k, ta, tb) -> dict[str, Callable[[], None]
     return {"torch float32": lambda: a @ b, "torch bf16": lambda: a16 @ b16}
 
 
-def bf16_table(np, torch, rounds: int, min_seconds: float) -> None:  # noqa: ANN001
-    """The bf16 GEMM limit at BF16_SHAPES: time per call and GFLOP/s."""
+def bf16_table(np, torch, rounds: int, min_seconds: float, tasks: int = 1) -> None:  # noqa: ANN001
+    """The bf16 GEMM limit at BF16_SHAPES: time per call and GFLOP/s (of all tasks together)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     names: list[str] = []
     rows = []
+    timed = []
+    pool = ThreadPoolExecutor(max(1, tasks - 1))
     for config, what, m, n, k, ta, tb in BF16_SHAPES:
-        calls = ortlstm_calls(np, m, n, k, ta, tb)
-        if torch is not None:
+        calls = in_tasks([ortlstm_calls(np, m, n, k, ta, tb) for _ in range(tasks)], pool)
+        if torch is not None and tasks == 1:
             torch.set_num_threads(1)
             calls.update(torch_bf16_calls(np, torch, m, n, k, ta, tb))
         seconds = median_seconds(calls, rounds, min_seconds)
         seconds["Bf16Operand x2"] /= 2
-        names = list(seconds)
-        flops = 2.0 * m * n * k
-        cells = [f"{1e6 * s:.0f} us, {flops / s / 1e9:.0f}" for s in seconds.values()]
-        rows.append(f"| {config} | {what} | {m} x {n} x {k} | " + " | ".join(cells) + " |")
-    print("\n1 thread: time per call, GFLOP/s (Bf16Operand: per multiply, its construction included once per two)\n")
+        if "Bf16Operand x64" in seconds:
+            seconds["Bf16Operand x64"] /= 64
+        names += [name for name in seconds if name not in names]
+        timed.append((f"| {config} | {what} | {m} x {n} x {k} | ", 2.0 * m * n * k * tasks, seconds))
+    pool.shutdown()
+    for head, flops, seconds in timed:
+        cells = [f"{1e6 * seconds[name]:.0f} us, {flops / seconds[name] / 1e9:.0f}" if name in seconds else "-"
+                 for name in names]
+        rows.append(head + " | ".join(cells) + " |")
+    print(f"\n{tasks} task(s) of 1 thread each, at once: time per call, GFLOP/s of all tasks (Bf16Operand: per "
+          "multiply, its construction included once per two or per 64)\n")
     print("| config | GEMM | M x N x K | " + " | ".join(names) + " |")
     print("|---|---|---|" + "---:|" * len(names))
     print("\n".join(rows))
@@ -288,6 +319,7 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=0.02, help="per call and round")
     parser.add_argument("--threads", type=int, default=2, help="threads for the whole-shape table")
     parser.add_argument("--bf16", action="store_true", help="the bf16 GEMM limit table (one thread) instead")
+    parser.add_argument("--tasks", type=int, default=1, help="--bf16: single-threaded calls run at once")
     args = parser.parse_args()
     _fix_threads(1 if args.bf16 else args.threads)
 
@@ -333,7 +365,7 @@ def main() -> None:
     print(f"numpy {np.__version__}; load average before: {os.getloadavg()}")
     if args.bf16:
         print(f"bf16 flags: {' '.join(f for f in ('avx512_bf16', 'amx_bf16', 'amx_tile') if f in flags) or 'none'}")
-        bf16_table(np, torch, args.rounds, args.min_seconds)
+        bf16_table(np, torch, args.rounds, args.min_seconds, args.tasks)
         print(f"\nload average after: {os.getloadavg()}")
         return
 

@@ -14,7 +14,7 @@ import onnx
 import onnx.defs
 import onnx.helper
 
-from ortlstm.graphs.graph_utils import prune_to_outputs, unique_name
+from ortlstm.graphs.emit.graph_utils import prune_to_outputs, unique_name
 from ortlstm.graphs.prepare.dequantize import dequantize_model, is_quantized
 
 CARRIED_OPS = ("LSTM", "GRU", "RNN")  # the ONNX recurrent ops the library trains (LSTMTraining, GRUTraining, ...)

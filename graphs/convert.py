@@ -19,7 +19,7 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.graph_utils import named_subgraphs, unique_name
+from ortlstm.graphs.emit.graph_utils import named_subgraphs, unique_name
 from ortlstm.ops import lstm_attributes, schema
 
 # onnxruntime-training 1.19 loads models up to this IR version.

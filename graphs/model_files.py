@@ -18,7 +18,7 @@ import onnx
 import onnx.external_data_helper
 from google.protobuf.message import DecodeError
 
-from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.emit.graph_utils import walk_graphs
 
 
 def load_model_file(path: str | os.PathLike[str], what: str = "model file") -> onnx.ModelProto:

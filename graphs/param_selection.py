@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
-from ortlstm.graphs.graph_utils import used_names
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES
+from ortlstm.graphs.emit.graph_utils import used_names
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.prepare import PreparedModel
 from ortlstm.graphs.prepare.dequantize import INT8_HINT, int8_nodes

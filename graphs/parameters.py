@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from ortlstm.graphs.emit.graph_utils import walk_graphs
 from ortlstm.graphs.export_metadata import read_torch_origins
-from ortlstm.graphs.graph_utils import walk_graphs
 
 if TYPE_CHECKING:
     from ortlstm.graphs.optimizers.base import ParamGroup

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import onnx
 
-from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.emit.graph_utils import walk_graphs
 from ortlstm.ops.contract import DOMAIN
 from ortlstm.ops.schema import ALL_OPS
 

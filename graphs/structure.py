@@ -17,7 +17,7 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.graph_utils import drop_unread_initializers, walk_graphs
+from ortlstm.graphs.emit.graph_utils import drop_unread_initializers, walk_graphs
 
 
 def graph_hash(model: onnx.ModelProto) -> str:

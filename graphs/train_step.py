@@ -29,12 +29,12 @@ import onnx.numpy_helper
 from ortlstm.graphs import losses as losses_module
 from ortlstm.graphs import optimizers as optimizers_module
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import ValueType
-from ortlstm.graphs.convert import MAX_IR_VERSION
+from ortlstm.graphs.emit.emitter import ValueType
+from ortlstm.graphs.emit.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
-from ortlstm.graphs.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.optimizers import base as optimizer_base
 from ortlstm.graphs.optimizers.clip import clip_settings
+from ortlstm.graphs.options import BUILDER_DEFAULTS
 from ortlstm.graphs.param_selection import choose_params, default_requires_grad
 from ortlstm.graphs.parameters import ParameterNames
 from ortlstm.graphs.precision import matmul_precision, set_matmul_precision
@@ -140,21 +140,21 @@ def build_training_models(
     *,
     loss: losses_module.Loss,
     optimizer: optimizers_module.Optimizer,
-    requires_grad: Sequence[str] | None = None,
-    frozen: Sequence[str] = (),
-    output: str | None = None,
-    target: str = "target",
-    extra_outputs: Sequence[str] = (),
-    param_groups: Sequence[optimizers_module.ParamGroup] = (),
-    clip_grad_norm: float | None = None,
-    clip_norm_type: float = 2.0,
-    clip_grad_value: float | None = None,
-    fixed_inputs: Mapping[str, np.ndarray] | None = None,
-    fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
-    ir_version: int = MAX_IR_VERSION,
-    nonfinite_check: bool = True,
-    kernel_gradients: bool | None = None,
-    precision: str = "32-true",
+    requires_grad: Sequence[str] | None = BUILDER_DEFAULTS["requires_grad"],
+    frozen: Sequence[str] = BUILDER_DEFAULTS["frozen"],
+    output: str | None = BUILDER_DEFAULTS["output"],
+    target: str = BUILDER_DEFAULTS["target"],
+    extra_outputs: Sequence[str] = BUILDER_DEFAULTS["extra_outputs"],
+    param_groups: Sequence[optimizers_module.ParamGroup] = BUILDER_DEFAULTS["param_groups"],
+    clip_grad_norm: float | None = BUILDER_DEFAULTS["clip_grad_norm"],
+    clip_norm_type: float = BUILDER_DEFAULTS["clip_norm_type"],
+    clip_grad_value: float | None = BUILDER_DEFAULTS["clip_grad_value"],
+    fixed_inputs: Mapping[str, np.ndarray] | None = BUILDER_DEFAULTS["fixed_inputs"],
+    fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = BUILDER_DEFAULTS["fixed_shapes"],
+    ir_version: int = BUILDER_DEFAULTS["ir_version"],
+    nonfinite_check: bool = BUILDER_DEFAULTS["nonfinite_check"],
+    kernel_gradients: bool | None = BUILDER_DEFAULTS["kernel_gradients"],
+    precision: str = BUILDER_DEFAULTS["precision"],
 ) -> TrainingModels:
     """Builds the train-step, eval, gradient and apply models of an exported model.
 

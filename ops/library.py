@@ -100,17 +100,20 @@ def blas_backend() -> str:
 
 
 BF16_GEMM_VARIABLE = "ORTLSTM_BF16_GEMM"
-"""Environment variable that forces the bf16 GEMM backend: ``mkl`` or ``fallback`` (unset: by CPU)."""
+"""Environment variable that forces the bf16 GEMM backend: ``mkl``, ``onednn`` or ``fallback`` (unset: by CPU)."""
 
 
 def bf16_gemm_backend() -> str:
     """Returns the backend of the ``matmul_precision="bfloat16"`` GEMMs in this process.
 
     ``"mkl"`` (oneMKL's ``cblas_gemm_bf16bf16f32``) on Intel CPUs with bf16 units (AVX512-BF16 or
-    AMX) when the build links oneMKL; else ``"fallback"``: the bfloat16 operands widened to float32
-    and the float32 GEMM (the same numbers within summation order, slower than float32; oneMKL does
-    not use AMD Zen 4's AVX512-BF16, measured in docs/benchmarks.md). The
-    environment variable ``ORTLSTM_BF16_GEMM`` forces one. Fixed at the first call or registration.
+    AMX) when the build links oneMKL; ``"onednn"`` (oneDNN's matmul, from the onednn-cpu-gomp wheel's
+    ``libdnnl.so.3``, loaded by this call or the first bf16 GEMM) on other CPUs with bf16 units, e.g.
+    AMD Zen 4, whose bf16 units oneMKL does not use; else, or when oneDNN does not load (a warning
+    says why), ``"fallback"``: the bfloat16 operands widened to float32 and the float32 GEMM (the
+    same numbers within summation order, slower than float32). The environment variable
+    ``ORTLSTM_BF16_GEMM`` forces one; ``ORTLSTM_ONEDNN_LIBRARY`` names the ``libdnnl.so.3`` to load.
+    Fixed at the first call or registration.
 
     Raises:
         FileNotFoundError: The kernel library was not built.
@@ -124,7 +127,7 @@ def bf16_gemm_backend() -> str:
     if name is None:
         raise ValueError(
             f"{BF16_GEMM_VARIABLE}={os.environ.get(BF16_GEMM_VARIABLE, '')!r}: not a bf16 GEMM backend of this "
-            "build of ortlstm (expected mkl or fallback, or unset for the choice by CPU)"
+            "build of ortlstm (expected mkl, onednn or fallback, or unset for the choice by CPU)"
         )
     return name.decode()
 

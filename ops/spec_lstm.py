@@ -45,7 +45,7 @@ MATMUL_PRECISION = AttrSpec(
         "accumulates in float32, on the CPU's bf16 units where it has them (AVX512-BF16, AMX; else slower than "
         "float32, same numbers); gate math, states, the stash, all outputs and gradients stay float32. "
         "`bfloat16` takes float32 tensors only (float64, for gradient checks, is refused when the session is "
-        "created); RNNTraining refuses it until its forward runs on the shared recurrent driver."
+        "created)."
     ),
     accepts="float32 or bfloat16",
 )

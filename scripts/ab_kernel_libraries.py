@@ -2,7 +2,8 @@
 
 A refactor of the recurrent time loop must keep its speed: this runs the LSTM pair of
 benchmarks/bench_lstm.py (LSTMTraining + LSTMGrad, IO binding) and the GRU pair of
-benchmarks/bench_gru.py (GRUTraining + GRUGrad) from library A and library B, each registered
+benchmarks/bench_gru.py (GRUTraining + GRUGrad) and the RNN pair of benchmarks/bench_rnn.py
+(RNNTraining + RNNGrad; kinds rnn and rnn-relu) from library A and library B, each registered
 with its own session, the rounds alternating A, B, B, A, ... so that drift in clock speed or
 background load hits both alike. Prints, per config, the median f+b of each and B / A with the
 spread (min..max of the per-round ratios). Usage:
@@ -23,17 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import bench_gru
 import bench_lstm
+import bench_rnn
 
 import ortlstm.ops.library
 
 
 def _runner(kind: str, library: str, name: str, threads: int) -> Callable[[], None]:
-    """One f+b call of `kind` ("lstm", "gru") from `library` at config `name`."""
+    """One f+b call of `kind` ("lstm", "gru", "rnn", "rnn-relu") from `library` at config `name`."""
     ortlstm.ops.library.library_path = lambda: library  # type: ignore[assignment]
     if kind == "lstm":
         runner = bench_lstm.OrtRunner("ortlstm", bench_lstm.CONFIGS[name], threads)
         phases: bench_lstm.Phases = {}
         return lambda: runner.iteration(phases)
+    if kind.startswith("rnn"):
+        return bench_rnn._ort_runner(bench_rnn.CONFIGS[name], "relu" if kind == "rnn-relu" else "tanh", threads)
     run = bench_gru._ort_runner("ortlstm", bench_gru.CONFIGS[name], threads)
     if not callable(run):
         raise RuntimeError(f"GRU {name}: {run}")
@@ -47,7 +51,7 @@ def main() -> int:
     parser.add_argument("new")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--kinds", nargs="+", default=["lstm", "gru"], choices=["lstm", "gru"])
+    parser.add_argument("--kinds", nargs="+", default=["lstm", "gru"], choices=["lstm", "gru", "rnn", "rnn-relu"])
     parser.add_argument("--configs", nargs="+", default=["S", "M", "B1", "M-bidir"])
     args = parser.parse_args()
     for kind in args.kinds:

@@ -1,11 +1,12 @@
 """Compares every output of the recurrent training ops between two builds of the kernel library.
 
 A refactor of the C++ time loop must leave the ops' outputs as they were: this runs
-LSTMTraining + LSTMGrad and GRUTraining + GRUGrad over a matrix of configurations (sizes of
-bench_lstm.py, peepholes, sequence_lens, clip, input_forget, non-default activations, layout 1,
-reverse and bidirectional, float32 and float64, 1 and 2 threads) with one library per process,
-and reports per configuration whether the two libraries agree bitwise, or else the largest
-difference in units of the dtype's epsilon times the output's scale. Usage (each library in a
+LSTMTraining + LSTMGrad, GRUTraining + GRUGrad and RNNTraining + RNNGrad (tanh and relu) over a
+matrix of configurations (sizes of bench_lstm.py, peepholes, sequence_lens, clip, input_forget,
+non-default activations, layout 1, reverse and bidirectional, float32 and float64, 1 and 2
+threads) with one library per process, and reports per configuration whether the two libraries
+agree bitwise, or else the largest difference in units of the dtype's epsilon times the output's
+scale. Usage (each library in a
 process of its own, since both register the same domain):
 
     python scripts/compare_kernel_libraries.py run --library OLD.so --out old.npz
@@ -32,7 +33,7 @@ _SIZES = {
 
 
 def configs() -> Iterator[Config]:
-    """Every configuration compared, for both cells, at 1 and 2 threads."""
+    """Every configuration compared, for the three cells, at 1 and 2 threads."""
     variants: list[tuple[str, dict[str, object]]] = [
         ("S", {}),
         ("M", {}),
@@ -59,6 +60,9 @@ def configs() -> Iterator[Config]:
                 yield f"lstm {name}+input_forget t{threads}", "lstm", {**base, "input_forget": 1}
             for lbr in (1, 0):
                 yield f"gru {name} lbr{lbr} t{threads}", "gru", {**base, "lbr": lbr}
+            if name != "S-activations":  # the RNN's one activation: tanh and relu in every row
+                for nonlinearity in ("Tanh", "Relu"):
+                    yield f"rnn {name} {nonlinearity.lower()} t{threads}", "rnn", {**base, "rnn": nonlinearity}
 
 
 def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarray]:
@@ -73,7 +77,7 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
     dtype = np.dtype(str(settings.get("dtype", "float32")))
     direction = str(settings.get("direction", "forward"))
     d = 2 if direction == "bidirectional" else 1
-    gates = 4 if family == "lstm" else 3
+    gates = {"lstm": 4, "gru": 3, "rnn": 1}[family]
     rng = np.random.default_rng(7)
     scale = 1.0 / np.sqrt(hidden)
     x_shape = (steps, batch, inputs) if layout == 0 else (batch, steps, inputs)
@@ -100,11 +104,13 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
         attributes["input_forget"] = int(settings["input_forget"])  # type: ignore[call-overload]
     if "lbr" in settings:
         attributes["linear_before_reset"] = int(settings["lbr"])  # type: ignore[call-overload]
+    if "rnn" in settings:
+        attributes["activations"] = [str(settings["rnn"])] * d
     if settings.get("activations"):
         names = ["HardSigmoid", "Softsign", "Relu"] if family == "lstm" else ["HardSigmoid", "Softsign"]
         attributes["activations"] = names * d
-    forward_op = "LSTMTraining" if family == "lstm" else "GRUTraining"
-    grad_op = "LSTMGrad" if family == "lstm" else "GRUGrad"
+    forward_op = {"lstm": "LSTMTraining", "gru": "GRUTraining", "rnn": "RNNTraining"}[family]
+    grad_op = {"lstm": "LSTMGrad", "gru": "GRUGrad", "rnn": "RNNGrad"}[family]
     elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
 
     def session(op_type: str, present: list[str]) -> ort.InferenceSession:
@@ -175,7 +181,7 @@ def compare(old: str, new: str) -> int:
             if ulps > worst:
                 worst, where = ulps, key.split("|")[1]
         print(f"{name}: " + ("bitwise" if not where else f"differs, max {worst:.1f} eps x max|out| ({where})"))
-        status |= 0 if not where or name.startswith("gru") else 1
+        status |= 0 if not where or name.startswith(("gru", "rnn")) else 1
     return status
 
 

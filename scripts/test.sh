@@ -128,4 +128,5 @@ LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.
   ORTLSTM_UNDER_SANITIZER=1 \
   "$venvs/sanitize/bin/pytest" --capture=sys -m "not slow" -k "not out_of_memory" \
   tests/test_lstm_training.py tests/test_lstm_grad.py tests/test_errors.py tests/test_edge_cases.py \
-  tests/test_process_safety.py tests/test_adam_update.py tests/test_sgd_update.py "$@"
+  tests/test_process_safety.py tests/test_adam_update.py tests/test_sgd_update.py \
+  tests/test_bf16_gemm.py tests/test_bf16_onednn.py "$@"

@@ -8,7 +8,8 @@ import numpy as np
 
 import ortlstm.ops
 
-MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "parallel": 4}
+MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "parallel": 4, "operand_steps": 5,
+         "operand_fewer_rows": 6}
 
 
 def _library() -> ctypes.CDLL:

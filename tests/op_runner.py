@@ -61,12 +61,12 @@ def make_model(
 
 @functools.lru_cache(maxsize=512)
 def _cached_session(
-    op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...], dtype: str, attrs: str
+    op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...], dtype: str, attrs: str, threads: int | None = None
 ) -> ort.InferenceSession:
     model = make_model(op_type, inputs, outputs, np.dtype(dtype), json.loads(attrs))
-    return ort.InferenceSession(
-        model.SerializeToString(), ortlstm.ops.session_options(), providers=["CPUExecutionProvider"]
-    )
+    extra = {} if threads is None else {"intra_op_num_threads": threads}
+    options = ortlstm.ops.session_options(**extra)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def session(
@@ -75,14 +75,16 @@ def session(
     present_outputs: Sequence[str],
     dtype: np.dtype | type,
     attributes: Mapping[str, object],
+    threads: int | None = None,
 ) -> ort.InferenceSession:
-    """A cached session running one ortlstm node."""
+    """A cached session running one ortlstm node (``threads``: its intra-op threads, else the default)."""
     return _cached_session(
         op_type,
         tuple(present_inputs),
         tuple(present_outputs),
         np.dtype(dtype).name,
         json.dumps(dict(attributes), sort_keys=True),
+        threads,
     )
 
 
@@ -93,6 +95,7 @@ def run(
     *,
     dtype: np.dtype | type = np.float64,
     outputs: Sequence[str] | None = None,
+    threads: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Runs one node; ``None`` inputs are omitted, float inputs are cast to ``dtype``.
 
@@ -102,6 +105,8 @@ def run(
         attributes: Node attributes.
         dtype: float32 or float64.
         outputs: The ports to request (default: all).
+        threads: The session's intra-op threads, where a test needs the time loop cut into tasks
+            (default: ``ortlstm.ops.session_options()``'s).
 
     Returns:
         Port name -> array for the requested outputs.
@@ -113,6 +118,6 @@ def run(
         name: np.asarray(inputs[name]) if name in _INT32_PORTS else np.asarray(inputs[name], dtype=dtype)
         for name in present
     }
-    sess = session(op_type, present, requested, dtype, attributes)
+    sess = session(op_type, present, requested, dtype, attributes, threads)
     values = sess.run(requested, feeds)
     return dict(zip(requested, values, strict=True))

@@ -17,7 +17,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _STANDARD = {
     "SigmoidGrad": [

@@ -34,7 +34,7 @@ from ortlstm.graphs.autodiff import (
     onnx_opset,
     registered_ops,
 )
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 from ortlstm.graphs.export_metadata import read_torch_origins
 
 RECORDING = Path(__file__).parent / "recordings" / "activations.npz"

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 from onnx.reference.op_run import OpRun
 
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(31)
 _r = _RNG.standard_normal

@@ -27,7 +27,7 @@ from onnx.reference.op_run import OpRun
 
 import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(21)
 

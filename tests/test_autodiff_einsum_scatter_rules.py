@@ -15,7 +15,7 @@ from gradcheck import Case, build, check_case, check_case_float32, const, fed, w
 from onnx import TensorProto, helper
 
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(32)
 

@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(12)
 

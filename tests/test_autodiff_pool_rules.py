@@ -40,7 +40,7 @@ from test_autodiff_conv_rules import _FLOAT64_OPS as CONV_FLOAT64_OPS
 import ortlstm.ops
 from ortlstm.graphs import build_training_models, losses, optimizers
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(31)
 

@@ -21,7 +21,7 @@ from gradcheck import OMITTED, Case, analytic_gradients, build, check_case, chec
 from onnx import TensorProto, helper
 
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 
 _RNG = np.random.default_rng(7)
 

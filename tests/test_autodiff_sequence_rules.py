@@ -34,8 +34,8 @@ from onnx import TensorProto, helper, numpy_helper
 import ortlstm.ops
 from ortlstm.graphs import TrainingModels, build_training_models, losses, optimizers, prepare_model
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import used_names
-from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS
+from ortlstm.graphs.emit.emitter import used_names
+from ortlstm.graphs.prepare.sequences import SEQUENCE_OPS
 
 _RNG = np.random.default_rng(41)
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}

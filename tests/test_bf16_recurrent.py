@@ -78,9 +78,9 @@ def _matches_bf16(name: str, got: _Array, oracle: _Array) -> None:
     lies within float32's error of a bfloat16 rounding midpoint, the two round it to neighbours 2^-8
     apart, and the flip carries on through that batch entry's earlier steps (in the backward) and into
     the sums over the batch: up to a few tens of percent of the elements at wide H, by up to ~1e-3 of
-    the scale. So the median element (of those not exactly zero) must be within float32's rounding (1e-6 of the scale) and every
-    element within 2^-8; a GEMM left in float32, or rounded where it should not be, puts the median
-    at 1e-5 to 1e-3 of the scale.
+    the scale. So the median element (of those not exactly zero) must be within float32's rounding
+    (1e-6 of the scale) and every element within 2^-8; a GEMM left in float32, or rounded where it
+    should not be, puts the median at 1e-5 to 1e-3 of the scale.
     """
     scale = max(float(np.max(np.abs(oracle))), 1e-30)
     error = np.abs(got.astype(np.float64) - oracle) / scale
@@ -90,14 +90,8 @@ def _matches_bf16(name: str, got: _Array, oracle: _Array) -> None:
 
 
 def _forward(cell: str, inputs: Mapping[str, _Array | None], attributes: Mapping[str, object]) -> dict[str, _Array]:
-    """The training op's outputs (for RNNTraining the bf16 reference's, in float32).
-
-    RNNTraining's forward does not run bf16 until it moves onto the shared driver
-    (test_rnn_training_refuses_bfloat16_until_it_runs_on_the_driver).
-    """
-    op, oracle, outputs = _FORWARD[cell]
-    if cell == "rnn":
-        return {name: value.astype(np.float32) for name, value in oracle(inputs, **attributes).items()}
+    """The training op's outputs, in float32."""
+    op, _, outputs = _FORWARD[cell]
     return op_runner.run(op, inputs, attributes, dtype=np.float32, outputs=outputs)
 
 
@@ -125,15 +119,14 @@ def test_bfloat16_ops_match_the_bf16_reference(cell: str, options: dict, shape: 
     attributes = {"hidden_size": 16, **options}  # 512 for the wide rows
     inputs = _inputs(cell, attributes, seed=len(str(options)) + len(shape), **shape)
     forward = _forward(cell, inputs, {**attributes, **_BF16})
-    if cell != "rnn":
-        op, oracle, _ = _FORWARD[cell]
-        expected = oracle(inputs, **attributes, **_BF16)
-        for name, value in forward.items():
-            _matches_bf16(f"{op} {name}", value, expected[name])
-        # Not float32: the rounding shows, and stays within bfloat16's relative precision of float64.
-        float64 = oracle(inputs, **attributes)
-        assert not np.allclose(forward["HAll"], float64["HAll"], rtol=0, atol=1e-5), f"{op}: looks like float32"
-        _close(f"{op} HAll vs float64", forward["HAll"], float64["HAll"], 2e-2)
+    op, oracle, _ = _FORWARD[cell]
+    expected = oracle(inputs, **attributes, **_BF16)
+    for name, value in forward.items():
+        _matches_bf16(f"{op} {name}", value, expected[name])
+    # Not float32: the rounding shows, and stays within bfloat16's relative precision of float64.
+    float64 = oracle(inputs, **attributes)
+    assert not np.allclose(forward["HAll"], float64["HAll"], rtol=0, atol=1e-5), f"{op}: looks like float32"
+    _close(f"{op} HAll vs float64", forward["HAll"], float64["HAll"], 2e-2)
     rng = np.random.default_rng(1)
     grad_inputs = {**inputs, **forward, "grad_HAll": rng.standard_normal(forward["HAll"].shape).astype(np.float32),
                    "grad_Ht": rng.standard_normal(forward["Ht"].shape).astype(np.float32)}
@@ -156,10 +149,3 @@ def test_bfloat16_on_float64_tensors_is_refused(op: str) -> None:
                           {"hidden_size": 4, **_BF16})
     assert (f"{op} node '{op}_under_test': attribute matmul_precision: bfloat16 takes float32 tensors, got float64 "
             '(float64 is for gradient checks); pass float32 tensors or matmul_precision="float32"') in str(error.value)
-
-
-def test_rnn_training_refuses_bfloat16_until_it_runs_on_the_driver() -> None:
-    with pytest.raises(RuntimeException) as error:
-        op_runner.session("RNNTraining", ["X", "W", "R"], ["HAll"], np.float32, {"hidden_size": 4, **_BF16})
-    assert "attribute matmul_precision: bfloat16 is not yet supported by RNNTraining" in str(error.value)
-    assert 'pass matmul_precision="float32" or omit it' in str(error.value)

@@ -27,7 +27,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, Runtime
 
 import ortlstm.ops
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
-from ortlstm.graphs.autodiff.emitter import used_names
+from ortlstm.graphs.emit.emitter import used_names
 from ortlstm.ops import schema
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "ctc.npz"

@@ -21,7 +21,7 @@ import pytest
 import ortlstm.ops
 from ortlstm.graphs import losses
 from ortlstm.graphs.autodiff import build_backward
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType
 from ortlstm.ops import schema
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "ctc.npz"

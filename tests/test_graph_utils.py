@@ -1,4 +1,4 @@
-"""The shared graph plumbing (graphs/graph_utils.py) on small hand-written graphs with subgraphs."""
+"""The shared graph plumbing (graphs/emit/graph_utils.py) on small hand-written graphs with subgraphs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types
-from ortlstm.graphs.graph_utils import (
+from ortlstm.graphs.emit.graph_utils import (
     defined_names,
     drop_unread_initializers,
     named_subgraphs,

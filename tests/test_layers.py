@@ -8,6 +8,10 @@ statements at any depth and ``importlib.import_module("...")`` with a literal na
 - ``ortlstm.ops`` imports no other part of ortlstm.
 - ``ortlstm.graphs`` imports only ``ortlstm.ops`` and itself, and never onnxruntime except in the
   modules of the onnxruntime-training 1.19.2 path.
+- Its ground floor, ``ortlstm.graphs.emit`` (the emitter, the schema checks, the graph plumbing),
+  imports only ``ortlstm.ops`` and itself; no module of the package imports the old names kept for
+  code outside it (``ortlstm.graphs.autodiff.emitter``, ``ortlstm.graphs.graph_utils``,
+  ``ortlstm.graphs.autodiff.rules_sequence``).
 - No module imports torch; only the 1.19.2 path imports ``onnxruntime.training``.
 """
 
@@ -40,6 +44,14 @@ ONNXRUNTIME_TRAINING_PATH = {
     "ortlstm.__main__",
 }
 
+
+# The ground floor every builder of graphs imports, and the old module names that re-export it.
+GROUND_FLOOR = "ortlstm.graphs.emit"
+KEPT_FOR_OUTSIDE = {
+    "ortlstm.graphs.autodiff.emitter": "ortlstm.graphs.emit.emitter",
+    "ortlstm.graphs.graph_utils": "ortlstm.graphs.emit.graph_utils",
+    "ortlstm.graphs.autodiff.rules_sequence": "ortlstm.graphs.prepare.sequences",
+}
 
 # ops/schema.py gathers the declarations of these modules.
 CONTRACT = {
@@ -102,6 +114,7 @@ MODULES = dict(modules())
 def test_every_layer_is_found() -> None:
     assert set(MODULES) >= CONTRACT
     assert any(within(name, "ortlstm.graphs.autodiff") for name in MODULES)
+    assert {GROUND_FLOOR, f"{GROUND_FLOOR}.emitter", f"{GROUND_FLOOR}.checks", *KEPT_FOR_OUTSIDE} <= set(MODULES)
     assert any(within(name, "ortlstm.training") for name in MODULES)
 
 
@@ -119,6 +132,12 @@ def test_imports_go_only_downward(name: str) -> None:
         wrong += [i for i in ours if not (within(i, "ortlstm.ops") or within(i, "ortlstm.graphs"))]
         if name not in ONNXRUNTIME_TRAINING_PATH:
             wrong += [i for i in imports if within(i, "onnxruntime")]
+    if within(name, GROUND_FLOOR):
+        ours = [i for i in imports if within(i, "ortlstm")]
+        wrong += [i for i in ours if not (within(i, "ortlstm.ops") or within(i, GROUND_FLOOR))]
+    if name not in KEPT_FOR_OUTSIDE:
+        old_names = [(i, new) for old, new in KEPT_FOR_OUTSIDE.items() for i in imports if within(i, old)]
+        wrong += [f"{i} (import {new})" for i, new in old_names]
     wrong += [i for i in imports if within(i, "torch")]
     if name not in ONNXRUNTIME_TRAINING_PATH:
         wrong += [i for i in imports if within(i, "onnxruntime.training")]

@@ -24,7 +24,7 @@ import onnxruntime as ort
 import pytest
 
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "losses.npz"
 OPSET = 17

@@ -24,7 +24,7 @@ import pytest
 
 from ortlstm import ops
 from ortlstm.graphs import optimizers
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.train_step import clip_settings
 
 RECORDING = pathlib.Path(__file__).resolve().parent / "recordings" / "optimizers.npz"

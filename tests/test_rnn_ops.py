@@ -301,3 +301,42 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
         "X: seq_length*batch_size=0, seq_length*1*hidden_size=4398046511104, batch_size=0, input_size=5: each must be "
         "at most 2147483647, the largest dimension BLAS accepts"
     ) in message
+
+
+# Shapes whose time loop the kernels cut into tasks at 2 threads (SplitTimeLoop, lstm/lstm_math.h):
+# one step wide enough for blocks of hidden units (the forward driver's tasks; the backward keeps
+# one group), and enough entries with a small R for groups of entries (forward and backward).
+SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 512), "entry-groups": (3, 16, 8, 32)}
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("shape", list(SPLIT_SHAPES))
+def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, direction: str) -> None:
+    """RNNTraining and RNNGrad at 2 threads (the directions in parallel) equal the NumPy reference (float64)."""
+    steps, batch, inputs, hidden = SPLIT_SHAPES[shape]
+    d = schema.num_directions(direction)
+    rng = np.random.default_rng(13)
+    feeds = {
+        "X": rng.standard_normal((steps, batch, inputs)),
+        "W": rng.standard_normal((d, hidden, inputs)) * 0.3,
+        "R": rng.standard_normal((d, hidden, hidden)) / np.sqrt(hidden),
+        "B": rng.standard_normal((d, 2 * hidden)) * 0.3,
+        "sequence_lens": np.array([steps, 1] + [steps - 1] * (batch - 2), np.int32),
+        "initial_h": rng.standard_normal((d, batch, hidden)),
+    }
+    attributes = {"hidden_size": hidden, "direction": direction}
+    expected = rnn_training(feeds, **attributes)
+    forward = op_runner.run("RNNTraining", feeds, attributes, threads=2)
+    for name in ("HAll", "Ht"):
+        np.testing.assert_allclose(forward[name], expected[name], rtol=0, atol=FLOAT64_ATOL, err_msg=name)
+    grad_feeds = {
+        **feeds,
+        "HAll": forward["HAll"],
+        "grad_HAll": rng.standard_normal(forward["HAll"].shape),
+        "grad_Ht": rng.standard_normal(forward["Ht"].shape),
+    }
+    expected_grads = rnn_grad(grad_feeds, **attributes)
+    grads = op_runner.run("RNNGrad", grad_feeds, attributes, threads=2)
+    for name in GRAD_OF:
+        value = expected_grads[name]
+        np.testing.assert_allclose(grads[name], value, rtol=0, atol=FLOAT64_ATOL * np.abs(value).max(), err_msg=name)

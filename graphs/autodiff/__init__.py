@@ -4,7 +4,8 @@
 - ``register_gradient_rule`` / ``gradient_rule``: the table of rules, keyed by (domain, op_type);
   a user's own op gets a gradient by registering a rule.
 - ``GraphEmitter``: how every training-graph builder appends nodes (fresh names, typed
-  constants, opset-aware forms).
+  constants, opset-aware forms, each node checked against its schema); it lives at the ground
+  floor, ``ortlstm.graphs.emit``, and is re-exported here.
 
 Importing this package registers the built-in rules (the ``rules_*`` modules).
 """
@@ -24,11 +25,9 @@ from ortlstm.graphs.autodiff import (  # noqa: F401 - importing them registers t
     rules_pool,
     rules_rnn,
     rules_scatter,
-    rules_sequence,
     rules_shape,
 )
 from ortlstm.graphs.autodiff.backward import Backward, build_backward
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
 from ortlstm.graphs.autodiff.registry import (
     GradientContext,
     GradientRule,
@@ -36,6 +35,7 @@ from ortlstm.graphs.autodiff.registry import (
     register_gradient_rule,
     registered_ops,
 )
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType, infer_value_types, onnx_opset
 
 __all__ = [
     "Backward",

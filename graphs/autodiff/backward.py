@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
 from ortlstm.graphs.autodiff.registry import (
     GradientContext,
     gradient_rule,
     input_is_differentiable,
     missing_rule_hint,
 )
-from ortlstm.graphs.graph_utils import subgraph_reads
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.emit.graph_utils import subgraph_reads
 from ortlstm.graphs.parameters import freeze_hint, label
 
 

@@ -23,7 +23,7 @@ import onnx
 import onnx.defs
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter
 from ortlstm.ops import schema as ortlstm_schema
 
 ONNX_DOMAINS = ("", "ai.onnx")

@@ -40,8 +40,8 @@ def ctc_loss_grad(ctx: GradientContext, grad_outputs: Sequence[str | None]) -> l
         else:
             values[port.name] = ctx.require_output(schema.output_index(forward, port.name))
     grad = ctx.emitter.fresh(f"{ctx.node.name or ctx.node.op_type}_grad_log_probs")
-    ctx.op(grad_op.name, ordered_inputs(grad_op, values), outputs=[grad], domain=schema.DOMAIN)
-    ctx.emitter.nodes[-1].attribute.extend(ctx.node.attribute)
+    inputs = ordered_inputs(grad_op, values)
+    ctx.op(grad_op.name, inputs, outputs=[grad], domain=schema.DOMAIN, attribute_protos=ctx.node.attribute)
     known = ctx.emitter.value_type(ctx.input(log_probs))
     if known is not None:  # a gradient has its input's type and shape
         ctx.emitter.set_type(grad, known.elem_type, known.shape)

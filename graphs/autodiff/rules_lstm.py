@@ -74,9 +74,9 @@ def recurrent_training_grad(
     while outputs and not outputs[-1]:
         outputs.pop()
 
-    ctx.op(wiring.gradient.name, inputs, outputs=outputs, domain=wiring.gradient.domain)
+    gradient = wiring.gradient
+    ctx.op(gradient.name, inputs, outputs=outputs, domain=gradient.domain, attribute_protos=ctx.node.attribute)
     grad_node = ctx.emitter.nodes[-1]
-    grad_node.attribute.extend(ctx.node.attribute)
     activations = ctx.attribute("activations")
     if activations is not None and not ctx.has_attribute("activations_csv"):
         # Kernels on onnxruntime < 1.25 read only the comma-separated copy.

@@ -16,7 +16,8 @@ type, ``target_size_warning`` is torch's warning for a target that broadcasts),
 ``check_target_values`` target values torch refuses; ``gradient_seed`` says where the backward
 starts. Each loss function also works on its own: ``cross_entropy(emitter, input, target, ...)``
 with torch's arguments (after the emitter) and defaults. A new loss is one registered function in
-the family module it belongs to (see ``register_loss``), plus its test rows.
+the family module it belongs to (see ``register_loss``), plus its test rows; its table entry also
+declares what ``fit`` and distributed training read (``METRICS``, ``MEANS``: ``facts``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ortlstm.graphs.losses.base import (
     target_facts,
     target_size_warning,
 )
+from ortlstm.graphs.losses.facts import MEANS, METRICS
 
 FAMILIES = ("classification", "regression", "divergence", "binary", "sequence", "output")
 """The modules that register the losses, imported in this order: the table's (the CLI lists it)."""
@@ -72,6 +74,8 @@ __all__ = [
     "KINDS",
     "KL_DIV_REDUCTIONS",
     "LOSSES",
+    "MEANS",
+    "METRICS",
     "REDUCTIONS",
     "ExtraTarget",
     "Loss",

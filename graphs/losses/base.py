@@ -23,8 +23,11 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.field_types import check_field_types
+from ortlstm.graphs.losses.facts import check_facts
+from ortlstm.graphs.losses.shapes import broadcast_problem, described, shape_text, type_name
+from ortlstm.graphs.losses.shapes import shape_conflict as shape_conflict  # the families import it from here
 
 REDUCTIONS = ("mean", "sum", "none")
 KL_DIV_REDUCTIONS = (*REDUCTIONS, "batchmean")
@@ -37,7 +40,6 @@ BROADCASTS = ("exact", "warn", "silent", "into")
 UserWarning (mse_loss, l1_loss, smooth_l1_loss, huber_loss); ``silent`` broadcasts without one
 (kl_div); ``into`` broadcasts without one where the broadcast shape is the prediction's
 (soft_margin_loss writes into a tensor of the input's shape)."""
-
 LossFunction = Callable[..., str]
 """``loss(emitter, input, target, **torch_keyword_arguments) -> the loss value's name``."""
 TargetCheck = Callable[["Loss", "ValueType | None", "ValueType | None", str, str], None]
@@ -97,6 +99,10 @@ class LossDef:
             says (class indices or the prediction's type), or None.
         broadcast: How a target of another shape than the prediction is taken (``BROADCASTS``),
             for the losses whose target is shaped like the prediction.
+        metric: What ``fit`` reports beside the loss (``METRICS``), or None: the loss alone.
+        mean: What its ``'mean'`` divides by (``MEANS``); kl_div's ``'batchmean'`` divides by the batch.
+        lengths: The extra target holding each sample's label count, when the target may come padded
+            ``[N, S]`` or concatenated ``[sum(lengths)]`` (ctc_loss's ``target_lengths``), else None.
     """
 
     name: str
@@ -114,6 +120,9 @@ class LossDef:
     check_extra_targets: ExtraTargetsCheck | None = None
     declared_target: DeclaredTarget | None = None
     broadcast: str = "exact"
+    metric: str | None = None
+    mean: str = "elements"
+    lengths: str | None = None
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -265,39 +274,30 @@ class Loss(metaclass=_LossConstructors):
         """Target inputs besides ``target`` (ctc_loss: input_lengths, target_lengths); () for most."""
         return LOSSES[self.kind].extra_targets
 
+    @property
+    def metric(self) -> str | None:
+        """What ``fit`` reports beside the loss (``METRICS``), or None; accuracy reads class indices only."""
+        metric = LOSSES[self.kind].metric
+        return None if metric == "accuracy" and not self.class_target else metric
+
+    @property
+    def mean_denominator(self) -> str | None:
+        """What this reduction divides by (``MEANS``); None for ``'sum'`` and ``'none'``, which divide by nothing."""
+        if self.reduction in ("sum", "none"):
+            return None
+        mean = "batch" if self.reduction == "batchmean" else LOSSES[self.kind].mean
+        return "elements" if mean == "class_weights" and not self.class_target else mean
+
+    @property
+    def lengths(self) -> str | None:
+        """The extra target of each sample's label count (ctc_loss: target_lengths), or None (``LossDef.lengths``)."""
+        return LOSSES[self.kind].lengths
+
 
 _FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Loss) if field.name != "kind"}
 
 
 # ---- target checks shared by the families ------------------------------------------------------
-
-
-def type_name(elem_type: int) -> str:
-    """``float32`` for TensorProto.FLOAT, the ONNX name for types NumPy lacks."""
-    try:
-        return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
-    except (KeyError, TypeError, ValueError):
-        return onnx.TensorProto.DataType.Name(elem_type).lower()
-
-
-def shape_text(shape: Sequence[int | str | None] | None) -> str:
-    """``[4, batch, ?]``, or "of unknown rank"."""
-    if shape is None:
-        return "of unknown rank"
-    return "[" + ", ".join("?" if dim is None else str(dim) for dim in shape) + "]"
-
-
-def shape_conflict(expected: Sequence[int | str | None], actual: Sequence[int | str | None]) -> bool:
-    """The ranks differ, or two static dims do (symbolic and unknown dims match anything)."""
-    return len(expected) != len(actual) or any(
-        isinstance(e, int) and isinstance(a, int) and e != a for e, a in zip(expected, actual, strict=False)
-    )
-
-
-def described(value_type: ValueType | None) -> str:
-    """``got float32 [4, 5]`` for an error message."""
-    elem, shape = (value_type.elem_type, value_type.shape) if value_type is not None else (0, None)
-    return f"got {type_name(elem) if elem else 'an unknown type'} {shape_text(shape)}"
 
 
 def check_like_prediction(
@@ -326,46 +326,6 @@ def check_like_prediction(
             f"loss target {target_name!r}: {spec.kind} expects the prediction's shape {shape_text(pred_shape)}, "
             f"{described(target)}: {problem}"
         )
-
-
-def broadcast_problem(
-    broadcast: str, prediction: Sequence[int | str | None], target: Sequence[int | str | None]
-) -> str | None:
-    """Why a target of shape ``target`` is refused for a prediction of shape ``prediction``, or None.
-
-    ``broadcast`` is the loss's rule (``BROADCASTS``): what torch refuses is refused. Dims are
-    aligned from the right (NumPy's and torch's broadcasting); unknown and symbolic dims pass. A
-    target with more axes than the prediction is refused by every rule, also where torch would
-    broadcast the loss to a larger shape: a train step declares the target's rank (the
-    prediction's).
-    """
-    if broadcast == "exact":
-        if not shape_conflict(prediction, target):
-            return None
-        return "a target of another shape is refused, as torch refuses it; pass a target of the prediction's shape"
-    if len(target) > len(prediction):
-        larger = "would broadcast the loss to a larger shape"
-        verdict = {"warn": f"{larger} with its size warning", "silent": larger, "into": "refuses it too"}[broadcast]
-        return (
-            f"it has more axes than the prediction (torch {verdict}); a train step takes at most the "
-            f"prediction's {len(prediction)} axes: pass a target of the prediction's shape"
-        )
-    offset = len(prediction) - len(target)
-    for axis, (p, t) in enumerate(zip(prediction[offset:], target, strict=True), start=offset):
-        if not (isinstance(p, int) and isinstance(t, int)) or p == t or t == 1:
-            continue
-        if p != 1:
-            return (
-                f"aligned from the right as torch broadcasts, its {t} meets the prediction's {p} at axis {axis}, "
-                f"and neither is 1 (torch raises: 'The size of tensor ... must match the size of tensor ... at "
-                f"non-singleton dimension {axis}'); pass a target of the prediction's shape"
-            )
-        if broadcast == "into":
-            return (
-                f"its {t} at axis {axis} would broadcast the prediction's 1 to a larger loss, which torch refuses "
-                "(it writes the loss into a tensor of the prediction's shape); pass a target of the prediction's shape"
-            )
-    return None
 
 
 def target_size_warning(spec: Loss, prediction: ValueType | None, target: ValueType | None) -> str | None:
@@ -402,6 +362,8 @@ class TargetFacts:
             for any rank (ctc_loss's padded or concatenated labels).
         broadcast: How a target of another shape is taken (``BROADCASTS``).
         other: How to build the loss for the other kind of target it could hold, or "".
+        lengths: The extra target of each sample's label count when the target may come padded
+            ``[N, S]`` or concatenated ``[sum(lengths)]`` (``LossDef.lengths``), else None.
     """
 
     what: str
@@ -409,6 +371,7 @@ class TargetFacts:
     shape: tuple[int | str | None, ...] | None
     broadcast: str
     other: str = ""
+    lengths: str | None = None
 
     def expected(self) -> str:
         """``int64 or int32 [32]`` for messages."""
@@ -437,7 +400,8 @@ def target_facts(spec: Loss, prediction: ValueType | None) -> TargetFacts | None
     if entry.declared_target is not None:
         elem, declared = entry.declared_target(prediction, "")
         elems = indices if elem in INDEX_TYPES else (elem,)
-        return TargetFacts("labels", elems, None if declared is None else tuple(declared), "exact")
+        labels = None if declared is None else tuple(declared)
+        return TargetFacts("labels", elems, labels, "exact", lengths=entry.lengths)
     probabilities = "class_probabilities" in entry.options
     if spec.class_target:
         shape = None if pred_shape is None else (pred_shape[:1] + pred_shape[2:] if len(pred_shape) > 1 else ())
@@ -488,6 +452,9 @@ def register_loss(
     check_extra_targets: ExtraTargetsCheck | None = None,
     declared_target: DeclaredTarget | None = None,
     broadcast: str = "exact",
+    metric: str | None = None,
+    mean: str = "elements",
+    lengths: str | None = None,
 ) -> Callable[[LossFunction], LossFunction]:
     """Adds the decorated loss function to ``LOSSES`` (see ``LossDef`` for the arguments).
 
@@ -499,7 +466,8 @@ def register_loss(
 
     Raises:
         TypeError: An argument that is no ``Loss`` field, or a default that is not the field's.
-        ValueError: A name registered twice, or an unknown ``broadcast``.
+        ValueError: A name registered twice, an unknown ``broadcast``, ``metric`` or ``mean``, or
+            facts that disagree (accuracy without class indices, lengths no extra target holds).
     """
 
     def register(function: LossFunction) -> LossFunction:
@@ -508,6 +476,7 @@ def register_loss(
             raise ValueError(f"loss {kind!r} is registered twice")
         if broadcast not in BROADCASTS:
             raise ValueError(f"{kind}: broadcast must be one of {BROADCASTS}, got {broadcast!r}")
+        check_facts(kind, class_target, [extra.name for extra in extra_targets], metric, mean, lengths)
         every = list(inspect.signature(function).parameters.values())
         extra_names = tuple(extra.name for extra in extra_targets)
         if tuple(parameter.name for parameter in every[3 : 3 + len(extra_names)]) != extra_names:
@@ -545,6 +514,9 @@ def register_loss(
             check_extra_targets,
             declared_target,
             broadcast,
+            metric,
+            mean,
+            lengths,
         )
         return checked
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import (
     INDEX_TYPES,
     Loss,
@@ -226,6 +226,8 @@ def _class_weight_broadcast(emitter: GraphEmitter, weight: np.ndarray, rank: int
 
 @register_loss(
     class_target=True,
+    metric="accuracy",
+    mean="class_weights",
     check_target=functools.partial(_check_class_target, probabilities=True),
     check_values=_check_class_indices,
     validate=_validate,
@@ -345,7 +347,12 @@ def _cross_entropy_batched(
 
 
 @register_loss(
-    class_target=True, check_target=_check_class_target, check_values=_check_class_indices, validate=_validate
+    class_target=True,
+    metric="accuracy",
+    mean="class_weights",
+    check_target=_check_class_target,
+    check_values=_check_class_indices,
+    validate=_validate,
 )
 def nll_loss(
     emitter: GraphEmitter,

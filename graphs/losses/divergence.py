@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.losses.base import KL_DIV_REDUCTIONS, float_constant, reduce, register_loss
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import Loss, register_loss, shape_text
 
 
@@ -19,7 +19,7 @@ def _check_single_element(
         )
 
 
-@register_loss(needs_target=False, check_target=_check_single_element)
+@register_loss(needs_target=False, check_target=_check_single_element, mean="batch")
 def output(emitter: GraphEmitter, input: str, target: str | None) -> str:
     """The model output ``input`` is the loss (``Loss.output()``); nothing is emitted."""
     del emitter, target

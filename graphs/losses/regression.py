@@ -7,7 +7,7 @@ of operations.
 
 from __future__ import annotations
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.losses.base import Loss, float_constant, reduce, register_loss
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter, ValueType
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, ValueType
 from ortlstm.graphs.losses.base import (
     INDEX_TYPES,
     ExtraTarget,
@@ -166,6 +166,9 @@ def _input_lengths(emitter: GraphEmitter, log_probs: str, given: str | None, tar
     extra_targets=_CTC_TARGETS,
     check_extra_targets=_check_lengths,
     declared_target=_declared_target,
+    metric="cer",
+    mean="samples",
+    lengths="target_lengths",
 )
 def ctc_loss(
     emitter: GraphEmitter,

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
 from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
 

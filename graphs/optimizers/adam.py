@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, decoupled_decay, scalar_double
 from ortlstm.graphs.optimizers.base import (
     Optimizer,

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 
 DOUBLE = onnx.TensorProto.DOUBLE
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.field_types import check_field_types
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, group_lr, node_scalars, param_elem_type
 from ortlstm.graphs.optimizers.clip import ClipGradNorm, ClipGradValue, clip_grad_norm, clip_grad_value

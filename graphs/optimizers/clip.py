@@ -11,7 +11,8 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
+from ortlstm.graphs.options import BUILDER_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +25,7 @@ class ClipGradNorm:
     """
 
     max_norm: float
-    norm_type: float = 2.0
+    norm_type: float = BUILDER_DEFAULTS["clip_norm_type"]
 
     def __post_init__(self) -> None:
         # torch does not check max_norm: a negative one multiplies every gradient by a negative coefficient.
@@ -93,7 +94,7 @@ def _vector_norm(emitter: GraphEmitter, value: str, norm_type: float) -> str:
 
 
 def clip_grad_norm(
-    emitter: GraphEmitter, grads: Sequence[str], max_norm: float, norm_type: float = 2.0
+    emitter: GraphEmitter, grads: Sequence[str], max_norm: float, norm_type: float = BUILDER_DEFAULTS["clip_norm_type"]
 ) -> tuple[list[str], str]:
     """torch.nn.utils.clip_grad_norm_: scales all gradients together to a total norm of at most max_norm.
 
@@ -141,7 +142,9 @@ def clip_grad_norm(
 
 
 def clip_settings(
-    clip_grad_norm: float | None, clip_norm_type: float = 2.0, clip_grad_value: float | None = None
+    clip_grad_norm: float | None,
+    clip_norm_type: float = BUILDER_DEFAULTS["clip_norm_type"],
+    clip_grad_value: float | None = BUILDER_DEFAULTS["clip_grad_value"],
 ) -> ClipGradNorm | ClipGradValue | None:
     """The gradient clipping asked for: by total norm, by value, or none (validated).
 

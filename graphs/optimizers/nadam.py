@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, decoupled_decay, scalar_double
 from ortlstm.graphs.optimizers.base import (
     Optimizer,

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import TensorMath, cast_to
 from ortlstm.graphs.optimizers.base import Optimizer, Update, check_nonnegative, register_optimizer
 

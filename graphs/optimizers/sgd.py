@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
-from ortlstm.graphs.autodiff.emitter import GraphEmitter
+from ortlstm.graphs.emit.emitter import GraphEmitter
 from ortlstm.graphs.optimizers.arithmetic import DOUBLE, TensorMath, cast_to, scalar_double
 from ortlstm.graphs.optimizers.base import Optimizer, Update, check_implementation, register_optimizer
 from ortlstm.ops import schema

@@ -25,7 +25,7 @@ import onnx.numpy_helper
 from ortlstm.graphs.convert import MAIN_GRAPH, MAX_IR_VERSION, convert, is_onnx_lstm, lstm_locations
 from ortlstm.graphs.convert_gru import convert_grus
 from ortlstm.graphs.convert_rnn import convert_rnns
-from ortlstm.graphs.graph_utils import prune_to_outputs
+from ortlstm.graphs.emit.graph_utils import prune_to_outputs
 from ortlstm.graphs.ort_training.gradient import RECURRENT_WIRINGS, import_training_runtime, register_gradient
 from ortlstm.graphs.parameters import ParameterNames, torch_sources
 from ortlstm.ops import library_path, schema, session_options

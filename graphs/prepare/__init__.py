@@ -51,8 +51,8 @@ own on one ``state.Preparation``, in this order:
   the dynamic dims);
 - ``resolve_sequences``: reads of sequences whose structure is static (``SequenceAt`` of a
   ``SplitToSequence`` at a constant position: torch.split / torch.chunk exported with
-  ``optimize=False``) are tensor ops (``autodiff.rules_sequence.resolve_static_sequences``);
-- ``drop_dead_values``: nodes and initializers no output needs go (``graph_utils.prune_to_outputs``);
+  ``optimize=False``) are tensor ops (``sequences.resolve_static_sequences``);
+- ``drop_dead_values``: nodes and initializers no output needs go (``emit.graph_utils.prune_to_outputs``);
 - ``convert_lstms``: ONNX ``LSTM`` nodes are ortlstm ``LSTMTraining`` nodes (``convert``);
 - ``convert_grus``: ONNX ``GRU`` nodes are ortlstm ``GRUTraining`` nodes (``convert_gru``);
 - ``convert_rnns``: ONNX ``RNN`` nodes are ortlstm ``RNNTraining`` nodes (``convert_rnn``);

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import onnx
 
-from ortlstm.graphs.graph_utils import subgraph_reads
+from ortlstm.graphs.emit.graph_utils import subgraph_reads
 from ortlstm.graphs.prepare.state import PreparedModel, is_onnx
 
 # Sizes a dynamic dim takes while testing whether fixing it decides an If (models take only some

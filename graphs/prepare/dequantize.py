@@ -34,7 +34,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.registry import register_missing_rule_hint
-from ortlstm.graphs.graph_utils import reads_in_subgraphs, unique_name, used_names
+from ortlstm.graphs.emit.graph_utils import reads_in_subgraphs, unique_name, used_names
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
 INT8_LSTM = ("com.microsoft", "DynamicQuantizeLSTM")

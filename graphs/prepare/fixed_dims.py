@@ -50,10 +50,10 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
 from ortlstm.graphs.carried_state import STATE_PORTS
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.emit.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.export_metadata import read_torch_origins
-from ortlstm.graphs.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.prepare.folding import constant_value
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 

@@ -16,9 +16,9 @@ import onnx.helper
 import onnx.numpy_helper
 import onnx.reference
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, ValueType, infer_value_types
-from ortlstm.graphs.autodiff.rules_sequence import SEQUENCE_OPS
-from ortlstm.graphs.graph_utils import defined_names, rename_values, subgraphs, unique_name, used_names
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.emit.graph_utils import defined_names, rename_values, subgraphs, unique_name, used_names
+from ortlstm.graphs.prepare.sequences import SEQUENCE_OPS
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
 # Folding evaluates nodes in Python: never ops with side effects or randomness, never big outputs,

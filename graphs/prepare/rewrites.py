@@ -15,13 +15,13 @@ import onnx.numpy_helper
 import onnx.shape_inference
 import onnx.version_converter
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES
-from ortlstm.graphs.autodiff.rules_sequence import resolve_static_sequences
 from ortlstm.graphs.convert import convert, is_onnx_lstm
 from ortlstm.graphs.convert_gru import convert_grus as convert_grus_of
 from ortlstm.graphs.convert_rnn import convert_rnns as convert_rnns_of
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES
+from ortlstm.graphs.emit.graph_utils import prune_to_outputs, reads_in_subgraphs, unique_name, used_names
 from ortlstm.graphs.export_metadata import read_torch_origins
-from ortlstm.graphs.graph_utils import prune_to_outputs, reads_in_subgraphs, unique_name, used_names
+from ortlstm.graphs.prepare.sequences import resolve_static_sequences
 from ortlstm.graphs.prepare.state import ONNX_DOMAINS, Preparation, is_onnx
 from ortlstm.ops import schema
 

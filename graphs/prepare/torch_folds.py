@@ -37,7 +37,8 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.autodiff.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.emit.graph_utils import unique_name, used_names
 from ortlstm.graphs.export_metadata import (
     FUSES_BATCHNORM,
     PARAMETER,
@@ -47,7 +48,6 @@ from ortlstm.graphs.export_metadata import (
     fx_call,
     read_torch_origins,
 )
-from ortlstm.graphs.graph_utils import unique_name, used_names
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
 _INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})

@@ -18,11 +18,14 @@
 
 #include "common/blas.h"
 #include "common/blas_backends.h"
+#if defined(ORTLSTM_ONEDNN)
+#include "common/bf16_onednn.h"
+#endif
 
 namespace ortlstm {
 namespace {
 
-enum class Bf16Backend : int { kNone = 0, kMkl, kFallback };
+enum class Bf16Backend : int { kNone = 0, kMkl, kFallback, kOnednn };
 
 constexpr const char* kEnvironmentVariable = "ORTLSTM_BF16_GEMM";
 
@@ -32,6 +35,8 @@ const char* Name(Bf16Backend backend) {
       return "mkl";
     case Bf16Backend::kFallback:
       return "fallback";
+    case Bf16Backend::kOnednn:
+      return "onednn";
     case Bf16Backend::kNone:
       break;
   }
@@ -45,17 +50,32 @@ constexpr bool kMklLinked =
     false;
 #endif
 
+constexpr bool kOnednnBuilt =
+#if defined(ORTLSTM_ONEDNN)
+    true;
+#else
+    false;
+#endif
+
 // oneMKL's bf16 GEMM on Intel CPUs with bf16 units (AMX, AVX512-BF16) where the build links it;
-// else the fallback. On AMD Zen 4 (AVX512-BF16) oneMKL's bf16 GEMM was no faster than the fallback
-// and both slower than float32 (docs/benchmarks.md): oneMKL does not use AMD's bf16 units.
+// oneDNN's matmul on other CPUs with bf16 units (AMD Zen 4, 5) where the build has its headers
+// (libdnnl itself is loaded at the first bf16 GEMM; if it will not load, the fallback with a
+// warning); else the fallback. On AMD Zen 4 (AVX512-BF16) oneMKL's bf16 GEMM was no faster than the
+// fallback and both slower than float32 (docs/benchmarks.md): oneMKL does not use AMD's bf16 units,
+// oneDNN does.
 Bf16Backend Automatic() {
-  return kMklLinked && CpuHasBf16Units() && CpuVendor() == "GenuineIntel" ? Bf16Backend::kMkl : Bf16Backend::kFallback;
+  if (!CpuHasBf16Units()) return Bf16Backend::kFallback;
+  if (kMklLinked && CpuVendor() == "GenuineIntel") return Bf16Backend::kMkl;
+  return kOnednnBuilt ? Bf16Backend::kOnednn : Bf16Backend::kFallback;
 }
+
+// Why oneDNN, chosen, runs nothing (set once, before g_backend turns kFallback); "" otherwise.
+std::string g_onednn_error;
 
 std::atomic<Bf16Backend> g_backend{Bf16Backend::kNone};
 std::mutex g_choose_mutex;
 
-Bf16Backend Active() {
+[[maybe_unused]] Bf16Backend Active() {  // unused where neither oneMKL nor oneDNN is built in (aarch64)
   Bf16Backend backend = g_backend.load(std::memory_order_acquire);
   if (backend == Bf16Backend::kNone) {
     if (!ChooseBf16Gemm().empty()) {
@@ -65,15 +85,27 @@ Bf16Backend Active() {
     }
     backend = g_backend.load(std::memory_order_acquire);
   }
+#if defined(ORTLSTM_ONEDNN)
+  if (backend == Bf16Backend::kOnednn && !onednn::LoadError().empty()) {
+    // libdnnl is loaded here, at the first bf16 GEMM: float32 users never load it.
+    std::lock_guard<std::mutex> lock(g_choose_mutex);
+    if (g_onednn_error.empty()) g_onednn_error = onednn::LoadError();
+    g_backend.store(Bf16Backend::kFallback, std::memory_order_release);
+    backend = Bf16Backend::kFallback;
+  }
+#endif
   return backend;
 }
 
 // Once per process, the first time a bf16 GEMM runs on the fallback, saying why it is there.
+// (An atomic flag rather than std::call_once: pthread_once would raise the wheels' manylinux tag to 2_34.)
 void WarnSlowFallback() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  {
     const char* forced = std::getenv(kEnvironmentVariable);
-    const std::string why = forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
+    const std::string why = !g_onednn_error.empty() ? "oneDNN did not load: " + g_onednn_error
+                            : forced != nullptr && forced[0] != '\0' ? std::string(kEnvironmentVariable) + "=fallback"
                             : !CpuHasBf16Units() ? std::string("a CPU without bf16 units (no AVX512-BF16 or AMX)")
                                                  : "an " + CpuVendor() + " CPU: oneMKL does not use its bf16 units";
     std::fprintf(stderr,
@@ -81,10 +113,25 @@ void WarnSlowFallback() {
                  "widened to float32 and the float32 GEMM, the same numbers but slower than "
                  "matmul_precision=\"float32\"\n",
                  why.c_str());
-  });
+  }
 }
 
-int Int(int64_t value) {
+#if defined(ORTLSTM_ONEDNN)
+// Once per process, if oneDNN refuses a GEMM (a primitive it cannot create or run): that GEMM takes
+// the fallback, the same numbers within summation order.
+void WarnOnednnRefused(int64_t m, int64_t n, int64_t k) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  {
+    std::fprintf(stderr,
+                 "ortlstm: warning: oneDNN refused a bf16 GEMM (M %lld, N %lld, K %lld); it and any other it refuses "
+                 "run on the fallback GEMM (the same numbers, slower)\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+  }
+}
+#endif
+
+[[maybe_unused]] int Int(int64_t value) {
   assert(value >= 0 && value <= INT_MAX);
   return static_cast<int>(value);
 }
@@ -112,7 +159,7 @@ Out* Dense(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<Out>
 }
 
 // Per-thread scratch for the rounded operands (two each: A and B).
-std::vector<Bfloat16>& Bf16Scratch(int which) {
+[[maybe_unused]] std::vector<Bfloat16>& Bf16Scratch(int which) {
   thread_local std::vector<Bfloat16> buffers[2];
   return buffers[which];
 }
@@ -188,15 +235,21 @@ std::string ChooseBf16Gemm() {
     const std::string value(forced);
     if (value == "mkl") {
       wanted = Bf16Backend::kMkl;
+    } else if (value == "onednn") {
+      wanted = Bf16Backend::kOnednn;
     } else if (value == "fallback") {
       wanted = Bf16Backend::kFallback;
     } else {
       return std::string(kEnvironmentVariable) + "='" + value +
-             "' is not a bf16 GEMM backend: expected mkl or fallback, or unset for the choice by CPU";
+             "' is not a bf16 GEMM backend: expected mkl, onednn or fallback, or unset for the choice by CPU";
     }
     if (wanted == Bf16Backend::kMkl && !kMklLinked) {
       return std::string(kEnvironmentVariable) +
-             "=mkl, but this build of ortlstm does not link oneMKL (see cmake/Blas.cmake); use fallback";
+             "=mkl, but this build of ortlstm does not link oneMKL (see cmake/Blas.cmake); use onednn or fallback";
+    }
+    if (wanted == Bf16Backend::kOnednn && !kOnednnBuilt) {
+      return std::string(kEnvironmentVariable) +
+             "=onednn, but this build of ortlstm has no oneDNN backend (see cmake/Onednn.cmake); use fallback";
     }
   }
   std::lock_guard<std::mutex> lock(g_choose_mutex);
@@ -212,7 +265,7 @@ std::string ChooseBf16Gemm() {
 
 const char* Bf16GemmBackendName() {
   if (g_backend.load(std::memory_order_acquire) == Bf16Backend::kNone && !ChooseBf16Gemm().empty()) return nullptr;
-  return Name(g_backend.load(std::memory_order_acquire));
+  return Name(Active());  // onednn is "fallback" here if libdnnl does not load (tried now)
 }
 
 void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const Bfloat16* a,
@@ -225,7 +278,16 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     return;
   }
 #endif
+#if defined(ORTLSTM_ONEDNN)
+  if (Active() == Bf16Backend::kOnednn) {
+    if (onednn::Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+    WarnOnednnRefused(m, n, k);
+  } else {
+    WarnSlowFallback();
+  }
+#else
   WarnSlowFallback();
+#endif
   const float* a_wide = Dense(a, trans_a ? k : m, trans_a ? m : k, lda, &FloatScratch(0), Bfloat16ToFloat);
   const float* b_wide = Dense(b, trans_b ? n : k, trans_b ? k : n, ldb, &FloatScratch(1), Bfloat16ToFloat);
   Gemm(trans_a, trans_b, m, n, k, alpha, a_wide, trans_a ? m : k, b_wide, trans_b ? k : n, beta, c, ldc);
@@ -245,7 +307,18 @@ void GemmRoundedBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
     return;
   }
 #endif
+#if defined(ORTLSTM_ONEDNN)
+  if (Active() == Bf16Backend::kOnednn) {
+    const Bfloat16* a_bf16 = Dense(a, a_rows, a_cols, lda, &Bf16Scratch(0), RoundToBfloat16);
+    const Bfloat16* b_bf16 = Dense(b, b_rows, b_cols, ldb, &Bf16Scratch(1), RoundToBfloat16);
+    if (onednn::Gemm(trans_a, trans_b, m, n, k, alpha, a_bf16, a_cols, b_bf16, b_cols, beta, c, ldc)) return;
+    WarnOnednnRefused(m, n, k);
+  } else {
+    WarnSlowFallback();
+  }
+#else
   WarnSlowFallback();
+#endif
   const float* a_wide = Dense(a, a_rows, a_cols, lda, &FloatScratch(0), RoundToBfloat16AsFloat);
   const float* b_wide = Dense(b, b_rows, b_cols, ldb, &FloatScratch(1), RoundToBfloat16AsFloat);
   Gemm(trans_a, trans_b, m, n, k, alpha, a_wide, a_cols, b_wide, b_cols, beta, c, ldc);
@@ -257,9 +330,10 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
   if (ScaleOnly(m, n, k, beta, c, ldc)) return;
   const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-#if defined(ORTLSTM_BLAS_MKL)
-  if (Active() == Bf16Backend::kMkl) {
-    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns).
+  const Bf16Backend backend = Active();
+  if (backend == Bf16Backend::kMkl || backend == Bf16Backend::kOnednn) {
+    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns), each
+    // one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the calling thread alone).
     std::vector<Bfloat16> a_bf16, b_bf16;
     Dense(a, a_rows, a_cols, lda, &a_bf16, RoundToBfloat16);
     Dense(b, b_rows, b_cols, ldb, &b_bf16, RoundToBfloat16);
@@ -277,12 +351,10 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
                                            : (trans_b ? b_bf16.data() + r.begin * b_cols : b_bf16.data() + r.begin);
       const int64_t rows = split_rows ? r.end - r.begin : m, cols = split_rows ? n : r.end - r.begin;
       float* c_block = split_rows ? c + r.begin * ldc : c + r.begin;
-      blas_backend::MklGemmBf16(trans_a, trans_b, Int(rows), Int(cols), Int(k), alpha, a_block, Int(a_cols), b_block,
-                                Int(b_cols), beta, c_block, Int(ldc));
+      GemmBf16(trans_a, trans_b, rows, cols, k, alpha, a_block, a_cols, b_block, b_cols, beta, c_block, ldc);
     });
     return;
   }
-#endif
   WarnSlowFallback();
   std::vector<float> a_wide, b_wide;
   Dense(a, a_rows, a_cols, lda, &a_wide, RoundToBfloat16AsFloat);
@@ -297,6 +369,16 @@ Bf16Operand::~Bf16Operand() = default;
 Bf16Operand::Bf16Operand(bool trans_b, int64_t m, int64_t n, int64_t k, const float* b, int64_t ldb)
     : trans_b_(trans_b), m_(m), n_(n), k_(k) {
   const int64_t rows = trans_b ? n : k, cols = trans_b ? k : n;
+#if defined(ORTLSTM_ONEDNN)
+  if (Active() == Bf16Backend::kOnednn) {
+    // The plain bfloat16 copy stays for row counts the packed layout refuses; B packed once here.
+    Dense(b, rows, cols, ldb, &b_bf16_, RoundToBfloat16);
+    auto packed = std::make_shared<onednn::PackedB>(trans_b, m, n, k, b_bf16_.data(), cols);
+    if (packed->ok()) onednn_ = std::move(packed);
+    onednn_backend_ = true;
+    return;
+  }
+#endif
 #if defined(ORTLSTM_BLAS_MKL)
   if (Active() == Bf16Backend::kMkl) {
     Dense(b, rows, cols, ldb, &b_bf16_, RoundToBfloat16);
@@ -316,6 +398,14 @@ void Bf16Operand::Multiply(const float* a, int64_t lda, float beta, float* c, in
   assert(m <= m_);
   if (ScaleOnly(m, n_, k_, beta, c, ldc)) return;
   const int64_t b_cols = trans_b_ ? k_ : n_;
+#if defined(ORTLSTM_ONEDNN)
+  if (onednn_backend_) {
+    const Bfloat16* a_bf16 = Dense(a, m, k_, lda, &Bf16Scratch(0), RoundToBfloat16);
+    if (onednn_ != nullptr && onednn_->Multiply(a_bf16, k_, m, alpha, beta, c, ldc)) return;
+    GemmBf16(false, trans_b_, m, n_, k_, alpha, a_bf16, k_, b_bf16_.data(), b_cols, beta, c, ldc);
+    return;
+  }
+#endif
 #if defined(ORTLSTM_BLAS_MKL)
   if (!b_bf16_.empty()) {
     const Bfloat16* a_bf16 = Dense(a, m, k_, lda, &Bf16Scratch(0), RoundToBfloat16);

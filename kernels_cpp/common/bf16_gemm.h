@@ -6,10 +6,11 @@
 // widened to float32 and the float32 GEMM of common/blas.h (the same products, float32
 // accumulation, so the same numbers within summation order; slower than plain float32 because of
 // the conversions, hence a warning once per process). On AMD Zen 4, which has AVX512-BF16,
-// oneMKL's bf16 GEMM measured no faster than the fallback (docs/benchmarks.md), so AMD gets the
-// fallback. OpenBLAS's sbgemm is not used: the scipy-openblas32 wheel declares
-// scipy_cblas_sbgemm in its cblas.h but does not export it (built without BUILD_BFLOAT16;
-// checked with readelf on 0.3.34).
+// oneMKL's bf16 GEMM measured no faster than the fallback (docs/benchmarks.md); oneDNN's matmul
+// uses those units (common/bf16_onednn.h), so CPUs with bf16 units other than Intel's get "onednn"
+// where the build has it and libdnnl loads. OpenBLAS's sbgemm is not used: the scipy-openblas32
+// wheel declares scipy_cblas_sbgemm in its cblas.h but does not export it (built without
+// BUILD_BFLOAT16; checked with readelf on 0.3.34).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,10 @@
 #include "common/parallel.h"
 
 namespace ortlstm {
+
+namespace onednn {
+class PackedB;
+}  // namespace onednn
 
 // The bits of a bfloat16: float32's upper half.
 using Bfloat16 = uint16_t;
@@ -88,14 +93,20 @@ class Bf16Operand {
   std::vector<Bfloat16> b_bf16_;        // op(B) as given (trans_b, ld = its columns), native backend
   std::vector<float> b_rounded_;        // the same values as float32, fallback backend
   std::unique_ptr<void, Free> packed_;  // oneMKL's packed B, or null
+  bool onednn_backend_ = false;                   // b_bf16_ serves oneDNN, not oneMKL
+#if defined(ORTLSTM_ONEDNN)  // (without oneDNN, no shared_ptr: its refcount would raise aarch64's manylinux tag)
+  std::shared_ptr<const onednn::PackedB> onednn_;  // oneDNN's packed B, or null (it refused the shape)
+#endif
 };
 
 // Chooses the bf16 GEMM backend, once per process (RegisterCustomOps calls it after ChooseBlas).
-// ORTLSTM_BF16_GEMM=mkl|fallback forces one; unset or empty, the CPU decides (header comment).
-// Returns "" on success, else why not (an unknown value, mkl on a build without oneMKL).
+// ORTLSTM_BF16_GEMM=mkl|onednn|fallback forces one; unset or empty, the CPU decides (header comment).
+// Returns "" on success, else why not (an unknown value, mkl on a build without oneMKL). Loads
+// nothing: oneDNN's library is loaded at the first bf16 GEMM.
 std::string ChooseBf16Gemm();
 
-// "mkl" or "fallback" (choosing as ChooseBf16Gemm would); nullptr if that choice fails.
+// "mkl", "onednn" or "fallback" (choosing as ChooseBf16Gemm would, and loading oneDNN if that is the
+// choice: "fallback" if it does not load); nullptr if that choice fails.
 const char* Bf16GemmBackendName();
 
 // Whether the CPU has bfloat16 dot-product units (AVX512-BF16 or AMX-BF16).

@@ -1,6 +1,7 @@
 // The bf16 GEMM layer as C functions, for tests and benchmarks through ctypes (tests/test_bf16_gemm.py,
 // benchmarks/bench_gemm.py), as OrtLstmBlasBackend is for the float32 backend; they need no ONNX
 // Runtime. Exported by cmake/ortlstm_ops.map; no kernel calls them.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -32,7 +33,10 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
 //   2 a Bf16Operand of B (trans_a must be 0) multiplied twice, into a copy of C and then into C
 //     (so a packed operand is reused);
 //   3 the float32 Gemm of common/blas.h on the operands as given (the float32 limit, for benchmarks);
-//   4 ParallelGemmRoundedBf16 cut into blocks for three tasks (run one after another).
+//   4 ParallelGemmRoundedBf16 cut into blocks for three tasks (run one after another);
+//   5 a Bf16Operand of B multiplied kSteps times into C (a time loop's step GEMM, its construction
+//     amortized as in one op call);
+//   6 a Bf16Operand built for m + 7 rows multiplied with m (the last steps of variable-length sequences).
 // Returns 0, or -1 for a mode or transpose it does not take.
 extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, int trans_a, int trans_b, int64_t m,
                                                                        int64_t n, int64_t k, float alpha,
@@ -70,6 +74,18 @@ extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, 
     case 3:
       Gemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return 0;
+    case 5:
+    case 6: {
+      if (trans_a != 0) return -1;
+      constexpr int kSteps = 64;  // T of the benchmarks' config M
+      const Bf16Operand operand(trans_b != 0, mode == 6 ? m + 7 : m, n, k, b, ldb);
+      const std::vector<float> start(c, c + m * ldc);
+      for (int step = 0; step < (mode == 5 ? kSteps : 1); ++step) {
+        std::copy(start.begin(), start.end(), c);
+        operand.Multiply(a, lda, beta, c, ldc, alpha, m);
+      }
+      return 0;
+    }
     default:
       return -1;
   }

@@ -15,13 +15,16 @@
 // The time loop is cut into executor tasks by groups of batch entries, as the LSTM's is
 // (SplitTimeLoop, lstm/lstm_math.h; entries are independent through the recurrence, so each task
 // takes its rows through every step), and the two directions of a bidirectional GRU run as two
-// tasks when the executor has the width; the GEMMs over all steps (Q, dX, dW, dR) follow.
+// tasks when the executor has the width (recurrent/backward_helpers.h: RunBackward, shared with the
+// RNN); the GEMMs over all steps (Q, dX, dW, dR) follow.
 #include <algorithm>
+#include <vector>
 
 #include "common/blas.h"
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
 #include "lstm/lstm_math.h"
+#include "recurrent/backward_helpers.h"
 #include "recurrent/recurrent_gemm.h"
 
 namespace ortlstm {
@@ -57,48 +60,34 @@ class GruBackwardDirection {
 
   // The time loop, from grad_Ht back to dH0: the gate gradients of every step, in X's row order.
   void Recurrence(const Executor& executor) {
-    const int64_t N = dims_.batch_size;
     const int64_t rows = dims_.Rows();
-    for (int64_t b = 0; b < N; ++b) {
-      T* dh = dh_.get() + b * H_;
-      const bool ran = dims_.seq_length > 0 && (io_.sequence_lens == nullptr || io_.sequence_lens[b] > 0);
-      if (io_.grad_Ht && ran) {
-        std::copy_n(io_.grad_Ht + dims_.StateRow(d_, b) * H_, H_, dh);
-      } else {
-        std::fill_n(dh, H_, T(0));
-      }
-    }
+    LastStepGradient(dims_, d_, io_.grad_Ht, io_.sequence_lens, dh_.get());
     if (rows > 0) {
-      GatherHiddenPrev();
+      GatherHiddenPrev(dims_, d_, config_.cell.IsReverse(d_), io_.initial_h, io_.HAll, io_.sequence_lens,
+                       hidden_prev_.get());
       if (lbr_) {
         // Q [T*N, H] = H_{t-1} Rh^T, every step at once.
         RecurrentParallelGemm(config_.cell.matmul_precision, executor, false, true, rows, H_, H_, hidden_prev_.get(),
                               H_, R_ + 2 * H_ * H_, H_, T(0), q_.get(), H_);
       }
       const bool reverse = config_.cell.IsReverse(d_);
-      // Each task's rows through every step; dL/dH_t and dL/dH_{t-1} swap roles every step.
-      executor.For(static_cast<size_t>(groups_), [&](size_t k) {
-        const Range group = SplitRange(N, groups_, static_cast<int64_t>(k));
-        if (group.end <= group.begin) return;
-        // The step GEMMs' weights, once per task (a bf16 operand rounds them here): Rh for
-        // d(r . H_{t-1}) (linear_before_reset = 0), R[zr(h)] for dH_{t-1}.
-        const MatmulPrecision precision = config_.cell.matmul_precision;
-        const int64_t M = group.end - group.begin;
-        const StepWeights weights{
-            lbr_ ? StepOperand<T>() : StepOperand<T>(precision, false, false, M, H_, H_, R_ + 2 * H_ * H_, H_),
-            StepOperand<T>(precision, false, false, M, H_, lbr_ ? width_ : 2 * H_, R_, H_)};
-        T* dh = dh_.get();
-        T* dh_prev = dh_prev_.get();
-        for (int64_t s = dims_.seq_length - 1; s >= 0; --s) {
-          Step(reverse ? dims_.seq_length - 1 - s : s, group, dh, dh_prev, prime_.get() + k * 2 * H_, weights);
-          std::swap(dh, dh_prev);
-        }
-      });
-      if (dims_.seq_length % 2 == 1) std::swap(dh_, dh_prev_);
+      // The step GEMMs' weights, once per group of entries and op call (a bf16 operand rounds them
+      // here): Rh for d(r . H_{t-1}) (linear_before_reset = 0), R[zr(h)] for dH_{t-1}.
+      const MatmulPrecision precision = config_.cell.matmul_precision;
+      std::vector<StepWeights> weights;
+      for (int64_t k = 0; k < groups_; ++k) {
+        const Range group = SplitRange(dims_.batch_size, groups_, k);
+        const int64_t M = std::max<int64_t>(group.end - group.begin, 0);
+        weights.push_back(
+            {lbr_ ? StepOperand<T>() : StepOperand<T>(precision, false, false, M, H_, H_, R_ + 2 * H_ * H_, H_),
+             StepOperand<T>(precision, false, false, M, H_, lbr_ ? width_ : 2 * H_, R_, H_)});
+      }
+      RunBackwardSteps(dims_, reverse, groups_, executor, &dh_, &dh_prev_,
+                       [&](int64_t t, Range group, const T* dh, T* dh_prev, size_t k) {
+                         Step(t, group, dh, dh_prev, prime_.get() + k * 2 * H_, weights[k]);
+                       });
     }
-    if (io_.dH0) {
-      for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
-    }
+    WriteInitialStateGradient(dims_, d_, dh_.get(), io_.dH0);
   }
 
   // dX (+)= this direction's share, dW, dR, dB: GEMMs over all steps.
@@ -147,7 +136,7 @@ class GruBackwardDirection {
   }
 
  private:
-  // The right operands of a task's per-step GEMMs (Recurrence).
+  // The right operands of a group's per-step GEMMs (Recurrence).
   struct StepWeights {
     StepOperand<T> reset_hidden;  // Rh [H, H]: d(r . H_{t-1}) = da Rh (linear_before_reset = 0)
     StepOperand<T> carry;         // R[zr(h)] [2H or 3H, H]: dH_{t-1} += [dz dr (dq)] R[zr(h)]
@@ -155,27 +144,8 @@ class GruBackwardDirection {
 
   bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
 
-  // hidden_prev [T*N, H], X row order: the state each step started from.
-  void GatherHiddenPrev() {
-    const int64_t N = dims_.batch_size;
-    const bool reverse = config_.cell.IsReverse(d_);
-    for (int64_t b = 0; b < N; ++b) {
-      const T* state = io_.initial_h ? io_.initial_h + dims_.StateRow(d_, b) * H_ : nullptr;
-      for (int64_t s = 0; s < dims_.seq_length; ++s) {
-        const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
-        T* out = hidden_prev_.get() + dims_.XRow(t, b) * H_;
-        if (state) {
-          std::copy_n(state, H_, out);
-        } else {
-          std::fill_n(out, H_, T(0));
-        }
-        if (Active(t, b)) state = io_.HAll + dims_.SeqRow(t, d_, b) * H_;
-      }
-    }
-  }
-
   // Step t for batch entries `group`: dh holds their dL/dH_t, dh_prev gets dL/dH_{t-1}; `prime`
-  // [2H] is the task's room for f' and g'; `weights` the task's GEMM operands.
+  // [2H] is the task's room for f' and g'.
   void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime, const StepWeights& weights) {
     const int64_t H = H_;
     const int64_t M = group.end - group.begin;
@@ -282,26 +252,9 @@ class GruBackwardDirection {
 template <typename T>
 void GruBackward(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
-  // The recurrences of two directions are independent: one task each, serial inside; dX sums
-  // the directions' shares afterwards, in direction order.
-  const bool directions_in_parallel = dims.num_directions == 2 && executor.Width() >= 2;
-  const SerialExecutor serial;
-  const Executor& step_executor = directions_in_parallel ? static_cast<const Executor&>(serial) : executor;
-  // Groups of entries only (the step's GEMMs are not cut into blocks of units here).
-  const int64_t groups = SplitTimeLoop<T>(dims, step_executor, L2CacheBytes()).row_groups;
-  if (directions_in_parallel) {
-    GruBackwardDirection<T> forward(dims, config, tensors, 0, groups, allocator);
-    GruBackwardDirection<T> backward(dims, config, tensors, 1, groups, allocator);
-    executor.For(2, [&](size_t d) { (d == 0 ? forward : backward).Recurrence(serial); });
-    forward.WeightGradients(executor);
-    backward.WeightGradients(executor);
-    return;
-  }
-  for (int64_t d = 0; d < dims.num_directions; ++d) {
-    GruBackwardDirection<T> direction(dims, config, tensors, d, groups, allocator);
-    direction.Recurrence(executor);
-    direction.WeightGradients(executor);
-  }
+  RunBackward<T>(dims, executor, [&](int64_t d, int64_t groups) {
+    return GruBackwardDirection<T>(dims, config, tensors, d, groups, allocator);
+  });
 }
 
 template void GruBackward<float>(const LstmDims&, const GruConfig&, const GruBackwardTensors<float>&,

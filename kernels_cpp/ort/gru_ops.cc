@@ -76,9 +76,7 @@ struct GradSpec {
     return ValidateGruGradInputs(config.cell, inputs, dims);
   }
   static std::array<std::vector<int64_t>, kNumOutputs> OutputShapes(const LstmDims& dims) {
-    // dX, dW, dR, dB, dH0
-    const auto weights = WeightShapes(dims);
-    return {InputShape(dims), weights[0], weights[1], weights[2], StateShape(dims)};
+    return HiddenStateGradShapes(dims);
   }
   template <typename T>
   static void Run(const LstmDims& dims, const Config& config, const RecurrentPorts<GradSpec>& ports,

@@ -1,9 +1,10 @@
 // The ORT kernel and op definition of every recurrent training and gradient op (LSTMTraining,
-// LSTMGrad, GRUTraining, GRUGrad): what they share is reading the ports of the op's generated
-// schema, validating them once, allocating the outputs, turning bad_alloc into a status and
-// answering ORT's port queries; what a cell adds is its Spec (lstm_ops.cc, gru_ops.cc):
+// LSTMGrad, GRUTraining, GRUGrad, RNNTraining, RNNGrad): what they share is reading the ports of
+// the op's generated schema, validating them once, allocating the outputs, turning bad_alloc into
+// a status and answering ORT's port queries; what a cell adds is its Spec (lstm_ops.cc,
+// gru_ops.cc, rnn_ops.cc):
 //   ORTLSTM_SCHEMA_TRAITS(schema::op)      the generated schema's names, ports and optionality
-//   using Config;                          the parsed attributes (LstmConfig, GruConfig)
+//   using Config;                          the parsed attributes (LstmConfig, GruConfig; the RNN's LstmConfig)
 //   static std::string ReadConfig(const OrtKernelInfo*, Config*);  read, parse and check them
 //   static constexpr OrtStatus* (*kInfer)(const OrtCustomOp*, OrtShapeInferContext*);  or nullptr
 //   static std::string Validate(const Config&, const std::array<TensorArg, kNumInputs>&, LstmDims*);
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "lstm/lstm_dims.h"
+#include "ort/lstm_validation.h"
 #include "ort/ort_util.h"
 #include "ort/schema_op.h"
 
@@ -90,6 +92,13 @@ void BindGradPorts(const RecurrentPorts<Spec>& ports, Tensors* t) {
   t->dR = ports.template Out<T>(Out::kDR);
   t->dB = ports.template Out<T>(Out::kDB);
   t->dH0 = ports.template Out<T>(Out::kDH0);
+}
+
+// The output shapes of the gradient op of a cell whose one state is H (GRUGrad, RNNGrad), in port
+// order: dX, dW, dR, dB, dH0.
+inline std::array<std::vector<int64_t>, 5> HiddenStateGradShapes(const LstmDims& dims) {
+  const auto weights = WeightShapes(dims);
+  return {InputShape(dims), weights[0], weights[1], weights[2], StateShape(dims)};
 }
 
 template <typename Spec, typename T>

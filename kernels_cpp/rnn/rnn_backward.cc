@@ -5,9 +5,15 @@
 // With dH = dL/dH_t (from step t+1 plus grad_HAll):
 //   da = dH . f'(a)     dH_{t-1} = da R     (an entry past its length passes dH through)
 //   dX = da W,  dW = da^T X,  dR = da^T H_{t-1},  dWb = dRb = sum da
+//
+// The time loop is cut into executor tasks by groups of batch entries and the two directions of
+// a bidirectional RNN run as two tasks, as the GRU's are (recurrent/backward_helpers.h: RunBackward,
+// with the states each step started from and dL/dH's ends).
 #include <algorithm>
+#include <vector>
 
 #include "common/blas.h"
+#include "recurrent/backward_helpers.h"
 #include "recurrent/recurrent_gemm.h"
 #include "rnn/rnn_cell.h"
 #include "rnn/rnn_math.h"
@@ -19,12 +25,13 @@ template <typename T>
 class RnnBackwardDirection {
  public:
   RnnBackwardDirection(const LstmDims& dims, const LstmConfig& config, const RnnBackwardTensors<T>& io, int64_t d,
-                       const ScratchAllocator& allocator)
+                       int64_t groups, const ScratchAllocator& allocator)
       : dims_(dims),
         config_(config),
         io_(io),
         d_(d),
         H_(dims.hidden_size),
+        groups_(groups),
         W_(io.W + d * H_ * dims.input_size),
         R_(io.R + d * H_ * H_),
         cell_(config.activations[d].f, config.clip),
@@ -32,78 +39,31 @@ class RnnBackwardDirection {
         grad_pre_(allocator, dims.Rows() * H_),
         dh_(allocator, dims.batch_size * H_),
         dh_prev_(allocator, dims.batch_size * H_),
-        prime_(allocator, H_) {}
+        prime_(allocator, groups * H_) {}
 
-  void Run(const Executor& executor) {
-    const int64_t N = dims_.batch_size;
-    for (int64_t b = 0; b < N; ++b) {
-      T* dh = dh_.get() + b * H_;
-      const bool ran = dims_.seq_length > 0 && (io_.sequence_lens == nullptr || io_.sequence_lens[b] > 0);
-      if (io_.grad_Ht && ran) {
-        std::copy_n(io_.grad_Ht + dims_.StateRow(d_, b) * H_, H_, dh);
-      } else {
-        std::fill_n(dh, H_, T(0));
-      }
-    }
+  // The time loop, from grad_Ht back to dH0: da of every step, in X's row order.
+  void Recurrence(const Executor& executor) {
+    LastStepGradient(dims_, d_, io_.grad_Ht, io_.sequence_lens, dh_.get());
     if (dims_.Rows() > 0) {
-      GatherHiddenPrev();
       const bool reverse = config_.IsReverse(d_);
-      // R for dH_{t-1} = da R, once per op call (a bf16 operand rounds it here).
-      const StepOperand<T> weight(config_.matmul_precision, false, false, N, H_, H_, R_, H_);
-      for (int64_t s = dims_.seq_length - 1; s >= 0; --s) Step(reverse ? dims_.seq_length - 1 - s : s, weight);
-    }
-    if (io_.dH0) {
-      for (int64_t b = 0; b < N; ++b) std::copy_n(dh_.get() + b * H_, H_, io_.dH0 + dims_.StateRow(d_, b) * H_);
-    }
-    WeightGradients(executor);
-  }
-
- private:
-  bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
-
-  // hidden_prev [T*N, H], X row order: the state each step started from.
-  void GatherHiddenPrev() {
-    const bool reverse = config_.IsReverse(d_);
-    for (int64_t b = 0; b < dims_.batch_size; ++b) {
-      const T* state = io_.initial_h ? io_.initial_h + dims_.StateRow(d_, b) * H_ : nullptr;
-      for (int64_t s = 0; s < dims_.seq_length; ++s) {
-        const int64_t t = reverse ? dims_.seq_length - 1 - s : s;
-        T* out = hidden_prev_.get() + dims_.XRow(t, b) * H_;
-        if (state) {
-          std::copy_n(state, H_, out);
-        } else {
-          std::fill_n(out, H_, T(0));
-        }
-        if (Active(t, b)) state = io_.HAll + dims_.SeqRow(t, d_, b) * H_;
+      GatherHiddenPrev(dims_, d_, reverse, io_.initial_h, io_.HAll, io_.sequence_lens, hidden_prev_.get());
+      // R for dH_{t-1} = da R, once per group of entries and op call (a bf16 operand rounds it here).
+      std::vector<StepOperand<T>> weights;
+      for (int64_t k = 0; k < groups_; ++k) {
+        const Range group = SplitRange(dims_.batch_size, groups_, k);
+        weights.emplace_back(config_.matmul_precision, false, false, std::max<int64_t>(group.end - group.begin, 0),
+                             H_, H_, R_, H_);
       }
+      RunBackwardSteps(dims_, reverse, groups_, executor, &dh_, &dh_prev_,
+                       [&](int64_t t, Range group, const T* dh, T* dh_prev, size_t k) {
+                         Step(t, group, dh, dh_prev, prime_.get() + k * H_, weights[k]);
+                       });
     }
+    WriteInitialStateGradient(dims_, d_, dh_.get(), io_.dH0);
   }
 
-  void Step(int64_t t, const StepOperand<T>& weight) {
-    const int64_t N = dims_.batch_size;
-    const int64_t H = H_;
-    T* rows = grad_pre_.get() + dims_.XRow(t, 0) * H;
-    const int64_t ld = dims_.BatchStride() * H;
-    for (int64_t b = 0; b < N; ++b) {
-      T* da = rows + b * ld;
-      const T* dh = dh_.get() + b * H;
-      T* dhp = dh_prev_.get() + b * H;
-      if (!Active(t, b)) {
-        std::fill_n(da, H, T(0));
-        std::copy_n(dh, H, dhp);
-        continue;
-      }
-      const int64_t seq_row = dims_.SeqRow(t, d_, b);
-      const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * H : nullptr;
-      cell_.Backward(io_.HAll + seq_row * H, dh, grad_hall, prime_.get(), da, H);
-      std::fill_n(dhp, H, T(0));
-    }
-    // dH_{t-1} += da R; inactive rows add zeros to their passed-through dH.
-    weight.Multiply(rows, ld, T(1), dh_prev_.get(), H, N);
-    std::swap(dh_, dh_prev_);
-  }
-
-  void WeightGradients(const Executor& executor) {
+  // dX (+)= this direction's share, dW, dR, dB: GEMMs over all steps.
+  void WeightGradients(const Executor& executor) const {
     const int64_t rows = dims_.Rows();
     const int64_t I = dims_.input_size;
     const int64_t H = H_;
@@ -134,19 +94,47 @@ class RnnBackwardDirection {
     }
   }
 
+ private:
+  bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
+
+  // Step t for the batch entries of `group` (none: nothing to do): dh_all holds their dL/dH_t,
+  // dh_prev_all gets dL/dH_{t-1}; `prime` [H] is the task's room for f'.
+  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime, const StepOperand<T>& weight) {
+    if (group.end <= group.begin) return;
+    const int64_t H = H_;
+    for (int64_t b = group.begin; b < group.end; ++b) {
+      T* da = grad_pre_.get() + dims_.XRow(t, b) * H;
+      const T* dh = dh_all + b * H;
+      T* dhp = dh_prev_all + b * H;
+      if (!Active(t, b)) {
+        std::fill_n(da, H, T(0));
+        std::copy_n(dh, H, dhp);
+        continue;
+      }
+      const int64_t seq_row = dims_.SeqRow(t, d_, b);
+      const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * H : nullptr;
+      cell_.Backward(io_.HAll + seq_row * H, dh, grad_hall, prime, da, H);
+      std::fill_n(dhp, H, T(0));
+    }
+    // dH_{t-1} += da R; inactive rows add zeros to their passed-through dH.
+    weight.Multiply(grad_pre_.get() + dims_.XRow(t, group.begin) * H, dims_.BatchStride() * H, T(1),
+                    dh_prev_all + group.begin * H, H, group.end - group.begin);
+  }
+
   const LstmDims& dims_;
   const LstmConfig& config_;
   const RnnBackwardTensors<T>& io_;
   const int64_t d_;
   const int64_t H_;
-  const T* W_;  // [H, I] of this direction
-  const T* R_;  // [H, H] of this direction
+  const int64_t groups_;  // tasks of the time loop, each a group of batch entries
+  const T* W_;            // [H, I] of this direction
+  const T* R_;            // [H, H] of this direction
   const RnnCell<T> cell_;
   Scratch<T> hidden_prev_;  // [T*N, H] H_{t-1} of each step, X row order
   Scratch<T> grad_pre_;     // [T*N, H] da, X row order
   Scratch<T> dh_;           // [N, H] dL/dH_t
   Scratch<T> dh_prev_;      // [N, H] dL/dH_{t-1}
-  Scratch<T> prime_;        // [H] f' of one entry
+  Scratch<T> prime_;        // [groups, H] f' of one entry, one row per task
 };
 
 }  // namespace
@@ -154,9 +142,9 @@ class RnnBackwardDirection {
 template <typename T>
 void RnnBackward(const LstmDims& dims, const LstmConfig& config, const RnnBackwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
-  for (int64_t d = 0; d < dims.num_directions; ++d) {
-    RnnBackwardDirection<T>(dims, config, tensors, d, allocator).Run(executor);
-  }
+  RunBackward<T>(dims, executor, [&](int64_t d, int64_t groups) {
+    return RnnBackwardDirection<T>(dims, config, tensors, d, groups, allocator);
+  });
 }
 
 template void RnnBackward<float>(const LstmDims&, const LstmConfig&, const RnnBackwardTensors<float>&,

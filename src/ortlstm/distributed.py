@@ -96,24 +96,27 @@ def loss_weight(
 
     One process on the global batch divides the summed per-element losses by the global
     denominator; a rank divides by its own. Scaling each rank's gradient by ``own / global``
-    before summing gives the global mean. The denominators follow torch: the non-ignored
-    targets' class weights (cross_entropy, nll_loss with class indices), the samples (ctc_loss,
-    kl_div ``'batchmean'``, ``Loss.output()``: ``batch_size``), else the target's elements (only
-    the ratio between ranks matters, so class probabilities need not divide by the classes), or,
-    given the prediction's shape, the elements of the shape the target broadcasts to with it (a
-    ``[1, C]`` target for a ``[rows, C]`` prediction counts ``rows * C``, as torch's mean does).
+    before summing gives the global mean. The denominators follow torch, as the loss's table entry
+    declares them (``Loss.mean_denominator``, see ``losses.MEANS``): the non-ignored targets' class
+    weights (cross_entropy, nll_loss with class indices), the samples (ctc_loss: the entries of its
+    ``lengths`` extra target), the batch (kl_div ``'batchmean'``, ``Loss.output()``: ``batch_size``),
+    else the target's elements (only the ratio between ranks matters, so class probabilities need
+    not divide by the classes), or, given the prediction's shape, the elements of the shape the
+    target broadcasts to with it (a ``[1, C]`` target for a ``[rows, C]`` prediction counts
+    ``rows * C``, as torch's mean does).
 
     Returns:
         1.0 for ``'sum'`` and ``'none'`` (their gradients add up across ranks unscaled).
     """
-    if loss.reduction in ("sum", "none"):
+    denominator = loss.mean_denominator
+    if denominator is None:
         return 1.0
-    if not loss.needs_target or loss.reduction == "batchmean":
+    if denominator == "batch":
         return float(batch_size)
     target = np.asarray(target)
-    if loss.kind == "ctc_loss":
-        return float(np.asarray(extra_targets["target_lengths"]).shape[0])
-    if loss.class_target and target.dtype.kind in "iu":
+    if denominator == "samples" and loss.lengths is not None:
+        return float(np.asarray(extra_targets[loss.lengths]).shape[0])
+    if denominator == "class_weights" and target.dtype.kind in "iu":
         kept = target[target != loss.ignore_index]
         if loss.weight is None:
             return float(kept.size)

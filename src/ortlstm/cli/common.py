@@ -226,6 +226,20 @@ def _named_dims(text: str) -> tuple[str, list[int | None]]:
         ) from None
 
 
+def option_argument(name: str) -> dict[str, Any]:
+    """``add_argument``'s ``default`` and ``help`` for the Trainer option ``name``, read off the one table.
+
+    The table (``ortlstm.training.options.OPTIONS``) holds each option's default and help text once;
+    a tuple default is argparse's list (what ``nargs`` and ``append`` give), None stays None (an
+    ``append`` option then starts its own list), a required option has none.
+    """
+    from ortlstm.training.options import BY_NAME
+
+    row = BY_NAME[name]
+    default = None if row.required else list(row.default) if isinstance(row.default, tuple) else row.default
+    return {"default": default, "help": row.help}
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The Trainer's options, shared by ``train-step`` and ``fit``: loss, optimizer, what is trained, fixed inputs."""
     from ortlstm.graphs import losses
@@ -235,7 +249,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         choices=losses.KINDS,
         type=renamed_values(parser.prog, "--loss", _OLD_TRAIN_LOSSES),
         required=True,
-        help="a torch.nn.functional loss, or output: the model output is the loss",
+        **option_argument("loss"),
     )
     parser.add_argument(
         "--loss-option",
@@ -252,60 +266,23 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
         choices=tuple(optimizers),
         type=renamed_values(parser.prog, "--optimizer", {torch: name for name, torch in optimizers.items()}),
         required=True,
-        help="a torch.optim optimizer, in lower case",
+        **option_argument("optimizer"),
     )
-    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: torch's)")
+    parser.add_argument("--lr", type=float, **option_argument("lr"))
     parser.add_argument("--learning-rate", dest="lr", type=float, action=_RenamedOption, new="--lr")
     parser.add_argument("--weight-decay", type=float, default=None, help="default: torch's")
+    parser.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM", **option_argument("clip_grad_norm"))
+    parser.add_argument("--clip-norm-type", type=float, metavar="P", **option_argument("clip_norm_type"))
+    parser.add_argument("--clip-grad-value", type=float, metavar="VALUE", **option_argument("clip_grad_value"))
+    parser.add_argument("--requires-grad", nargs="+", metavar="NAME", **option_argument("requires_grad"))
+    parser.add_argument("--frozen", nargs="+", metavar="PATTERN", **option_argument("frozen"))
+    parser.add_argument("--output", metavar="NAME", **option_argument("output"))
+    parser.add_argument("--target", metavar="NAME", **option_argument("target"))
     parser.add_argument(
-        "--clip-grad-norm",
-        type=float,
-        default=None,
-        metavar="MAX_NORM",
-        help="scale the gradients to a total norm of at most MAX_NORM (torch's clip_grad_norm_)",
-    )
-    parser.add_argument("--clip-norm-type", type=float, default=2.0, metavar="P", help="2 or inf")
-    parser.add_argument(
-        "--clip-grad-value",
-        type=float,
-        default=None,
-        metavar="VALUE",
-        help="clamp every gradient element to [-VALUE, VALUE] (torch's clip_grad_value_); not with --clip-grad-norm",
+        "--fixed-input", action="append", type=_named_value, metavar="NAME=VALUE", **option_argument("fixed_inputs")
     )
     parser.add_argument(
-        "--requires-grad",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="parameters to train, named as --frozen names them; default: what torch trains (a torch export's "
-        "parameters; without metadata, float tensors of rank >= 1)",
-    )
-    parser.add_argument(
-        "--frozen",
-        nargs="+",
-        default=[],
-        metavar="PATTERN",
-        help="parameters not to train: names, globs ('FeatureExtraction.*') or module prefixes, torch names too",
-    )
-    parser.add_argument(
-        "--output", default=None, metavar="NAME", help="the model output the loss reads (default: its only output)"
-    )
-    parser.add_argument("--target", default="target", metavar="NAME", help="name of the target input")
-    parser.add_argument(
-        "--fixed-input",
-        action="append",
-        default=[],
-        type=_named_value,
-        metavar="NAME=VALUE",
-        help="fix an input for training (e.g. sr=16000; a list as 1,2,3): the If nodes it decides keep one branch",
-    )
-    parser.add_argument(
-        "--fixed-shape",
-        action="append",
-        default=[],
-        type=_named_dims,
-        metavar="NAME=DIMS",
-        help="fix an input's shape for training, one entry per axis, '?' keeps an axis (e.g. input=?,576)",
+        "--fixed-shape", action="append", type=_named_dims, metavar="NAME=DIMS", **option_argument("fixed_shapes")
     )
 
 
@@ -335,7 +312,6 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         parser: ``fit``'s or ``train-step``'s parser.
         run_time: Also --nonfinite, which a training directory does not record (``fit``'s, not ``train-step``'s).
     """
-    from ortlstm.graphs.convert import MAX_IR_VERSION
     from ortlstm.training import NONFINITE_MODES
 
     parser.add_argument(
@@ -346,34 +322,12 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         metavar="NAME=VALUE",
         help="a torch.optim hyperparameter (e.g. momentum=0.9, betas=[0.9,0.99], amsgrad=true); repeat for several",
     )
-    parser.add_argument(
-        "--param-groups",
-        type=json_value,
-        default=None,
-        metavar="JSON",
-        help='parameter groups, e.g. \'[{"params": ["lstm.B"], "weight_decay": 0}]\' (ParamGroup\'s fields; '
-        "a group's lr as lr_scale)",
-    )
-    parser.add_argument(
-        "--extra-outputs", nargs="+", default=[], metavar="NAME", help="model outputs each step returns"
-    )
-    parser.add_argument(
-        "--stateful",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="truncated BPTT: batch k is rows k*B..(k+1)*B-1 in order, row i continues row i of the batch "
-        "before; the LSTM/GRU/RNN state carries over and is reset each epoch (no shuffle)",
-    )
+    parser.add_argument("--param-groups", type=json_value, metavar="JSON", **option_argument("param_groups"))
+    parser.add_argument("--extra-outputs", nargs="+", metavar="NAME", **option_argument("extra_outputs"))
+    parser.add_argument("--stateful", action=argparse.BooleanOptionalAction, **option_argument("stateful"))
     if run_time:
-        parser.add_argument(
-            "--nonfinite",
-            choices=NONFINITE_MODES,
-            default="raise",
-            help="a NaN or inf loss or gradient: raise (stop) or skip the update (counted per epoch)",
-        )
-    parser.add_argument(
-        "--ir-version", type=int, default=MAX_IR_VERSION, help="the training models' IR version"
-    )
+        parser.add_argument("--nonfinite", choices=NONFINITE_MODES, **option_argument("nonfinite"))
+    parser.add_argument("--ir-version", type=int, **option_argument("ir_version"))
     add_precision(parser)
 
 
@@ -381,13 +335,7 @@ def add_precision(parser: argparse.ArgumentParser) -> None:
     """``--precision`` (Lightning's names): ``fit``, ``train-step`` and the demos."""
     from ortlstm.graphs.precision import PRECISIONS
 
-    parser.add_argument(
-        "--precision",
-        choices=tuple(PRECISIONS),
-        default="32-true",
-        help="bf16-mixed: the LSTM/GRU/RNN/Conv GEMMs on bfloat16 operands with float32 accumulation, weights "
-        "and optimizer state (torch.autocast's bf16 on the CPU); RNNTraining refuses it for now",
-    )
+    parser.add_argument("--precision", choices=tuple(PRECISIONS), **option_argument("precision"))
 
 
 def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> dict[str, Any]:
@@ -395,10 +343,11 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
 
     Args:
         args: The parsed options.
-        run_time: Also ``threads`` and ``nonfinite`` (``fit``'s --threads, --nonfinite).
+        run_time: Also the run-time options but ``lr`` (``fit``'s --threads, --nonfinite: ``RUN_TIME``).
     """
     from ortlstm.fit import param_groups_from_json
     from ortlstm.graphs import losses, optimizers
+    from ortlstm.training.options import RUN_TIME
 
     hyperparameters = {
         name: value for name, value in (("lr", args.lr), ("weight_decay", args.weight_decay)) if value is not None
@@ -419,12 +368,12 @@ def trainer_arguments(args: argparse.Namespace, *, run_time: bool = False) -> di
         "clip_grad_norm": args.clip_grad_norm,
         "clip_norm_type": args.clip_norm_type,
         "clip_grad_value": args.clip_grad_value,
-        "fixed_inputs": dict(args.fixed_input) or None,
-        "fixed_shapes": dict(args.fixed_shape) or None,
+        "fixed_inputs": dict(args.fixed_input or ()) or None,
+        "fixed_shapes": dict(args.fixed_shape or ()) or None,
         "stateful": args.stateful,
         "ir_version": args.ir_version,
         "precision": args.precision,
     }
-    if run_time:
-        keywords.update(threads=args.threads, nonfinite=args.nonfinite)
+    if run_time:  # the optimizer's lr is --lr's; fit gives the Trainer's lr per update (fit_trainer_arguments)
+        keywords.update({name: getattr(args, name) for name in RUN_TIME if name != "lr"})
     return keywords

@@ -15,6 +15,7 @@ from ortlstm.cli.common import (
     add_training_options,
     json_option,
     json_value,
+    option_argument,
     show_defaults,
     trainer_arguments,
 )
@@ -122,7 +123,7 @@ def _add_run_options(fit: argparse.ArgumentParser) -> None:
     fit.add_argument(
         "--resume", action=argparse.BooleanOptionalAction, default=False, help="continue the run in --checkpoint"
     )
-    fit.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    fit.add_argument("--threads", type=int, **option_argument("threads"))
     fit.add_argument("--plot", type=Path, default=None, help="PNG of the curves (needs matplotlib)")
     fit.add_argument(
         "--accumulate",
@@ -256,9 +257,10 @@ def _config_text(value: Any) -> str:
 def fit_trainer_arguments(options: argparse.Namespace) -> dict[str, Any]:
     """``Trainer`` keywords from fit's options: every one of ``ortlstm.fit.TRAINER_OPTIONS``."""
     from ortlstm.fit import TRAINER_OPTIONS
+    from ortlstm.training.options import DEFAULTS
 
     keywords = trainer_arguments(options, run_time=True)
-    keywords["lr"] = None  # the optimizer's; fit gives each update its lr from --schedule
+    keywords["lr"] = DEFAULTS["lr"]  # None: the optimizer's; fit gives each update its lr from --schedule
     unwired = sorted(set(TRAINER_OPTIONS) - set(keywords))
     if unwired:
         raise RuntimeError(f"ortlstm fit does not pass the Trainer option(s) {unwired}: wire them here")

@@ -15,7 +15,7 @@ import onnx
 
 from ortlstm.datafiles import ConcatenatedRows, ShardedArray, bind_batch_axes, take_rows
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import ValueType, value_type_of
+from ortlstm.graphs.emit.emitter import ValueType, value_type_of
 from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.training import CarriedState, Trainer, with_carried_state
 
@@ -123,7 +123,7 @@ def data_specs(
     if signature.target is not None:
         prediction = trainer.spec.prediction
         target = _target_spec(loss, signature.target, declared.get(prediction) if prediction else None, batch_dim)
-        lengths = signature.extra_targets.get("target_lengths") if loss.kind == "ctc_loss" else None
+        lengths = signature.extra_targets.get(target.lengths) if target.lengths is not None else None
         specs[signature.target] = dataclasses.replace(target, lengths=lengths)
     required = {extra.name: extra.required for extra in loss.extra_targets}
     for port, name in signature.extra_targets.items():
@@ -159,14 +159,17 @@ def _declared_types(trainer: Trainer, model: onnx.ModelProto) -> dict[str, Value
 
 
 def _target_spec(loss: losses.Loss, name: str, prediction: ValueType | None, batch_dim: str | None) -> ArraySpec:
-    """The target array: what ``losses.target_facts`` says a train step of ``loss`` takes (the Trainer's check too)."""
+    """The target array: what ``losses.target_facts`` says a train step of ``loss`` takes (the Trainer's check too).
+
+    Labels with per-sample lengths (``facts.lengths``: ctc_loss's) come padded or concatenated, any
+    rank, samples on axis 0; its ``lengths`` is the loss's port here, the array's name in ``data_specs``.
+    """
     facts = losses.target_facts(loss, prediction)
     assert facts is not None
     dtypes = tuple(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)) for elem in facts.elem_types)
-    if loss.kind == "ctc_loss":
-        return ArraySpec(
-            name, "ctc_loss's labels: padded [N, S] or concatenated [sum(target_lengths)]", dtypes, None, 0
-        )
+    if facts.lengths is not None:
+        layout = f"padded [N, S] or concatenated [sum({facts.lengths})]"
+        return ArraySpec(name, f"{loss.kind}'s {facts.what}: {layout}", dtypes, None, 0, lengths=facts.lengths)
     option = f"--loss-option class_probabilities={str(not loss.class_probabilities).lower()}"
     other = f"{facts.other} ({option})" if facts.other else ""
     axis = declared_batch_axis(facts.shape, batch_dim)

@@ -31,9 +31,10 @@ def evaluate_data(
     figures of one process up to the rounding of the batches' float32 losses.
 
     The loss of a ``mean`` reduction is the batch means weighted by batch size (the mean over the
-    samples); ``sum`` adds the batches; ``none`` averages every element. Accuracy: losses with
-    class-index targets (argmax over axis 1, ``ignore_index`` left out). CER: ctc_loss (greedy
-    decoding of the prediction, ``ortlstm.metrics``).
+    samples); ``sum`` adds the batches; ``none`` averages every element. The metric is the one the
+    loss's table entry declares (``Loss.metric``, see ``losses.METRICS``): accuracy for class-index
+    targets (argmax over axis 1, ``ignore_index`` left out), CER for labels with lengths (ctc_loss:
+    greedy decoding of the prediction, ``ortlstm.metrics``), none for the others.
     """
     spec = trainer.spec
     loss_kind = spec.loss
@@ -43,7 +44,8 @@ def evaluate_data(
         if not isinstance(array, ConcatenatedRows)
     )
     target_name = trainer.signature.target
-    wants_output = target_name is not None and (loss_kind.class_target or loss_kind.kind == "ctc_loss")
+    metric = loss_kind.metric
+    wants_output = target_name is not None and metric is not None
     outputs = [spec.prediction] if spec.prediction is not None else []  # a trainer's spec: resolved
     total = 0.0
     elements = 0
@@ -68,17 +70,17 @@ def evaluate_data(
         if prediction is None:
             continue
         target = named["target"]
-        if loss_kind.kind == "ctc_loss":
+        if metric == "cer" and loss_kind.lengths is not None:
             lengths = named.get(trainer.signature.extra_targets.get("input_lengths", ""))
             decoded += metrics.ctc_greedy_decode(
                 prediction, blank=loss_kind.blank, time_major=not loss_kind.batch_first, input_lengths=lengths
             )
-            target_lengths = named[trainer.signature.extra_targets["target_lengths"]]
+            target_lengths = named[trainer.signature.extra_targets[loss_kind.lengths]]
             if target.ndim == 1:  # concatenated labels
                 references += [list(row) for row in np.split(target, np.cumsum(target_lengths)[:-1])]
             else:
                 references += [list(row[: int(n)]) for row, n in zip(target, target_lengths, strict=True)]
-        elif target.dtype.kind in "iu":
+        elif metric == "accuracy" and target.dtype.kind in "iu":
             keep = target != loss_kind.ignore_index
             correct += int(np.sum((np.argmax(prediction, axis=1) == target) & keep))
             counted += int(np.sum(keep))

@@ -10,36 +10,20 @@ import onnx
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.model_files import load_model_file
+from ortlstm.graphs.options import FIT
 from ortlstm.training import Trainer
+from ortlstm.training.options import DEFAULTS, OPTIONS
 
 CONFIG_SUFFIXES = (".json", ".toml")
 
-TRAINER_OPTIONS: dict[str, str] = {
-    "loss": "loss",  # with loss_option
-    "optimizer": "optimizer",  # with lr, weight_decay, optimizer_option
-    "lr": "lr",  # the optimizer's lr; with schedule, each update's lr is given to step(lr=...)
-    "requires_grad": "requires_grad",
-    "frozen": "frozen",
-    "output": "output",
-    "target": "target",
-    "extra_outputs": "extra_outputs",
-    "param_groups": "param_groups",
-    "clip_grad_norm": "clip_grad_norm",
-    "clip_norm_type": "clip_norm_type",
-    "clip_grad_value": "clip_grad_value",
-    "fixed_inputs": "fixed_input",
-    "fixed_shapes": "fixed_shape",
-    "stateful": "stateful",
-    "threads": "threads",
-    "ir_version": "ir_version",
-    "nonfinite": "nonfinite",
-    "precision": "precision",
-}
+TRAINER_OPTIONS: dict[str, str] = {each.name: each.command_line for each in OPTIONS if FIT in each.surfaces}
 """Every keyword of ``Trainer(...)`` but the model -> the option of ``ortlstm fit`` that sets it.
 
-An option is ``--NAME`` on the command line (``_`` written ``-``) and ``NAME`` in ``--config``;
-tests/test_fit.py checks this table against the Trainer's signature, so a new Trainer option
-fails there until fit reaches it.
+Read off the one table of options (``ortlstm.training.options.OPTIONS``: the rows with the ``fit``
+surface). ``loss`` comes with --loss-option, ``optimizer`` with --weight-decay and --optimizer-option,
+and ``lr`` is the optimizer's (with --schedule each update's lr is given to ``step(lr=...)``). An option
+is ``--NAME`` on the command line (``_`` written ``-``) and ``NAME`` in ``--config``; tests/test_fit.py
+checks this table against the Trainer's signature, so a new Trainer option fails there until fit reaches it.
 """
 
 
@@ -91,7 +75,7 @@ def build_trainer(
     *,
     loss: losses.Loss,
     optimizer: optimizers.Optimizer,
-    threads: int | None = None,
+    threads: int | None = DEFAULTS["threads"],
     **options: Any,
 ) -> tuple[Trainer, onnx.ModelProto]:
     """The Trainer of ``model`` (a path) and the model as loaded (for ``data_specs``).

@@ -27,7 +27,7 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.graph_utils import walk_graphs
+from ortlstm.graphs.emit.graph_utils import walk_graphs
 from ortlstm.graphs.model_files import load_model_file
 from ortlstm.graphs.prepare.dequantize import (
     QUANTIZE_CHOICES,

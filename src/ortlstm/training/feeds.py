@@ -16,11 +16,11 @@ import onnx
 import onnx.helper
 
 from ortlstm.graphs import losses
-from ortlstm.graphs.autodiff.emitter import ValueType, infer_value_types, value_type_of
 from ortlstm.graphs.carried_state import CarriedState
+from ortlstm.graphs.emit.emitter import ValueType, infer_value_types, value_type_of
 from ortlstm.graphs.prepare.fixed_dims import ExportDim, read_export_dims
 from ortlstm.graphs.train_step import TrainStepSignature
-from ortlstm.training.spec import TrainingSpec
+from ortlstm.training.spec import DEFAULT_TARGET, TrainingSpec
 
 
 def _as_array(value: Any, what: str, where: str) -> np.ndarray:
@@ -274,7 +274,7 @@ class Feeds:
         size than the prediction gets torch's warning where torch gives it.
         """
         spec = self._spec
-        target_name = spec.target or "target"
+        target_name = spec.target or DEFAULT_TARGET
         if target_array.dtype == np.int32:
             target_array = target_array.astype(np.int64)  # torch's index type; the graph reads int64
         prediction = self.prediction = self._prediction_type(sizes, inputs)

@@ -6,7 +6,8 @@ the JSON a checkpoint or a training directory records (``to_json`` / ``from_json
 loaded checkpoint is compared on (``graph_json``) and the keywords that rebuild a trainer
 (``trainer_options``). Run-time options (the learning rate, threads, the non-finite mode) are
 neither saved nor compared; the optimizer's ``lr`` is one of them too (only the default of the
-train step's lr input), which its field declares.
+train step's lr input), which its field declares. Each field's default is read from the table of
+options (``ortlstm.training.options``), where it is written once for every surface.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.optimizers.clip import ClipGradNorm
 from ortlstm.graphs.precision import matmul_precision
 from ortlstm.graphs.train_step import TrainStepSignature
+from ortlstm.training.options import DEFAULTS
 
 LearningRate = float | Callable[[int], float]
 """A constant, or ``schedule(n) -> lr`` for the update that follows ``n`` completed updates."""
 
-DEFAULT_TARGET = "target"
-"""The target input's name when none is given (``Trainer(target=...)``)."""
+DEFAULT_TARGET: str = DEFAULTS["target"]
+"""The target input's name when none is given (``Trainer(target=...)``; the table's default)."""
 
 
 def _same(value: Any) -> Any:
@@ -277,39 +279,49 @@ class TrainingSpec:
     optimizer: optimizers.Optimizer = dataclasses.field(
         metadata=_role(saved=(_optimizer_to_json, _optimizer_from_json), build=_same, runtime_keys=("lr",))
     )
-    requires_grad: tuple[str, ...] | None = dataclasses.field(default=None, metadata=_role(saved=_NAMES, build=_same))
+    requires_grad: tuple[str, ...] | None = dataclasses.field(
+        default=DEFAULTS["requires_grad"], metadata=_role(saved=_NAMES, build=_same)
+    )
     prediction: str | None = dataclasses.field(
-        default=None, metadata=_role(saved=_PLAIN, build=_same, keyword="output")
+        default=DEFAULTS["output"], metadata=_role(saved=_PLAIN, build=_same, keyword="output")
     )
-    target: str | None = dataclasses.field(default=DEFAULT_TARGET, metadata=_role(saved=_PLAIN, build=_target_name))
-    extra_outputs: tuple[str, ...] = dataclasses.field(default=(), metadata=_role(saved=_NAMES, build=_same))
+    target: str | None = dataclasses.field(default=DEFAULTS["target"], metadata=_role(saved=_PLAIN, build=_target_name))
+    extra_outputs: tuple[str, ...] = dataclasses.field(
+        default=DEFAULTS["extra_outputs"], metadata=_role(saved=_NAMES, build=_same)
+    )
     param_groups: tuple[optimizers.ParamGroup, ...] = dataclasses.field(
-        default=(), metadata=_role(saved=(_groups_to_json, _groups_from_json), build=_same)
+        default=DEFAULTS["param_groups"], metadata=_role(saved=(_groups_to_json, _groups_from_json), build=_same)
     )
-    clip_grad_norm: float | None = dataclasses.field(default=None, metadata=_role(saved=_PLAIN, build=_same))
-    clip_norm_type: float = dataclasses.field(default=2.0, metadata=_role(saved=_PLAIN, build=_same))
+    clip_grad_norm: float | None = dataclasses.field(
+        default=DEFAULTS["clip_grad_norm"], metadata=_role(saved=_PLAIN, build=_same)
+    )
+    clip_norm_type: float = dataclasses.field(
+        default=DEFAULTS["clip_norm_type"], metadata=_role(saved=_PLAIN, build=_same)
+    )
     clip_grad_value: float | None = dataclasses.field(
-        default=None, metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
+        default=DEFAULTS["clip_grad_value"], metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
     )
-    stateful: bool = dataclasses.field(default=False, metadata=_role(saved=(_same, bool), optional_in_json=True))
+    stateful: bool = dataclasses.field(
+        default=DEFAULTS["stateful"], metadata=_role(saved=(_same, bool), optional_in_json=True)
+    )
     frozen: tuple[str, ...] = dataclasses.field(
-        default=(), metadata=_role(saved=_NAMES, optional_in_json=True, build=_same)
+        default=DEFAULTS["frozen"], metadata=_role(saved=_NAMES, optional_in_json=True, build=_same)
     )
     fixed_shapes: dict[str, tuple[int | str | None, ...]] | None = dataclasses.field(
-        default=None,
+        default=DEFAULTS["fixed_shapes"],
         metadata=_role(saved=(_shapes_to_json, _fixed_shapes), optional_in_json=True, build=_shapes_to_build),
     )
     ir_version: int = dataclasses.field(
-        default=MAX_IR_VERSION, metadata=_role(saved=(_same, int), optional_in_json=True, build=_same)
+        default=DEFAULTS["ir_version"], metadata=_role(saved=(_same, int), optional_in_json=True, build=_same)
     )
     fixed_inputs: dict[str, np.ndarray] = dataclasses.field(
         default_factory=dict, compare=False, metadata=_role(build=_fixed_inputs_to_build)
     )
-    lr: LearningRate | None = dataclasses.field(default=None, metadata=_role())
-    threads: int | None = dataclasses.field(default=None, metadata=_role())
-    nonfinite: str = dataclasses.field(default="raise", metadata=_role())
+    lr: LearningRate | None = dataclasses.field(default=DEFAULTS["lr"], metadata=_role())
+    threads: int | None = dataclasses.field(default=DEFAULTS["threads"], metadata=_role())
+    nonfinite: str = dataclasses.field(default=DEFAULTS["nonfinite"], metadata=_role())
     precision: str = dataclasses.field(
-        default="32-true", metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
+        default=DEFAULTS["precision"], metadata=_role(saved=_PLAIN, optional_in_json=True, build=_same)
     )
 
     def __post_init__(self) -> None:
@@ -319,13 +331,13 @@ class TrainingSpec:
     def from_options(
         cls,
         *,
-        requires_grad: Sequence[str] | None = None,
-        output: str | None = None,
-        extra_outputs: Sequence[str] = (),
-        param_groups: Sequence[optimizers.ParamGroup] = (),
-        frozen: Sequence[str] = (),
-        fixed_inputs: Mapping[str, Any] | None = None,
-        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
+        requires_grad: Sequence[str] | None = DEFAULTS["requires_grad"],
+        output: str | None = DEFAULTS["output"],
+        extra_outputs: Sequence[str] = DEFAULTS["extra_outputs"],
+        param_groups: Sequence[optimizers.ParamGroup] = DEFAULTS["param_groups"],
+        frozen: Sequence[str] = DEFAULTS["frozen"],
+        fixed_inputs: Mapping[str, Any] | None = DEFAULTS["fixed_inputs"],
+        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = DEFAULTS["fixed_shapes"],
         **options: Any,
     ) -> TrainingSpec:
         """A spec from ``Trainer``'s keywords, as given (sequences and mappings in the spec's form)."""

@@ -20,7 +20,6 @@ import onnx
 
 from ortlstm.graphs import losses, optimizers
 from ortlstm.graphs.carried_state import CarriedState, with_carried_state
-from ortlstm.graphs.convert import MAX_IR_VERSION
 from ortlstm.graphs.parameters import TrainedParameter, constant_sources, describe_trained, torch_sources
 from ortlstm.graphs.prepare.dequantize import describe_int8
 from ortlstm.graphs.structure import graph_hash
@@ -30,6 +29,7 @@ from ortlstm.training.accumulation import Accumulator
 from ortlstm.training.engine import Engine
 from ortlstm.training.feeds import Feeds
 from ortlstm.training.guard import all_finite, check_mode, loss_value, refusal
+from ortlstm.training.options import DEFAULTS, run_time_values
 from ortlstm.training.spec import LearningRate, TrainingSpec
 
 if TYPE_CHECKING:  # the 1.19.2 path is imported where used: ortlstm.ort_training imports ortlstm.training
@@ -69,23 +69,23 @@ class Trainer:
         *,
         loss: losses.Loss,
         optimizer: optimizers.Optimizer,
-        lr: LearningRate | None = None,
-        requires_grad: Sequence[str] | None = None,
-        frozen: Sequence[str] = (),
-        output: str | None = None,
-        target: str = "target",
-        extra_outputs: Sequence[str] = (),
-        param_groups: Sequence[optimizers.ParamGroup] = (),
-        clip_grad_norm: float | None = None,
-        clip_norm_type: float = 2.0,
-        clip_grad_value: float | None = None,
-        fixed_inputs: Mapping[str, np.ndarray] | None = None,
-        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = None,
-        stateful: bool = False,
-        threads: int | None = None,
-        ir_version: int = MAX_IR_VERSION,
-        nonfinite: str = "raise",
-        precision: str = "32-true",
+        lr: LearningRate | None = DEFAULTS["lr"],
+        requires_grad: Sequence[str] | None = DEFAULTS["requires_grad"],
+        frozen: Sequence[str] = DEFAULTS["frozen"],
+        output: str | None = DEFAULTS["output"],
+        target: str = DEFAULTS["target"],
+        extra_outputs: Sequence[str] = DEFAULTS["extra_outputs"],
+        param_groups: Sequence[optimizers.ParamGroup] = DEFAULTS["param_groups"],
+        clip_grad_norm: float | None = DEFAULTS["clip_grad_norm"],
+        clip_norm_type: float = DEFAULTS["clip_norm_type"],
+        clip_grad_value: float | None = DEFAULTS["clip_grad_value"],
+        fixed_inputs: Mapping[str, np.ndarray] | None = DEFAULTS["fixed_inputs"],
+        fixed_shapes: Mapping[str, Sequence[int | str | None]] | None = DEFAULTS["fixed_shapes"],
+        stateful: bool = DEFAULTS["stateful"],
+        threads: int | None = DEFAULTS["threads"],
+        ir_version: int = DEFAULTS["ir_version"],
+        nonfinite: str = DEFAULTS["nonfinite"],
+        precision: str = DEFAULTS["precision"],
     ) -> None:
         """Builds the training models of ``model``.
 
@@ -126,7 +126,7 @@ class Trainer:
                 ``optimizer.step()``. Also settable later: ``trainer.nonfinite = "skip"``.
             precision: Lightning's name: ``"32-true"`` (float32 throughout) or ``"bf16-mixed"`` (every GEMM of the
                 kernel ops on bfloat16 operands, float32 accumulation, weights, optimizer state and export, as
-                torch.autocast on the CPU); saved with the run. RNNTraining refuses it for now.
+                torch.autocast on the CPU); saved with the run.
 
         Raises:
             ValueError: From ``build_training_models``: an unknown output or parameter, a target
@@ -201,9 +201,9 @@ class Trainer:
         cls,
         directory: str | Path,
         *,
-        lr: LearningRate | None = None,
-        threads: int | None = None,
-        nonfinite: str = "raise",
+        lr: LearningRate | None = DEFAULTS["lr"],
+        threads: int | None = DEFAULTS["threads"],
+        nonfinite: str = DEFAULTS["nonfinite"],
     ) -> Trainer:
         """A trainer over the models ``write`` (or ``ortlstm train-step``) put in ``directory``.
 
@@ -217,11 +217,11 @@ class Trainer:
         """
         directory = Path(directory)
         original, models, signature, spec, values = files.read_directory(directory)
-        spec = dataclasses.replace(spec, lr=lr, threads=threads, nonfinite=nonfinite)
+        spec = dataclasses.replace(spec, **run_time_values(locals()))  # every run-time option, by its own name
         carried = with_carried_state(original)[1] if spec.stateful else ()
         trainer = cls.__new__(cls)
         trainer._setup(original, models, signature, spec, values, carried)
-        trainer.nonfinite = nonfinite
+        trainer.nonfinite = spec.nonfinite  # checked
         trainer.load(directory / files.STATE_FILE)
         return trainer
 
@@ -231,18 +231,17 @@ class Trainer:
         model: onnx.ModelProto | str | Path,
         checkpoint: str | Path,
         *,
-        lr: LearningRate | None = None,
-        threads: int | None = None,
-        nonfinite: str = "raise",
+        lr: LearningRate | None = DEFAULTS["lr"],
+        threads: int | None = DEFAULTS["threads"],
+        nonfinite: str = DEFAULTS["nonfinite"],
     ) -> Trainer:
         """Rebuilds the trainer a checkpoint was saved from (its spec is in the file) and loads it."""
+        run_time = run_time_values(locals())  # every run-time option, by its own name
         metadata, tensors = files.read_checkpoint(checkpoint)
         spec = dataclasses.replace(
             TrainingSpec.from_json(json.loads(metadata["spec"])),
             fixed_inputs=files.tensors_under(tensors, "fixed"),
-            lr=lr,
-            threads=threads,
-            nonfinite=nonfinite,
+            **run_time,
         )
         trainer = cls(model, **spec.trainer_options())
         trainer.load(checkpoint)
@@ -599,9 +598,9 @@ class Trainer:
         *,
         loss: losses.Loss,
         optimizer: optimizers.Optimizer | None = None,
-        lr: LearningRate | None = None,
+        lr: LearningRate | None = DEFAULTS["lr"],
         requires_grad: Sequence[str] | None = None,
-        threads: int | None = None,
+        threads: int | None = DEFAULTS["threads"],
         **options: Any,
     ) -> Trainer:
         """A trainer that continues a run of the onnxruntime-training path (``generate_artifacts``).
