@@ -102,7 +102,7 @@ CONFIGS: dict[str, BenchConfig] = {
 """The issue's configs (T, N, I, H) plus a bidirectional and a float64 one."""
 
 QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
-COMPETITORS = ("ortlstm", "com.microsoft", "torch", "torch-autocast")
+COMPETITORS = ("ortlstm", "ortlstm-bf16", "com.microsoft", "torch", "torch-autocast")
 LIMIT = "GEMM limit"
 
 # Targets from the issue; all compare fwd+bwd medians.
@@ -494,7 +494,9 @@ def _stash_input(name: str) -> str:
     return f"stash_{name}" if name in _STASH else name
 
 
-def _training_pair_model(domain: str, forward_inputs: Sequence[str], config: BenchConfig) -> onnx.ModelProto:
+def _training_pair_model(
+    domain: str, forward_inputs: Sequence[str], config: BenchConfig, matmul_precision: str = "float32"
+) -> onnx.ModelProto:
     """LSTMTraining and LSTMGrad of ``domain`` side by side in one graph, as in a training graph.
 
     The two nodes are not connected: LSTMGrad reads the stash from graph inputs, so one run can
@@ -504,7 +506,9 @@ def _training_pair_model(domain: str, forward_inputs: Sequence[str], config: Ben
     com.microsoft's port order, which is what makes them drop-in.
     """
     elem = onnx.TensorProto.FLOAT if config.dtype == "float32" else onnx.TensorProto.DOUBLE
-    attributes = {"hidden_size": config.hidden_size, "direction": config.direction}
+    attributes: dict[str, object] = {"hidden_size": config.hidden_size, "direction": config.direction}
+    if matmul_precision != "float32":  # ortlstm-bf16 (issue 33); com.microsoft's ops have no such attribute
+        attributes["matmul_precision"] = matmul_precision
     forward = ortlstm.ops.make_node(
         "LSTMTraining",
         {name: name for name in forward_inputs},
@@ -561,6 +565,9 @@ class OrtRunner(Runner):
             raise Unavailable("onnxruntime not installed")
         self.name = domain
         self._feed = feed
+        # ortlstm-bf16: the ortlstm ops with matmul_precision="bfloat16" (issue 33).
+        matmul_precision = "bfloat16" if domain == "ortlstm-bf16" else "float32"
+        domain = "ortlstm" if domain == "ortlstm-bf16" else domain
         if domain == "ortlstm":
             options = ortlstm.ops.session_options(intra_op_num_threads=threads)
         else:
@@ -577,7 +584,7 @@ class OrtRunner(Runner):
         self._run_options.only_execute_path_to_fetches = True
         try:
             self._session = ort.InferenceSession(
-                _training_pair_model(domain, list(forward_inputs), config).SerializeToString(),
+                _training_pair_model(domain, list(forward_inputs), config, matmul_precision).SerializeToString(),
                 options,
                 providers=["CPUExecutionProvider"],
             )
@@ -823,7 +830,7 @@ def make_runner(
 
     ``feed``, ``spinning`` and ``memory_arena`` apply to the ORT ops only (see :class:`OrtRunner`).
     """
-    if competitor in ("ortlstm", "com.microsoft"):
+    if competitor in ("ortlstm", "ortlstm-bf16", "com.microsoft"):
         return OrtRunner(competitor, config, threads, feed=feed, spinning=spinning, memory_arena=memory_arena)
     if competitor == "torch":
         return TorchRunner(config, threads)

@@ -168,8 +168,8 @@ BUILDER_OPTIONS: Final[tuple[Option, ...]] = (
         "precision",
         "str",
         "32-true",
-        "bf16-mixed: the LSTM/GRU/Conv gradient GEMMs on bfloat16 operands with float32 accumulation, weights "
-        "and optimizer state (torch.autocast's bf16 on the CPU); the LSTM and GRU ops refuse it for now",
+        "bf16-mixed: the LSTM/GRU/RNN/Conv GEMMs on bfloat16 operands with float32 accumulation, weights "
+        "and optimizer state (torch.autocast's bf16 on the CPU)",
         EVERYWHERE,
     ),
 )

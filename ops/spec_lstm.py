@@ -45,8 +45,8 @@ MATMUL_PRECISION = AttrSpec(
         "for bit. `bfloat16`: every GEMM takes its operands rounded to bfloat16 (round to nearest even) and "
         "accumulates in float32, on the CPU's bf16 units where it has them (AVX512-BF16, AMX; else slower than "
         "float32, same numbers); gate math, states, the stash, all outputs and gradients stay float32. "
-        "The recurrent ops do not run `bfloat16` yet (refused when the session is created); ConvGrad does (float32 "
-        "tensors only)."
+        "`bfloat16` takes float32 tensors only (float64, for gradient checks, is refused when the session is "
+        "created)."
     ),
     accepts="float32 or bfloat16",
 )

@@ -2,9 +2,9 @@
 
 tests/data/bf16_autocast_accuracy.json holds, per configuration (M, L, BI, M with sequence lengths;
 layout 1), the error against float64 of torch autocast's bf16 nn.LSTM gradients and of float32's.
-The bfloat16 LSTM ops will be held to ``autocast_error`` without torch once their time loops run
-bf16 GEMMs; until then this checks that the record is complete and says what it should: autocast's
-errors are bfloat16-sized (well above float32's, at most a few 2^-8), on every gradient.
+The bfloat16 LSTM ops are held to it without torch in test_bf16_vs_autocast.py; this checks that
+the record is complete and says what it should: autocast's errors are bfloat16-sized (well above
+float32's, at most a few 2^-8), on every gradient.
 """
 
 from __future__ import annotations

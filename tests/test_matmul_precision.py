@@ -3,8 +3,8 @@
 ConvGrad with "bfloat16" is held to the float64 gradients of the bfloat16-rounded inputs (rounded by
 the NumPy RNE reference of test_bf16_gemm.py) within float32 accumulation, and to the float64
 gradients of the inputs themselves within bfloat16's rounding (2^-8 relative per operand); "float32",
-given or omitted, keeps today's results bit for bit. The recurrent ops refuse "bfloat16" until their
-time loops run bf16 GEMMs; any other value is refused naming the attribute, the value and the allowed ones.
+given or omitted, keeps today's results bit for bit. The recurrent ops' bfloat16 runs are checked in
+test_bf16_recurrent.py; any other value is refused naming the attribute, the value and the allowed ones.
 """
 
 from __future__ import annotations
@@ -68,13 +68,6 @@ def test_unknown_value_is_refused_naming_attribute_value_and_allowed(op) -> None
     message = _refusal(*op, np.float32, {**attributes, "matmul_precision": "bf16"})
     expected = "attribute matmul_precision: expected float32 or bfloat16, got 'bf16'"
     assert f"{op[0]} node '{op[0]}_under_test': {expected}" in message
-
-
-@pytest.mark.parametrize("op", [_LSTM, _LSTM_GRAD, _GRU], ids=lambda op: op[0])
-def test_recurrent_ops_refuse_bfloat16_until_their_time_loops_run_it(op) -> None:
-    message = _refusal(*op, np.float32, {"hidden_size": 4, "matmul_precision": "bfloat16"})
-    assert "attribute matmul_precision: bfloat16 is not yet supported by the recurrent ops" in message
-    assert 'pass matmul_precision="float32" or omit it' in message
 
 
 def test_conv_grad_bfloat16_refuses_float64() -> None:

@@ -18,12 +18,14 @@
 // tasks when the executor has the width (recurrent/backward_helpers.h: RunBackward, shared with the
 // RNN); the GEMMs over all steps (Q, dX, dW, dR) follow.
 #include <algorithm>
+#include <vector>
 
 #include "common/blas.h"
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
 #include "lstm/lstm_math.h"
 #include "recurrent/backward_helpers.h"
+#include "recurrent/recurrent_gemm.h"
 
 namespace ortlstm {
 namespace {
@@ -65,13 +67,24 @@ class GruBackwardDirection {
                        hidden_prev_.get());
       if (lbr_) {
         // Q [T*N, H] = H_{t-1} Rh^T, every step at once.
-        ParallelGemm(executor, false, true, rows, H_, H_, T(1), hidden_prev_.get(), H_, R_ + 2 * H_ * H_, H_, T(0),
-                     q_.get(), H_);
+        RecurrentParallelGemm(config_.cell.matmul_precision, executor, false, true, rows, H_, H_, hidden_prev_.get(),
+                              H_, R_ + 2 * H_ * H_, H_, T(0), q_.get(), H_);
       }
       const bool reverse = config_.cell.IsReverse(d_);
+      // The step GEMMs' weights, once per group of entries and op call (a bf16 operand rounds them
+      // here): Rh for d(r . H_{t-1}) (linear_before_reset = 0), R[zr(h)] for dH_{t-1}.
+      const MatmulPrecision precision = config_.cell.matmul_precision;
+      std::vector<StepWeights> weights;
+      for (int64_t k = 0; k < groups_; ++k) {
+        const Range group = SplitRange(dims_.batch_size, groups_, k);
+        const int64_t M = std::max<int64_t>(group.end - group.begin, 0);
+        weights.push_back(
+            {lbr_ ? StepOperand<T>() : StepOperand<T>(precision, false, false, M, H_, H_, R_ + 2 * H_ * H_, H_),
+             StepOperand<T>(precision, false, false, M, H_, lbr_ ? width_ : 2 * H_, R_, H_)});
+      }
       RunBackwardSteps(dims_, reverse, groups_, executor, &dh_, &dh_prev_,
                        [&](int64_t t, Range group, const T* dh, T* dh_prev, size_t k) {
-                         Step(t, group, dh, dh_prev, prime_.get() + k * 2 * H_);
+                         Step(t, group, dh, dh_prev, prime_.get() + k * 2 * H_, weights[k]);
                        });
     }
     WriteInitialStateGradient(dims_, d_, dh_.get(), io_.dH0);
@@ -94,17 +107,20 @@ class GruBackwardDirection {
     }
     const T* dg = grad_gates_.get();
     if (io_.dX) {
-      ParallelGemm(executor, false, false, rows, I, width_, T(1), dg, width_, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
+      RecurrentParallelGemm(config_.cell.matmul_precision, executor, false, false, rows, I, width_, dg, width_, W_, I,
+                            d_ == 0 ? T(0) : T(1), io_.dX, I);
     }
-    if (dW) ParallelGemm(executor, true, false, width_, I, rows, T(1), dg, width_, io_.X, I, T(0), dW, I);
+    if (dW) RecurrentParallelGemm(config_.cell.matmul_precision, executor, true, false, width_, I, rows, dg, width_,
+                                  io_.X, I, T(0), dW, I);
     if (dR) {
       if (lbr_) {
-        ParallelGemm(executor, true, false, width_, H, rows, T(1), grad_rec_.get(), width_, hidden_prev_.get(), H,
-                     T(0), dR, H);
+        RecurrentParallelGemm(config_.cell.matmul_precision, executor, true, false, width_, H, rows, grad_rec_.get(),
+                              width_, hidden_prev_.get(), H, T(0), dR, H);
       } else {
-        ParallelGemm(executor, true, false, 2 * H, H, rows, T(1), dg, width_, hidden_prev_.get(), H, T(0), dR, H);
-        ParallelGemm(executor, true, false, H, H, rows, T(1), dg + 2 * H, width_, reset_hidden_.get(), H, T(0),
-                     dR + 2 * H * H, H);
+        RecurrentParallelGemm(config_.cell.matmul_precision, executor, true, false, 2 * H, H, rows, dg, width_,
+                              hidden_prev_.get(), H, T(0), dR, H);
+        RecurrentParallelGemm(config_.cell.matmul_precision, executor, true, false, H, H, rows, dg + 2 * H, width_,
+                              reset_hidden_.get(), H, T(0), dR + 2 * H * H, H);
       }
     }
     if (dB) {
@@ -120,11 +136,17 @@ class GruBackwardDirection {
   }
 
  private:
+  // The right operands of a group's per-step GEMMs (Recurrence).
+  struct StepWeights {
+    StepOperand<T> reset_hidden;  // Rh [H, H]: d(r . H_{t-1}) = da Rh (linear_before_reset = 0)
+    StepOperand<T> carry;         // R[zr(h)] [2H or 3H, H]: dH_{t-1} += [dz dr (dq)] R[zr(h)]
+  };
+
   bool Active(int64_t t, int64_t b) const { return io_.sequence_lens == nullptr || t < io_.sequence_lens[b]; }
 
   // Step t for batch entries `group`: dh holds their dL/dH_t, dh_prev gets dL/dH_{t-1}; `prime`
   // [2H] is the task's room for f' and g'.
-  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime) {
+  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime, const StepWeights& weights) {
     const int64_t H = H_;
     const int64_t M = group.end - group.begin;
     if (M <= 0) return;
@@ -181,8 +203,7 @@ class GruBackwardDirection {
     if (!lbr_) {
       // d(r . H_{t-1}) = da Rh; then the reset gate's share.
       T* d_rh = d_rh_.get();
-      Gemm(false, false, M, H, H, T(1), step + group.begin * width_ + 2 * H, width_, R_ + 2 * H * H, H, T(0),
-           d_rh + group.begin * H, H);
+      weights.reset_hidden.Multiply(step + group.begin * width_ + 2 * H, width_, T(0), d_rh + group.begin * H, H, M);
       for (int64_t b = group.begin; b < group.end; ++b) {
         if (!Active(t, b)) continue;
         const int64_t row = dims_.XRow(t, b);
@@ -199,8 +220,7 @@ class GruBackwardDirection {
       }
     }
     // dH_{t-1} += [dz dr (dq)] R[zr(h)]; inactive rows add zeros to their passed-through dH.
-    Gemm(false, false, M, H, lbr_ ? width_ : 2 * H, T(1), step + group.begin * width_, width_, R_, H, T(1),
-         dh_prev_all + group.begin * H, H);
+    weights.carry.Multiply(step + group.begin * width_, width_, T(1), dh_prev_all + group.begin * H, H, M);
   }
 
   const LstmDims& dims_;

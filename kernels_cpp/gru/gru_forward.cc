@@ -120,7 +120,7 @@ class GruForwardCell {
 template <typename T>
 void GruForward(const LstmDims& dims, const GruConfig& config, const GruForwardTensors<T>& tensors,
                 const Executor& executor, const ScratchAllocator& allocator) {
-  const ForwardIo<T> io = ForwardIoOf<T>(tensors, tensors.ZRH);
+  const ForwardIo<T> io = ForwardIoOf<T>(tensors, tensors.ZRH, config.cell.matmul_precision);
   RunForward<T, GruForwardCell<T>>(dims, io, {config.cell.IsReverse(0), config.cell.IsReverse(1)}, executor,
                                    allocator, [&](int64_t d, StepSplit split) {
                                      return std::make_unique<GruForwardCell<T>>(dims, config, tensors, d, split,

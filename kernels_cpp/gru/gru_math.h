@@ -22,6 +22,8 @@ struct GruConfig {
   bool linear_before_reset = false;
 };
 
+inline MatmulPrecision MatmulPrecisionOf(const GruConfig& config) { return config.cell.matmul_precision; }
+
 // Optional tensors are nullptr when absent (inputs) or not requested (outputs).
 template <typename T>
 struct GruForwardTensors {

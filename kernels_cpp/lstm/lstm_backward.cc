@@ -10,10 +10,12 @@
 // lstm/lstm_dims.h.
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "common/blas.h"
 #include "lstm/gate_math.h"
 #include "lstm/lstm_math.h"
+#include "recurrent/recurrent_gemm.h"
 
 namespace ortlstm {
 namespace {
@@ -125,6 +127,16 @@ class BackwardDirection {
     // the kernel). `count` steps from processing step `first` run in one round; with `carry` the
     // round ends by carrying its last step's dpre into dH (for the next window's first step, or
     // dH0), which a task can do for its own rows only when it owns every unit of them.
+    // Each task's R[:, units] for the carry, once per op call (a bf16 operand rounds it here).
+    std::vector<StepOperand<T>> carry_weights(static_cast<size_t>(split_.Tasks()));
+    executor.For(carry_weights.size(), [&](size_t k) {
+      const Range units = split_.Units(hidden, static_cast<int64_t>(k));
+      const Range rows = split_.Rows(dims_.batch_size, static_cast<int64_t>(k));
+      if (units.end <= units.begin || rows.end <= rows.begin) return;
+      carry_weights[k] = StepOperand<T>(config_.matmul_precision, false, false, rows.end - rows.begin,
+                                        units.end - units.begin, width_, io_.R + d_ * width_ * hidden + units.begin,
+                                        hidden);
+    });
     const T* later_grad = nullptr;  // dpre of the step processed last (its row 0), until carried
     const int64_t steps = dims_.seq_length;
     auto time_of = [&](int64_t p) { return reverse_ ? p : steps - 1 - p; };
@@ -135,11 +147,11 @@ class BackwardDirection {
         const Range rows = split_.Rows(dims_.batch_size, task);
         const T* later = later_grad;
         for (int64_t p = first; p < first + count; ++p) {
-          CarryBack(later, units, rows);
+          CarryBack(later, units, rows, carry_weights[k]);
           Pointwise(time_of(p), units, rows, task);
           later = GradRow(time_of(p), 0);
         }
-        if (carry) CarryBack(later, units, rows);
+        if (carry) CarryBack(later, units, rows, carry_weights[k]);
       });
       if (count > 0) later_grad = GradRow(time_of(first + count - 1), 0);
       if (carry) later_grad = nullptr;
@@ -209,15 +221,15 @@ class BackwardDirection {
     const T beta = first ? T(0) : T(1);
     // dW [4H, I] += dpre^T [4H, rows] * X [rows, I]: M = 4H, N = I, K = rows, A transposed.
     if (io_.dW) {
-      ParallelGemm(executor, true, false, width_, input_size, rows, T(1), grad, width_, x + offset * input_size,
-                   input_size, beta, io_.dW + d_ * width_ * input_size, input_size);
+      RecurrentParallelGemm(config_.matmul_precision, executor, true, false, width_, input_size, rows, grad, width_,
+                            x + offset * input_size, input_size, beta, io_.dW + d_ * width_ * input_size, input_size);
     }
     // dR [4H, H] += dpre^T [4H, rows] * H_prev [rows, H]: M = 4H, N = H, K = rows, A transposed.
     T* dR = io_.dR ? io_.dR + d_ * width_ * hidden : nullptr;
     if (dR && !hidden_from_hall_) {
       const T* hidden_prev = scratch_.hidden_prev.get();
-      ParallelGemm(executor, true, false, width_, hidden, rows, T(1), grad, width_, hidden_prev, hidden, beta, dR,
-                   hidden);
+      RecurrentParallelGemm(config_.matmul_precision, executor, true, false, width_, hidden, rows, grad, width_,
+                            hidden_prev, hidden, beta, dR, hidden);
     } else if (dR) {
       // H_prev of a step is HAll of the step processed before it, one step of rows away (HAll
       // [T, 1, N, H] has X's row order here), except for the first step processed: initial_h.
@@ -226,19 +238,20 @@ class BackwardDirection {
       const int64_t to = reverse_ ? std::min<int64_t>(hi, steps - 1) : hi;     // previous step
       const int64_t count = std::max<int64_t>(to - from, 0) * batch;
       const T* hidden_before = io_.HAll + (reverse_ ? from + 1 : from - 1) * batch * hidden;
-      ParallelGemm(executor, true, false, width_, hidden, count, T(1), grad + (from - lo) * batch * width_, width_,
-                   count > 0 ? hidden_before : io_.HAll, hidden, beta, dR, hidden);
+      RecurrentParallelGemm(config_.matmul_precision, executor, true, false, width_, hidden, count,
+                            grad + (from - lo) * batch * width_, width_, count > 0 ? hidden_before : io_.HAll, hidden,
+                            beta, dR, hidden);
       const int64_t start = reverse_ ? steps - 1 : 0;  // the first step processed
       if (io_.initial_h && start >= lo && start < hi) {
-        ParallelGemm(executor, true, false, width_, hidden, batch, T(1), grad + (start - lo) * batch * width_, width_,
-                     io_.initial_h, hidden, T(1), dR, hidden);
+        RecurrentParallelGemm(config_.matmul_precision, executor, true, false, width_, hidden, batch,
+                              grad + (start - lo) * batch * width_, width_, io_.initial_h, hidden, T(1), dR, hidden);
       }
     }
     // dX [rows, I] (+)= dpre [rows, 4H] * W [4H, I]: M = rows, N = I, K = 4H.
     if (input_grad) {
-      ParallelGemm(executor, false, false, rows, input_size, width_, T(1), grad, width_,
-                   io_.W + d_ * width_ * input_size, input_size, input_beta, input_grad + offset * input_size,
-                   input_size);
+      RecurrentParallelGemm(config_.matmul_precision, executor, false, false, rows, input_size, width_, grad, width_,
+                            io_.W + d_ * width_ * input_size, input_size, input_beta, input_grad + offset * input_size,
+                            input_size);
     }
     // dPi += sum dpre_i . Ct-1,  dPo += sum dpre_o . Ct,  dPf += sum dpre_f . Ct-1  (over t, b).
     if (io_.dP) {
@@ -288,12 +301,13 @@ class BackwardDirection {
 
   // dH_t[rows, units] += dpre_{t+1}[rows] [., 4H] * R[:, units] [4H, .] (M = rows, N = units,
   // K = 4H), `later` being dpre_{t+1}'s row 0; nothing before the first step processed (null).
-  void CarryBack(const T* later, Range units, Range rows) {
+  // `weight` is the task's R[:, units] (Recurrence).
+  void CarryBack(const T* later, Range units, Range rows, const StepOperand<T>& weight) {
     if (later == nullptr || units.end <= units.begin || rows.end <= rows.begin) return;
     const int64_t step_ld = dims_.BatchStride() * width_;
-    Gemm(false, false, rows.end - rows.begin, units.end - units.begin, width_, T(1), later + rows.begin * step_ld,
-         step_ld, io_.R + d_ * width_ * hidden_size_ + units.begin, hidden_size_, T(1),
-         scratch_.grad_h.get() + rows.begin * hidden_size_ + units.begin, hidden_size_);
+    weight.Multiply(later + rows.begin * step_ld, step_ld, T(1),
+                    scratch_.grad_h.get() + rows.begin * hidden_size_ + units.begin, hidden_size_,
+                    rows.end - rows.begin);
   }
 
   // Step t, hidden units [units.begin, units.end) of entries [rows.begin, rows.end): dpre_t,
@@ -487,9 +501,9 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
     if (tensors.dX) {
       const int64_t width = dims.GateWidth();
       for (int64_t d = 0; d < 2; ++d) {
-        ParallelGemm(executor, false, false, dims.Rows(), dims.input_size, width, T(1),
-                     (d == 0 ? forward : backward).GradGates(), width, tensors.W + d * width * dims.input_size,
-                     dims.input_size, d == 0 ? T(0) : T(1), tensors.dX, dims.input_size);
+        RecurrentParallelGemm(config.matmul_precision, executor, false, false, dims.Rows(), dims.input_size, width,
+                              (d == 0 ? forward : backward).GradGates(), width, tensors.W + d * width * dims.input_size,
+                              dims.input_size, d == 0 ? T(0) : T(1), tensors.dX, dims.input_size);
       }
     }
     return;

@@ -109,13 +109,6 @@ std::string ParseRecurrentConfig(const RawLstmAttributes& raw, int activation_co
       !error.empty()) {
     return error;
   }
-  // Until the recurrent driver's GEMMs go through common/bf16_gemm.h, bfloat16 is refused here
-  // rather than silently computed in float32. Delete this block when they do.
-  if (cfg.matmul_precision == MatmulPrecision::kBfloat16) {
-    return "attribute matmul_precision: bfloat16 is not yet supported by the recurrent ops (LSTM, GRU, RNN: their "
-           "time loops run float32 GEMMs until the shared recurrent driver takes the bf16 GEMMs, issue 33); pass "
-           "matmul_precision=\"float32\" or omit it (ConvGrad runs bfloat16)";
-  }
   *config = cfg;
   return "";
 }

@@ -56,6 +56,9 @@ struct LstmConfig {
 
 // Fills *config from raw attributes; returns "" on success or a message naming the attribute and
 // the expected vs actual value.
+// The op's matmul_precision (overloaded for each cell's config, so generic adapters can read it).
+inline MatmulPrecision MatmulPrecisionOf(const LstmConfig& config) { return config.matmul_precision; }
+
 std::string ParseLstmConfig(const RawLstmAttributes& raw, LstmConfig* config);
 
 // The same for a recurrent cell with `activation_count` activations per direction (3 for the

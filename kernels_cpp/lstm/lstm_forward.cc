@@ -180,7 +180,7 @@ class LstmForwardCell {
 template <typename T>
 void LstmForward(const LstmDims& dims, const LstmConfig& config, const LstmForwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
-  const ForwardIo<T> io = ForwardIoOf<T>(tensors, tensors.IOFC);
+  const ForwardIo<T> io = ForwardIoOf<T>(tensors, tensors.IOFC, config.matmul_precision);
   RunForward<T, LstmForwardCell<T>>(dims, io, {config.IsReverse(0), config.IsReverse(1)}, executor, allocator,
                                     [&](int64_t d, StepSplit split) {
                                       return std::make_unique<LstmForwardCell<T>>(dims, config, tensors, d, split,

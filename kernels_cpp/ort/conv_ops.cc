@@ -70,10 +70,7 @@ struct ConvGradOp : SchemaOp<ConvGradOp<T>, ConvGradKernel<T>, ConvGradTraits, T
     const std::string node = NodeName(info);
     ConvAttributes attributes;
     std::string error = ReadConvAttributes(info, &attributes);
-    if (error.empty() && !std::is_same_v<T, float> && attributes.matmul_precision == MatmulPrecision::kBfloat16) {
-      error = "attribute matmul_precision: bfloat16 takes float32 tensors, got float64 (float64 is for gradient "
-              "checks); pass float32 tensors or matmul_precision=\"float32\"";
-    }
+    if (error.empty()) error = RefuseBf16Tensors<T>(attributes.matmul_precision);
     if (!error.empty()) return Fail(ConvGradTraits::kName, node, error);
     return ConvGradOp::NewKernel(kernel, std::move(attributes), node);
   }

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/parallel.h"
@@ -95,6 +96,16 @@ class OrtScratchAllocator final : public ScratchAllocator {
 
 // An INVALID_ARGUMENT status "<op> node '<node>': <message>" (no node part for an unnamed node).
 OrtStatus* Fail(const char* op_name, const std::string& node, const std::string& message);
+
+// matmul_precision="bfloat16" runs on float32 tensors only: the message refusing it on the
+// float64 instantiation of an op (float64 is for gradient checks), or "" where T is float or the
+// precision float32. Checked when the kernel is created (ConvGrad, the recurrent ops).
+template <typename T>
+std::string RefuseBf16Tensors(MatmulPrecision precision) {
+  if (std::is_same_v<T, float> || precision != MatmulPrecision::kBfloat16) return "";
+  return "attribute matmul_precision: bfloat16 takes float32 tensors, got float64 (float64 is for gradient checks); "
+         "pass float32 tensors or matmul_precision=\"float32\"";
+}
 // A FAIL status saying that the op's scratch or outputs did not fit in memory.
 OrtStatus* OutOfMemory(const char* op_name, const std::string& node);
 

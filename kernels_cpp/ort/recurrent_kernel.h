@@ -143,7 +143,8 @@ struct RecurrentOp : SchemaOp<RecurrentOp<Spec, T>, RecurrentKernel<Spec, T>, Sp
   OrtStatus* CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     const std::string node = NodeName(info);
     typename Spec::Config config;
-    const std::string error = Spec::ReadConfig(info, &config);
+    std::string error = Spec::ReadConfig(info, &config);
+    if (error.empty()) error = RefuseBf16Tensors<T>(MatmulPrecisionOf(config));
     if (!error.empty()) return Fail(Spec::kName, node, error);
     return RecurrentOp::NewKernel(kernel, config, node);
   }

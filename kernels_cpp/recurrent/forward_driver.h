@@ -10,7 +10,8 @@
 // lstm/lstm_dims.h, with `gates` = the cell's kGates.
 //
 // The GEMM call sites, named for issue 33 (matmul_precision): ForwardDriver::ProjectInputs (input
-// projection) and the PackedGemmB of each stage in ForwardDriver::Run (per-step recurrent GEMM).
+// projection) and the StepOperand of each stage in ForwardDriver::Run (per-step recurrent GEMM),
+// both under ForwardIo::precision (recurrent/recurrent_gemm.h).
 //
 // A cell policy (one object per direction) provides:
 //   static constexpr int64_t kGates;   gate columns per hidden unit (LSTM 4, GRU 3, RNN 1)
@@ -40,6 +41,7 @@
 #include "common/blas.h"
 #include "common/scratch.h"
 #include "lstm/lstm_math.h"
+#include "recurrent/recurrent_gemm.h"
 
 namespace ortlstm {
 
@@ -54,12 +56,14 @@ struct ForwardIo {
   T* HAll = nullptr;
   T* Ht = nullptr;
   T* stash = nullptr;  // [.., G*H] the activated gates (IOFC, ZRH), in the cell's gate order
+  MatmulPrecision precision = MatmulPrecision::kFloat32;  // of both GEMM call sites (the op's matmul_precision)
 };
 
 // The driver's tensors from a cell's forward tensors (LstmForwardTensors, GruForwardTensors, ...),
-// which name them alike; `stash` is the cell's own stash output (IOFC, ZRH).
+// which name them alike; `stash` is the cell's own stash output (IOFC, ZRH), `precision` the op's
+// matmul_precision (required, so that no cell forgets to pass it on).
 template <typename T, typename Tensors>
-ForwardIo<T> ForwardIoOf(const Tensors& tensors, T* stash) {
+ForwardIo<T> ForwardIoOf(const Tensors& tensors, T* stash, MatmulPrecision precision) {
   ForwardIo<T> io;
   io.X = tensors.X;
   io.W = tensors.W;
@@ -69,6 +73,7 @@ ForwardIo<T> ForwardIoOf(const Tensors& tensors, T* stash) {
   io.HAll = tensors.HAll;
   io.Ht = tensors.Ht;
   io.stash = stash;
+  io.precision = precision;
   return io;
 }
 
@@ -131,8 +136,8 @@ class ForwardDriver {
 
   // The input projection, a GEMM call site: gates [T*N, G*H] = X [T*N, I] * W^T (block-major rows).
   void ProjectInputs(const Executor& executor) {
-    ParallelGemm(executor, false, true, dims_.Rows(), width_, dims_.input_size, T(1), io_.X, dims_.input_size, W_,
-                 dims_.input_size, T(0), gates_, width_);
+    RecurrentParallelGemm(io_.precision, executor, false, true, dims_.Rows(), width_, dims_.input_size, io_.X,
+                          dims_.input_size, W_, dims_.input_size, T(0), gates_, width_);
   }
 
   void Run(const Executor& executor) {
@@ -149,7 +154,7 @@ class ForwardDriver {
     // The per-step recurrent GEMM call site: each task's rows of R for each stage (its block's
     // columns of the stage's gates, or all of them for its group of entries), packed once.
     const int64_t stages = cell_.Stages();
-    std::vector<PackedGemmB<T>> recurrent(static_cast<size_t>(split_.Tasks() * stages));
+    std::vector<StepOperand<T>> recurrent(static_cast<size_t>(split_.Tasks() * stages));
     executor.For(static_cast<size_t>(split_.Tasks()), [&](size_t k) {
       const Range units = split_.Units(hidden_, static_cast<int64_t>(k));
       const Range rows = split_.Rows(batch, static_cast<int64_t>(k));
@@ -157,8 +162,9 @@ class ForwardDriver {
       const int64_t count = units.end - units.begin;
       for (int64_t s = 0; s < stages; ++s) {
         const Range g = cell_.StageGates(s);
-        recurrent[k * stages + s] = PackedGemmB<T>(true, rows.end - rows.begin, (g.end - g.begin) * count, hidden_,
-                                                   R_ + (G * units.begin + g.begin * count) * hidden_, hidden_);
+        recurrent[k * stages + s] =
+            StepOperand<T>(io_.precision, true, true, rows.end - rows.begin, (g.end - g.begin) * count, hidden_,
+                           R_ + (G * units.begin + g.begin * count) * hidden_, hidden_);
       }
     });
     const int64_t steps = dims_.seq_length;
@@ -189,19 +195,21 @@ class ForwardDriver {
  private:
   // Stage s of step t for one task: the stage's recurrent GEMM for the task's rows and block,
   // then the cell's pointwise pass over them (stage 0 also handles entries past their length).
-  void Stage(int64_t s, int64_t t, Range units, Range rows, const PackedGemmB<T>& recurrent, const T* h_prev,
+  void Stage(int64_t s, int64_t t, Range units, Range rows, const StepOperand<T>& recurrent, const T* h_prev,
              T* h_next) {
     const int64_t count = units.end - units.begin;
     if (count <= 0 || rows.end <= rows.begin) return;
     const Range g = cell_.StageGates(s);
     const int64_t column = G * units.begin + g.begin * count;
     const T* input = s == 0 ? h_prev : cell_.StageInput(s);
+    const int64_t m = rows.end - rows.begin;
     if constexpr (Cell::kAccumulate) {
       // gates[rows, block] += H_{t-1}[rows] * R[block rows, :]^T: M = rows, N = gates*count, K = H.
       recurrent.Multiply(input + rows.begin * hidden_, hidden_, T(1),
-                         gates_ + dims_.XRow(t, rows.begin) * width_ + column, dims_.BatchStride() * width_);
+                         gates_ + dims_.XRow(t, rows.begin) * width_ + column, dims_.BatchStride() * width_, m);
     } else {
-      recurrent.Multiply(input + rows.begin * hidden_, hidden_, T(0), cell_.StageOutput(rows.begin) + column, width_);
+      recurrent.Multiply(input + rows.begin * hidden_, hidden_, T(0), cell_.StageOutput(rows.begin) + column, width_,
+                         m);
     }
     for (int64_t b = rows.begin; b < rows.end; ++b) {
       const int64_t seq_row = dims_.SeqRow(t, d_, b);

@@ -10,9 +10,11 @@
 // a bidirectional RNN run as two tasks, as the GRU's are (recurrent/backward_helpers.h: RunBackward,
 // with the states each step started from and dL/dH's ends).
 #include <algorithm>
+#include <vector>
 
 #include "common/blas.h"
 #include "recurrent/backward_helpers.h"
+#include "recurrent/recurrent_gemm.h"
 #include "rnn/rnn_cell.h"
 #include "rnn/rnn_math.h"
 
@@ -45,9 +47,16 @@ class RnnBackwardDirection {
     if (dims_.Rows() > 0) {
       const bool reverse = config_.IsReverse(d_);
       GatherHiddenPrev(dims_, d_, reverse, io_.initial_h, io_.HAll, io_.sequence_lens, hidden_prev_.get());
+      // R for dH_{t-1} = da R, once per group of entries and op call (a bf16 operand rounds it here).
+      std::vector<StepOperand<T>> weights;
+      for (int64_t k = 0; k < groups_; ++k) {
+        const Range group = SplitRange(dims_.batch_size, groups_, k);
+        weights.emplace_back(config_.matmul_precision, false, false, std::max<int64_t>(group.end - group.begin, 0),
+                             H_, H_, R_, H_);
+      }
       RunBackwardSteps(dims_, reverse, groups_, executor, &dh_, &dh_prev_,
                        [&](int64_t t, Range group, const T* dh, T* dh_prev, size_t k) {
-                         Step(t, group, dh, dh_prev, prime_.get() + k * H_);
+                         Step(t, group, dh, dh_prev, prime_.get() + k * H_, weights[k]);
                        });
     }
     WriteInitialStateGradient(dims_, d_, dh_.get(), io_.dH0);
@@ -69,10 +78,13 @@ class RnnBackwardDirection {
     }
     const T* da = grad_pre_.get();
     if (io_.dX) {
-      ParallelGemm(executor, false, false, rows, I, H, T(1), da, H, W_, I, d_ == 0 ? T(0) : T(1), io_.dX, I);
+      RecurrentParallelGemm(config_.matmul_precision, executor, false, false, rows, I, H, da, H, W_, I,
+                            d_ == 0 ? T(0) : T(1), io_.dX, I);
     }
-    if (dW) ParallelGemm(executor, true, false, H, I, rows, T(1), da, H, io_.X, I, T(0), dW, I);
-    if (dR) ParallelGemm(executor, true, false, H, H, rows, T(1), da, H, hidden_prev_.get(), H, T(0), dR, H);
+    if (dW) RecurrentParallelGemm(config_.matmul_precision, executor, true, false, H, I, rows, da, H, io_.X, I, T(0),
+                                  dW, I);
+    if (dR) RecurrentParallelGemm(config_.matmul_precision, executor, true, false, H, H, rows, da, H,
+                                  hidden_prev_.get(), H, T(0), dR, H);
     if (dB) {
       std::fill_n(dB, H, T(0));
       for (int64_t row = 0; row < rows; ++row) {
@@ -87,7 +99,7 @@ class RnnBackwardDirection {
 
   // Step t for the batch entries of `group` (none: nothing to do): dh_all holds their dL/dH_t,
   // dh_prev_all gets dL/dH_{t-1}; `prime` [H] is the task's room for f'.
-  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime) {
+  void Step(int64_t t, Range group, const T* dh_all, T* dh_prev_all, T* prime, const StepOperand<T>& weight) {
     if (group.end <= group.begin) return;
     const int64_t H = H_;
     for (int64_t b = group.begin; b < group.end; ++b) {
@@ -105,8 +117,8 @@ class RnnBackwardDirection {
       std::fill_n(dhp, H, T(0));
     }
     // dH_{t-1} += da R; inactive rows add zeros to their passed-through dH.
-    Gemm(false, false, group.end - group.begin, H, H, T(1), grad_pre_.get() + dims_.XRow(t, group.begin) * H,
-         dims_.BatchStride() * H, R_, H, T(1), dh_prev_all + group.begin * H, H);
+    weight.Multiply(grad_pre_.get() + dims_.XRow(t, group.begin) * H, dims_.BatchStride() * H, T(1),
+                    dh_prev_all + group.begin * H, H, group.end - group.begin);
   }
 
   const LstmDims& dims_;

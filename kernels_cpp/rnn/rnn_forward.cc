@@ -64,7 +64,7 @@ class RnnForwardCell {
 template <typename T>
 void RnnForward(const LstmDims& dims, const LstmConfig& config, const RnnForwardTensors<T>& tensors,
                 const Executor& executor, const ScratchAllocator& allocator) {
-  const ForwardIo<T> io = ForwardIoOf<T>(tensors, nullptr);
+  const ForwardIo<T> io = ForwardIoOf<T>(tensors, nullptr, config.matmul_precision);
   RunForward<T, RnnForwardCell<T>>(dims, io, {config.IsReverse(0), config.IsReverse(1)}, executor, allocator,
                                    [&](int64_t d, StepSplit) {
                                      return std::make_unique<RnnForwardCell<T>>(dims, config, tensors, d, allocator);

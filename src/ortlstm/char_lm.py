@@ -154,6 +154,7 @@ def run_char_lm(
     temperature: float = 0.7,
     output: Path | None = Path("ortlstm_chars.onnx"),
     log_every: int = 100,
+    precision: str = "32-true",
 ) -> CharLmResult:
     """Trains the character model with stateful truncated BPTT and samples from the exported model.
 
@@ -169,6 +170,7 @@ def run_char_lm(
         temperature: Sampling temperature.
         output: Where to write the trained model (None: not written).
         log_every: Print the loss every this many steps.
+        precision: The Trainer's ``precision`` (``"32-true"`` or ``"bf16-mixed"``).
 
     Returns:
         Losses, the held-out loss, samples and timing.
@@ -200,6 +202,7 @@ def run_char_lm(
         clip_grad_norm=1.0,
         stateful=True,
         threads=threads,
+        precision=precision,
     )
     result = CharLmResult([], 0.0, [], 0.0, None)
     _train_windows(trainer, columns, seq_length, steps, log_every, result)

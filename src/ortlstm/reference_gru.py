@@ -21,6 +21,7 @@ read activations, alpha, beta and clip alike.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 from ortlstm import reference as _reference
 from ortlstm.ops import schema
 from ortlstm.reference import Activation, parse_attributes
+from ortlstm.reference_precision import matmul
 
 _Array = np.ndarray
 
@@ -68,6 +70,7 @@ def gru_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
     """
     values, linear_before_reset = _gru_activations(attributes)
     attrs = parse_attributes(values)
+    mm = functools.partial(matmul, attrs.matmul_precision)  # every GEMM, at the node's precision
     hidden = attrs.hidden_size
     layout = attrs.layout
     X = np.asarray(inputs["X"], np.float64)
@@ -98,12 +101,12 @@ def gru_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
         for t in order:
             active = t < lens
             x = X[t]
-            z = _gate(f, x @ wz.T + state @ rz.T + wbz + rbz, attrs.clip)
-            r = _gate(f, x @ wr.T + state @ rr.T + wbr + rbr, attrs.clip)
+            z = _gate(f, mm(x, wz.T) + mm(state, rz.T) + wbz + rbz, attrs.clip)
+            r = _gate(f, mm(x, wr.T) + mm(state, rr.T) + wbr + rbr, attrs.clip)
             if linear_before_reset:
-                pre = x @ wh.T + r * (state @ rh.T + rbh) + wbh
+                pre = mm(x, wh.T) + r * (mm(state, rh.T) + rbh) + wbh
             else:
-                pre = x @ wh.T + (r * state) @ rh.T + rbh + wbh
+                pre = mm(x, wh.T) + mm(r * state, rh.T) + rbh + wbh
             h = _gate(g, pre, attrs.clip)
             new = (1.0 - z) * h + z * state
             state = np.where(active[:, None], new, state)
@@ -135,6 +138,7 @@ def gru_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
     """
     values, linear_before_reset = _gru_activations(attributes)
     attrs = parse_attributes(values)
+    mm = functools.partial(matmul, attrs.matmul_precision)  # every GEMM, at the node's precision
     hidden, layout, directions = attrs.hidden_size, attrs.layout, attrs.num_directions
 
     def layout0(name: str, batch_axis: int) -> _Array | None:
@@ -179,22 +183,22 @@ def gru_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
             dh = dH_t * (1.0 - z) * _reference._gate_derivative(g, h, attrs.clip, dtype)
             if linear_before_reset:
                 dq = dh * r
-                dr = dh * (h_prev @ rh.T + rbh) * _reference._gate_derivative(f, r, attrs.clip, dtype)
-                dH_prev = dH_t * z + dq @ rh
-                dR[d, 2 * hidden :] += np.where(active, dq, 0.0).T @ h_prev
+                dr = dh * (mm(h_prev, rh.T) + rbh) * _reference._gate_derivative(f, r, attrs.clip, dtype)
+                dH_prev = dH_t * z + mm(dq, rh)
+                dR[d, 2 * hidden :] += mm(np.where(active, dq, 0.0).T, h_prev)
             else:
                 dq = dh
-                back = dh @ rh
+                back = mm(dh, rh)
                 dr = back * h_prev * _reference._gate_derivative(f, r, attrs.clip, dtype)
                 dH_prev = dH_t * z + back * r
-                dR[d, 2 * hidden :] += np.where(active, dh, 0.0).T @ (r * h_prev)
+                dR[d, 2 * hidden :] += mm(np.where(active, dh, 0.0).T, r * h_prev)
             dpre = np.where(active, np.concatenate([dz, dr, dh], axis=1), 0.0)
             dq = np.where(active, dq, 0.0)
-            dX[t] += dpre @ W[d]
-            dW[d] += dpre.T @ X[t]
-            dR[d, : 2 * hidden] += dpre[:, : 2 * hidden].T @ h_prev
+            dX[t] += mm(dpre, W[d])
+            dW[d] += mm(dpre.T, X[t])
+            dR[d, : 2 * hidden] += mm(dpre[:, : 2 * hidden].T, h_prev)
             dB[d] += np.concatenate([dpre.sum(axis=0), dpre[:, : 2 * hidden].sum(axis=0), dq.sum(axis=0)])
-            dH_prev = dH_prev + dpre[:, : 2 * hidden] @ R[d, : 2 * hidden]
+            dH_prev = dH_prev + mm(dpre[:, : 2 * hidden], R[d, : 2 * hidden])
             dH = np.where(active, dH_prev, dH)  # an inactive step passes its state through unchanged
         dH0[d] = dH
     moved = {"dX": (dX, 1), "dH0": (dH0, 1)}

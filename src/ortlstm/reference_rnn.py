@@ -18,6 +18,7 @@ shares), so the ops read activations, alpha, beta and clip alike.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from ortlstm import reference as _reference
 from ortlstm.ops import schema
 from ortlstm.reference import parse_attributes
 from ortlstm.reference_gru import _gate
+from ortlstm.reference_precision import matmul
 
 _Array = np.ndarray
 
@@ -64,6 +66,7 @@ def rnn_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
         HAll and Ht in the layout the attributes name.
     """
     attrs = parse_attributes(_rnn_activations(attributes))
+    mm = functools.partial(matmul, attrs.matmul_precision)  # every GEMM, at the node's precision
     hidden, layout, directions = attrs.hidden_size, attrs.layout, attrs.num_directions
     X = _reference._to_layout0(inputs["X"], layout, 1)
     assert X is not None  # a required input
@@ -85,7 +88,7 @@ def rnn_training(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict
         state = h0[d].copy()
         for t in order:
             active = (t < lens)[:, None]
-            new = _gate(f, X[t] @ W[d].T + state @ R[d].T + wb + rb, attrs.clip)
+            new = _gate(f, mm(X[t], W[d].T) + mm(state, R[d].T) + wb + rb, attrs.clip)
             state = np.where(active, new, state)
             hall[t, d] = np.where(active, new, 0.0)
         ran = (lens > 0) & (steps > 0)
@@ -109,6 +112,7 @@ def rnn_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
         Every output port name -> float64 array, in the layout the attributes name.
     """
     attrs = parse_attributes(_rnn_activations(attributes))
+    mm = functools.partial(matmul, attrs.matmul_precision)  # every GEMM, at the node's precision
     hidden, layout, directions = attrs.hidden_size, attrs.layout, attrs.num_directions
 
     def layout0(name: str, batch_axis: int) -> _Array | None:
@@ -144,11 +148,11 @@ def rnn_grad(inputs: Mapping[str, _Array | None], **attributes: Any) -> dict[str
             h_prev = np.where(has_before, hall[min(max(before, 0), steps - 1), d], h0[d])
             da = (dH + grad_hall[t, d]) * _reference._gate_derivative(f, hall[t, d], attrs.clip, dtype)
             da = np.where(active, da, 0.0)
-            dX[t] += da @ W[d]
-            dW[d] += da.T @ X[t]
-            dR[d] += da.T @ h_prev
+            dX[t] += mm(da, W[d])
+            dW[d] += mm(da.T, X[t])
+            dR[d] += mm(da.T, h_prev)
             dB[d] += np.tile(da.sum(axis=0), 2)
-            dH = np.where(active, da @ R[d], dH)  # an inactive step passes its state through unchanged
+            dH = np.where(active, mm(da, R[d]), dH)  # an inactive step passes its state through unchanged
         dH0[d] = dH
     moved = {"dX": (dX, 1), "dH0": (dH0, 1)}
     result = {name: np.moveaxis(value, axis, 0) if layout == 1 else value for name, (value, axis) in moved.items()}

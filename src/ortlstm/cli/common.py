@@ -312,7 +312,6 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
         parser: ``fit``'s or ``train-step``'s parser.
         run_time: Also --nonfinite, which a training directory does not record (``fit``'s, not ``train-step``'s).
     """
-    from ortlstm.graphs.precision import PRECISIONS
     from ortlstm.training import NONFINITE_MODES
 
     parser.add_argument(
@@ -329,6 +328,13 @@ def add_trainer_extras(parser: argparse.ArgumentParser, *, run_time: bool) -> No
     if run_time:
         parser.add_argument("--nonfinite", choices=NONFINITE_MODES, **option_argument("nonfinite"))
     parser.add_argument("--ir-version", type=int, **option_argument("ir_version"))
+    add_precision(parser)
+
+
+def add_precision(parser: argparse.ArgumentParser) -> None:
+    """``--precision`` (Lightning's names): ``fit``, ``train-step`` and the demos."""
+    from ortlstm.graphs.precision import PRECISIONS
+
     parser.add_argument("--precision", choices=tuple(PRECISIONS), **option_argument("precision"))
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ortlstm.cli.common import add_lr, add_out, show_defaults
+from ortlstm.cli.common import add_lr, add_out, add_precision, show_defaults
 
 
 def add_demo(commands: Any) -> None:
@@ -29,6 +29,7 @@ def add_demo(commands: Any) -> None:
     demo.add_argument("--seed", type=int, default=0, help="seeds the weights and the shuffling")
     demo.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     demo.add_argument("--plot", type=Path, default=Path("ortlstm_demo.png"), help="PNG of loss and accuracy")
+    add_precision(demo)
     demo.add_argument(
         "--runtime",
         choices=("onnxruntime", "onnxruntime-training"),
@@ -60,6 +61,7 @@ def add_demo_chars(commands: Any) -> None:
     chars.add_argument("--temperature", type=float, default=0.7, help="of the samples")
     chars.add_argument("--seed", type=int, default=0, help="seeds the weights and the samples")
     chars.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    add_precision(chars)
     add_out(chars, "the trained model", default=Path("ortlstm_chars.onnx"))
     show_defaults(chars)
 
@@ -105,6 +107,7 @@ def add_demo_ocr(commands: Any) -> None:
     ocr.add_argument("--eval-every", type=int, default=10, help="steps between CER measurements")
     ocr.add_argument("--seed", type=int, default=0, help="seeds the texts, the noise and the held-out split")
     ocr.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    add_precision(ocr)
     add_out(ocr, "the fine-tuned model", default=Path("ortlstm_ocr.onnx"))
     ocr.add_argument("--plot", type=Path, default=Path("ortlstm_ocr.png"), help="PNG of loss and CER")
     ocr.add_argument(
@@ -127,6 +130,7 @@ def demo_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         plot=args.plot,
         threads=args.threads,
+        precision=args.precision,
     )
     print(f"held-out accuracy: {result.test_accuracy:.1%} ({result.seconds:.0f} s)")
     if result.plain_accuracy is not None:
@@ -157,6 +161,7 @@ def demo_chars_command(args: argparse.Namespace) -> int:
         threads=args.threads,
         temperature=args.temperature,
         output=args.out,
+        precision=args.precision,
     )
     for text in result.samples:
         print(f"--- sample (temperature {args.temperature}):\n{text}")
@@ -183,6 +188,7 @@ def demo_ocr_command(args: argparse.Namespace) -> int:
         output=args.out,
         plot=args.plot,
         samples_image=args.samples,
+        precision=args.precision,
         log=lambda line: print(line, flush=True),
     )
     print(report(result))

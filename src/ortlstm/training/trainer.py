@@ -126,7 +126,7 @@ class Trainer:
                 ``optimizer.step()``. Also settable later: ``trainer.nonfinite = "skip"``.
             precision: Lightning's name: ``"32-true"`` (float32 throughout) or ``"bf16-mixed"`` (every GEMM of the
                 kernel ops on bfloat16 operands, float32 accumulation, weights, optimizer state and export, as
-                torch.autocast on the CPU); saved with the run. The LSTM and GRU ops refuse it for now.
+                torch.autocast on the CPU); saved with the run.
 
         Raises:
             ValueError: From ``build_training_models``: an unknown output or parameter, a target
