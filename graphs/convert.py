@@ -19,6 +19,8 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import onnx_opset
 from ortlstm.graphs.emit.graph_utils import named_subgraphs, unique_name
 from ortlstm.ops import lstm_attributes, schema
 
@@ -163,7 +165,7 @@ def _check_element_type(node: onnx.NodeProto, where: str, constants: dict[str, o
 
 
 def _convert_node(
-    node: onnx.NodeProto, where: str, names: _NameSource, constants: dict[str, onnx.TensorProto]
+    node: onnx.NodeProto, where: str, names: _NameSource, constants: dict[str, onnx.TensorProto], opset: int
 ) -> onnx.NodeProto:
     _check_element_type(node, where, constants)
     hidden_size = _hidden_size(node, where, constants)
@@ -186,7 +188,8 @@ def _convert_node(
     for index, port in enumerate(forward.outputs):
         if not outputs[index]:
             outputs[index] = names.fresh(f"{node_name}_{port.name}")
-    return onnx.helper.make_node(
+    return make_checked_node(
+        opset,
         forward.name,
         inputs,
         outputs,
@@ -251,7 +254,7 @@ def convert_with_report(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[C
         del container.node[:]
         for node in nodes:
             if is_onnx_lstm(node):
-                new_node = _convert_node(node, where, names, constants)
+                new_node = _convert_node(node, where, names, constants, onnx_opset(result))
                 container.node.append(new_node)
                 converted.append(ConvertedNode(new_node.name, where))
             else:

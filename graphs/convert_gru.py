@@ -23,6 +23,8 @@ from ortlstm.graphs.convert import (
     _NameSource,
     _used_names,
 )
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import onnx_opset
 from ortlstm.ops import lstm_attributes, schema
 
 
@@ -62,13 +64,14 @@ def convert_recurrent(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
     result = copy.deepcopy(model)
     names = _NameSource(_used_names(result))
     constants = _initializers(result)
+    opset = onnx_opset(result)
     for where, container in _all_node_lists(result):
         nodes = list(container.node)
         if not any(is_cell(node) for node in nodes):
             continue
         del container.node[:]
         container.node.extend(
-            _convert_node(node, where, names, constants, op_type) if is_cell(node) else node for node in nodes
+            _convert_node(node, where, names, constants, op_type, opset) if is_cell(node) else node for node in nodes
         )
         if isinstance(container, onnx.FunctionProto):
             _add_opset(container)
@@ -77,7 +80,12 @@ def convert_recurrent(model: onnx.ModelProto, op_type: str) -> onnx.ModelProto:
 
 
 def _convert_node(
-    node: onnx.NodeProto, where: str, names: _NameSource, constants: dict[str, onnx.TensorProto], op_type: str
+    node: onnx.NodeProto,
+    where: str,
+    names: _NameSource,
+    constants: dict[str, onnx.TensorProto],
+    op_type: str,
+    opset: int,
 ) -> onnx.NodeProto:
     forward, gates = CELLS[op_type]
     if len(node.input) > len(forward.inputs):
@@ -113,7 +121,8 @@ def _convert_node(
     for index, port in enumerate(forward.outputs):
         if not outputs[index]:
             outputs[index] = names.fresh(f"{node_name}_{port.name}")
-    return onnx.helper.make_node(
+    return make_checked_node(
+        opset,
         forward.name,
         inputs,
         outputs,

@@ -29,6 +29,7 @@ import onnx.numpy_helper
 from ortlstm.graphs import losses as losses_module
 from ortlstm.graphs import optimizers as optimizers_module
 from ortlstm.graphs.autodiff import GraphEmitter, build_backward, infer_value_types, onnx_opset
+from ortlstm.graphs.emit.checks import make_checked_node
 from ortlstm.graphs.emit.emitter import ValueType
 from ortlstm.graphs.emit.graph_utils import prune_to_outputs, used_names
 from ortlstm.graphs.finite_check import FiniteCheck, add_finite_check
@@ -495,8 +496,12 @@ class _Assembly:
         grad_nodes, gradients = backward
         # train step: gradients feed the update through Identity nodes named as the apply model's inputs.
         links = [
-            onnx.helper.make_node(
-                "Identity", [gradients[name]], [update.grad_inputs[name]], name=f"{update.grad_inputs[name]}/link"
+            make_checked_node(
+                onnx_opset(forward.model),
+                "Identity",
+                [gradients[name]],
+                [update.grad_inputs[name]],
+                name=f"{update.grad_inputs[name]}/link",
             )
             for name in params
         ]

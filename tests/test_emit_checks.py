@@ -18,7 +18,7 @@ import onnx.numpy_helper
 import pytest
 
 import ortlstm.ops  # noqa: F401 - registers the ortlstm schemas with onnx (the oracle's view of them)
-from ortlstm.graphs.emit import GraphEmitter, NodeSchemaError, check_node
+from ortlstm.graphs.emit import GraphEmitter, NodeSchemaError, check_node, make_checked_node
 from ortlstm.graphs.emit.checks import op_signature
 from ortlstm.ops import schema
 
@@ -201,3 +201,51 @@ def test_a_misspelt_op_in_a_gradient_rule_fails_at_the_first_build(monkeypatch: 
     emitter = GraphEmitter(OPSET, ["w", "r", "loss", "relu"], infer_value_types(model))
     with pytest.raises(NodeSchemaError, match=r"node 'relu_grad/Mull': ai.onnx has no op 'Mull' at opset 17; did you "):
         build_backward(model.graph, "loss", ["w"], emitter)
+
+
+def test_make_checked_node_refuses_a_misspelt_op_naming_the_node() -> None:
+    """prepare's rewrites, the converters and the train step make nodes outside an emitter: checked all the same."""
+    with pytest.raises(NodeSchemaError, match=r"node 'w/recomputed': ai.onnx has no op 'Transpse' .*'Transpose'"):
+        make_checked_node(OPSET, "Transpse", ["w"], ["w_t"], name="w/recomputed", perm=[1, 0])
+    with pytest.raises(NodeSchemaError, match=r"node 'lstm' \(ortlstm LSTMTraining\) has attribute 'hiden_size'"):
+        make_checked_node(
+            OPSET, "LSTMTraining", ["x", "w", "r"], ["y"], name="lstm", domain=schema.DOMAIN, hiden_size=4
+        )
+
+
+def test_make_checked_node_makes_what_onnx_helper_makes() -> None:
+    made = make_checked_node(OPSET, "Concat", ["a", "b"], ["c"], name="cat", doc_string="why", axis=0, unused=None)
+    assert made == onnx.helper.make_node("Concat", ["a", "b"], ["c"], name="cat", doc_string="why", axis=0)
+    assert not onnx_refuses(made)
+
+
+@pytest.mark.parametrize("op_type", ["LSTM", "GRU", "RNN"])
+def test_a_recurrent_node_with_every_onnx_attribute_converts(op_type: str) -> None:
+    """The converters' training nodes are checked against ortlstm's spec: each attribute onnx's op has must pass."""
+    from ortlstm.graphs.convert import convert
+    from ortlstm.graphs.convert_gru import convert_recurrent
+
+    values: dict[str, Any] = {
+        "activation_alpha": [1.0],
+        "activation_beta": [1.0],
+        "activations": {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[op_type],
+        "clip": 5.0,
+        "direction": "forward",
+        "hidden_size": 2,
+        "input_forget": 0,
+        "layout": 0,
+        "linear_before_reset": 1,
+    }
+    attributes = {name: values[name] for name in onnx.defs.get_schema(op_type, OPSET, "").attributes}
+    node = onnx.helper.make_node(op_type, ["x", "w", "r"], ["y"], name="cell", **attributes)
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in ("x", "w", "r")],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    converted = convert(model) if op_type == "LSTM" else convert_recurrent(model, op_type)
+    (made,) = converted.graph.node
+    assert made.domain == schema.DOMAIN
+    assert set(attributes) | {"activations_csv"} == {attribute.name for attribute in made.attribute}

@@ -12,7 +12,7 @@ the Trainer and fit import it (tests/test_layers.py keeps it so).
 
 from __future__ import annotations
 
-from ortlstm.graphs.emit.checks import NodeSchemaError, check_node
+from ortlstm.graphs.emit.checks import NodeSchemaError, check_node, make_checked_node
 from ortlstm.graphs.emit.emitter import (
     FLOAT_TYPES,
     MIN_OPSET,
@@ -32,6 +32,7 @@ __all__ = [
     "ValueType",
     "check_node",
     "infer_value_types",
+    "make_checked_node",
     "make_model",
     "onnx_opset",
     "value_type_of",

@@ -3,8 +3,9 @@
 The training-graph builders write nodes from op-type strings at hundreds of call sites; without a
 check, a misspelt op, a missing input or an attribute the op does not have shows only when
 onnxruntime loads the model, and only for the graphs some test happens to build. ``check_node``
-runs on every node a ``GraphEmitter`` makes, so such a mistake raises at the first build, naming
-the node, the op and what the op allows.
+runs on every node a ``GraphEmitter`` makes, and ``make_checked_node`` on every node a rewrite
+makes outside one, so such a mistake raises at the first build, naming the node, the op and what
+the op allows.
 
 What a node is checked against, per domain:
 
@@ -31,9 +32,11 @@ import dataclasses
 import difflib
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 import onnx.defs
+import onnx.helper
 
 from ortlstm.ops import schema as ortlstm_schema
 
@@ -287,3 +290,43 @@ def check_node(node: onnx.NodeProto, opset: int) -> None:
     """
     attributes = [(attribute.name, attribute.type) for attribute in node.attribute]
     check_parts(node.domain, node.op_type, node.name, list(node.input), list(node.output), attributes, opset)
+
+
+def make_checked_node(
+    opset: int,
+    op_type: str,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    *,
+    name: str | None = None,
+    domain: str | None = None,
+    doc_string: str | None = None,
+    **attributes: Any,
+) -> onnx.NodeProto:
+    """``onnx.helper.make_node`` and ``check_node``: a node made outside a ``GraphEmitter``, checked the same way.
+
+    prepare's rewrites, the converters and the train step's links make a few nodes straight into a
+    graph they edit, where no emitter is at hand; made through here, a misspelt op, a wrong count of
+    inputs or an attribute the op lacks raises when the node is made, naming it, not when onnxruntime
+    loads the model.
+
+    Args:
+        opset: The model's ai.onnx opset (``onnx_opset(model)``); the ortlstm domain is checked
+            against ``ortlstm.ops.schema`` whatever it is.
+        op_type: The op type.
+        inputs: Input names ("" for an absent optional input).
+        outputs: Output names.
+        name: The node's name.
+        domain: The op's domain; None (ai.onnx) leaves the field unset, as ``onnx.helper.make_node``
+            does, so that a rewrite's model serializes to the same bytes as before it was checked.
+        doc_string: The node's doc string.
+        **attributes: Node attributes; None values are left out (as ``onnx.helper.make_node`` does).
+
+    Raises:
+        NodeSchemaError: As ``check_node``.
+    """
+    node = onnx.helper.make_node(
+        op_type, list(inputs), list(outputs), name=name, doc_string=doc_string, domain=domain, **attributes
+    )
+    check_node(node, opset)
+    return node

@@ -34,6 +34,8 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.autodiff.registry import register_missing_rule_hint
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import onnx_opset
 from ortlstm.graphs.emit.graph_utils import reads_in_subgraphs, unique_name, used_names
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
 
@@ -128,22 +130,23 @@ def dequantize_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[Deq
             ``quantize_dynamic`` writes (named, with what was found).
     """
     result = copy.deepcopy(model)
-    return result, _Rewriter(result.graph).run()
+    return result, _Rewriter(result.graph, onnx_opset(result)).run()
 
 
 def dequantize_int8(state: Preparation) -> None:
     """The pipeline's step: int8 weights become float32 parameters (``dequantize_model``), always trained."""
     if not is_quantized(state.model):
         return
-    state.dequantized = _Rewriter(state.graph).run()
+    state.dequantized = _Rewriter(state.graph, onnx_opset(state.model)).run()
     state.kept.update(item.name for item in state.dequantized)  # candidates whatever metadata says
 
 
 class _Rewriter:
     """One pass over a main graph: each quantized node replaced where it stands, the dead pattern removed."""
 
-    def __init__(self, graph: onnx.GraphProto) -> None:
+    def __init__(self, graph: onnx.GraphProto, opset: int) -> None:
         self.graph = graph
+        self.opset = opset  # the model's ai.onnx opset, which the float nodes are checked against
         self.nodes = list(graph.node)  # held for the whole pass, so that id() names each node
         self.initializers = {init.name: init for init in graph.initializer}
         self.producer = {name: node for node in self.nodes for name in node.output if name}
@@ -229,8 +232,14 @@ class _Rewriter:
         while inputs and not inputs[-1]:
             inputs.pop()
         attributes = {attribute.name: onnx.helper.get_attribute_value(attribute) for attribute in node.attribute}
-        return onnx.helper.make_node(
-            "LSTM", inputs, list(node.output), name=self._node_name(node), doc_string=node.doc_string, **attributes
+        return make_checked_node(
+            self.opset,
+            "LSTM",
+            inputs,
+            list(node.output),
+            name=self._node_name(node),
+            doc_string=node.doc_string,
+            **attributes,
         )
 
     def _fused_matmul(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
@@ -275,14 +284,16 @@ class _Rewriter:
         """The float op writing ``output``; a bias is Conv's third input, or an Add after a MatMul."""
         name = self._node_name(node)
         if not bias:
-            return [onnx.helper.make_node(op, inputs, [output], name=name, **attributes)]
+            return [make_checked_node(self.opset, op, inputs, [output], name=name, **attributes)]
         if op == "Conv":
-            return [onnx.helper.make_node(op, [*inputs, bias], [output], name=name, **attributes)]
+            return [make_checked_node(self.opset, op, [*inputs, bias], [output], name=name, **attributes)]
         product = unique_name(f"{output}_matmul", self.taken)
         self.taken.add(product)
         return [
-            onnx.helper.make_node(op, inputs, [product], name=name, **attributes),
-            onnx.helper.make_node("Add", [product, bias], [output], name=unique_name(f"{name}_bias", self.taken)),
+            make_checked_node(self.opset, op, inputs, [product], name=name, **attributes),
+            make_checked_node(
+                self.opset, "Add", [product, bias], [output], name=unique_name(f"{name}_bias", self.taken)
+            ),
         ]
 
     def _int32_bias(self, add: onnx.NodeProto, value: str, found: _Found) -> str:

@@ -51,7 +51,8 @@ import onnx.helper
 import onnx.numpy_helper
 
 from ortlstm.graphs.carried_state import STATE_PORTS
-from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types, onnx_opset
 from ortlstm.graphs.emit.graph_utils import subgraph_reads, unique_name, used_names
 from ortlstm.graphs.export_metadata import read_torch_origins
 from ortlstm.graphs.prepare.folding import constant_value
@@ -295,6 +296,7 @@ def _rewrite(model: onnx.ModelProto, trial: _Trial, constants: _Constants) -> di
     """Rewrites the constants that carry a freed dim until none changes; returns the inferred types."""
     types = infer_value_types(model)
     sizes = trial.sizes
+    opset = onnx_opset(model)
     for _ in range(_MAX_PASSES):
         constants = _Constants(model.graph, constants.trainable)
         changed = False
@@ -306,7 +308,7 @@ def _rewrite(model: onnx.ModelProto, trial: _Trial, constants: _Constants) -> di
                 changed |= (
                     _follow_in_reshape(node, types, sizes, constants)
                     or _merge_in_reshape(node, types, trial, constants)
-                    or _split_in_reshape(node, types, trial, constants, inserted)
+                    or _split_in_reshape(node, types, trial, constants, inserted, opset)
                 )
             elif node.op_type == "Expand":
                 changed |= _expand_one_slice(node, sizes, constants)
@@ -442,6 +444,7 @@ def _split_in_reshape(
     trial: _Trial,
     constants: _Constants,
     inserted: dict[str, list[onnx.NodeProto]],
+    opset: int,
 ) -> bool:
     """``y.reshape(B, T, H)`` of a merged dim: the entries of its freed dims read their sizes at run time.
 
@@ -474,14 +477,14 @@ def _split_in_reshape(
         shape_of, size = (unique_name(f"{node.input[1]}_{part}", constants.taken) for part in ("input_shape", dim))
         index_name = constants.add(f"{dim}_axis", np.array([axis]))
         nodes += [
-            onnx.helper.make_node("Shape", [source], [shape_of]),
-            onnx.helper.make_node("Gather", [shape_of, index_name], [size]),
+            make_checked_node(opset, "Shape", [source], [shape_of]),
+            make_checked_node(opset, "Gather", [shape_of, index_name], [size]),
         ]
         pieces.append(size)
     if constant:
         pieces.append(constants.add(f"{node.input[1]}_part", np.asarray(constant, dtype=np.int64)))
     following = unique_name(f"{node.input[1]}_following", constants.taken)
-    nodes.append(onnx.helper.make_node("Concat", pieces, [following], axis=0))
+    nodes.append(make_checked_node(opset, "Concat", pieces, [following], axis=0))
     inserted.setdefault(node.output[0], []).extend(nodes)
     _set_reshape_shape(node, following)
     return True

@@ -16,7 +16,8 @@ import onnx.helper
 import onnx.numpy_helper
 import onnx.reference
 
-from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, ValueType, infer_value_types, onnx_opset
 from ortlstm.graphs.emit.graph_utils import defined_names, rename_values, subgraphs, unique_name, used_names
 from ortlstm.graphs.prepare.sequences import SEQUENCE_OPS
 from ortlstm.graphs.prepare.state import Preparation, is_onnx
@@ -132,7 +133,7 @@ def _specialize_if(fold: _FoldPass, node: onnx.NodeProto) -> bool:
     outer_defined = {value.name for value in graph.input} | {init.name for init in graph.initializer}
     outer_defined |= defined_names(graph.node[fold.position + 1 :])  # earlier ones: the kept nodes
     outer_defined |= defined_names(fold.kept)
-    inlined, branch_initializers = inline_branch(node, branch, outer_defined, fold.taken)
+    inlined, branch_initializers = inline_branch(node, branch, outer_defined, fold.taken, onnx_opset(state.model))
     fold.kept.extend(inlined)
     graph.initializer.extend(branch_initializers)
     for init in branch_initializers:
@@ -247,7 +248,7 @@ def evaluate(
 
 
 def inline_branch(
-    node: onnx.NodeProto, branch: onnx.GraphProto, outer_defined: set[str], taken: set[str]
+    node: onnx.NodeProto, branch: onnx.GraphProto, outer_defined: set[str], taken: set[str], opset: int
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """The nodes that replace an ``If`` node by one of its branches (outputs renamed by Identity).
 
@@ -262,6 +263,7 @@ def inline_branch(
         outer_defined: Values defined outside this ``If`` node (graph inputs, initializers, other
             nodes' outputs, names inside other nodes' subgraphs).
         taken: Every name in use; new names are added to it.
+        opset: The model's ai.onnx opset (the Identity nodes that carry the outputs are checked against it).
     """
     inlined = onnx.GraphProto()
     inlined.CopyFrom(branch)
@@ -272,7 +274,7 @@ def inline_branch(
     nodes = list(inlined.node)
     for inner, outer in zip(inlined.output, node.output, strict=True):
         if outer:
-            nodes.append(onnx.helper.make_node("Identity", [inner.name], [outer], name=f"{node.name}/{inner.name}"))
+            nodes.append(make_checked_node(opset, "Identity", [inner.name], [outer], name=f"{node.name}/{inner.name}"))
     return nodes, list(inlined.initializer)
 
 

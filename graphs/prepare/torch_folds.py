@@ -37,7 +37,8 @@ import onnx
 import onnx.helper
 import onnx.numpy_helper
 
-from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter
+from ortlstm.graphs.emit.checks import make_checked_node
+from ortlstm.graphs.emit.emitter import FLOAT_TYPES, GraphEmitter, onnx_opset
 from ortlstm.graphs.emit.graph_utils import unique_name, used_names
 from ortlstm.graphs.export_metadata import (
     FUSES_BATCHNORM,
@@ -215,7 +216,7 @@ def rebuild_folded(
         for parameter in parameters:
             users[parameter].remove(name)
         rebuilt[name] = (value.shape, relation)
-    _recompute_all(graph, rebuilt)
+    _recompute_all(graph, rebuilt, onnx_opset(model))
     return set(rebuilt), refusals
 
 
@@ -250,7 +251,7 @@ def rebuild_torchscript_folds(
         relation = _as_function_of(value, sources, initializers)
         if relation is not None:
             rebuilt[name] = (value.shape, relation)
-    _recompute_all(graph, rebuilt)
+    _recompute_all(graph, rebuilt, onnx_opset(model))
     return set(rebuilt)
 
 
@@ -260,7 +261,9 @@ def _fingerprint(value: np.ndarray) -> tuple[object, ...]:
     return (value.dtype.str, value.size, value.min().item(), value.max().item(), int(np.count_nonzero(value > 0)))
 
 
-def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int, ...], tuple[str, str]]]) -> None:
+def _recompute_all(
+    graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int, ...], tuple[str, str]]], opset: int
+) -> None:
     """Replaces each initializer named in ``rebuilt`` by the node computing it from its source."""
     if not rebuilt:
         return
@@ -268,7 +271,7 @@ def _recompute_all(graph: onnx.GraphProto, rebuilt: Mapping[str, tuple[tuple[int
     nodes: list[onnx.NodeProto] = []
     constants: list[onnx.TensorProto] = []
     for name, (shape, relation) in rebuilt.items():
-        node, shape_constant = _recompute(name, shape, relation, taken)
+        node, shape_constant = _recompute(name, shape, relation, taken, opset)
         nodes.append(node)
         constants.extend(shape_constant)
     kept = [init for init in graph.initializer if init.name not in rebuilt]
@@ -334,15 +337,15 @@ def _as_function_of(
 
 
 def _recompute(
-    name: str, shape: tuple[int, ...], relation: tuple[str, str], taken: set[str]
+    name: str, shape: tuple[int, ...], relation: tuple[str, str], taken: set[str], opset: int
 ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
     """The node computing ``name`` from its source, and the shape constant it reads (if any)."""
     op, source = relation
     node_name = unique_name(f"{name}/recomputed", taken)
     if op == "Transpose":
-        return onnx.helper.make_node("Transpose", [source], [name], name=node_name, perm=[1, 0]), []
+        return make_checked_node(opset, "Transpose", [source], [name], name=node_name, perm=[1, 0]), []
     dims = onnx.numpy_helper.from_array(np.asarray(shape, dtype=np.int64), unique_name(f"{name}.shape", taken))
-    return onnx.helper.make_node(op, [source, dims.name], [name], name=node_name), [dims]
+    return make_checked_node(opset, op, [source, dims.name], [name], name=node_name), [dims]
 
 
 # ---- the model as shipped, for export --------------------------------------------------------------
