@@ -284,7 +284,7 @@ class OrtlstmBf16Gemm(GemmSource):
         def run() -> None:
             self._gemm(*args)
 
-        run.keep = (a16, b16)  # type: ignore[attr-defined]
+        run.keep = (a16, b16, c)  # type: ignore[attr-defined]  # C too: run writes into it after prepare returns
         return run
 
 
