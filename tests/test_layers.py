@@ -58,6 +58,7 @@ CONTRACT = {
     "ortlstm.ops.schema",
     "ortlstm.ops.contract",
     "ortlstm.ops.wiring",
+    "ortlstm.ops.family",
     "ortlstm.ops.spec_lstm",
     "ortlstm.ops.spec_gru",
     "ortlstm.ops.spec_rnn",
