@@ -142,6 +142,13 @@ workers = [threading.Thread(target=worker) for _ in range(2)]
 for w in workers: w.start()
 for w in workers: w.join()
 same = all(np.array_equal(r[mode], alone[mode]) for r in results for mode in alone)
+# A joined worker can still be listed for a moment while the kernel reaps it (seen under load); an
+# OpenMP team stays, so wait up to 2 s for the count to settle before reading it.
+import time
+for _ in range(200):
+    if len(os.listdir("/proc/self/task")) <= threads_before:
+        break
+    time.sleep(0.01)
 print(json.dumps({"same": same, "count": len(results), "threads_before": threads_before,
                   "threads_after": len(os.listdir("/proc/self/task")), "backend": ortlstm.ops.bf16_gemm_backend()}))
 """
