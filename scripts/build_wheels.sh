@@ -87,8 +87,14 @@ for target in "${targets[@]}"; do
       rm -f "$root"/dist/ortlstm-*_x86_64.whl
       if [ -n "${WHEEL_BUILD_PYTHON:-}" ]; then
         # That environment's build requirements, no isolation, and pyproject.toml's build-dir, which its
-        # own `pip install -e .` builds in: only what changed is compiled (scripts/test.sh passes its
-        # infer environment, already built, so CI's wheel costs a link).
+        # own `pip install -e .` builds in: only what changed is compiled where that environment built
+        # without isolation (a developer's); CI's infer environment was built isolated, so there the
+        # build re-configures and compiles once. The build requirements first (pyproject.toml's
+        # build-system.requires, markers and all): an isolated `pip install .` left none of them.
+        mkdir -p "$raw"
+        "$WHEEL_BUILD_PYTHON" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' \
+          "$root/pyproject.toml" > "$raw/build-requirements.txt"
+        "$WHEEL_BUILD_PYTHON" -m pip install -q -r "$raw/build-requirements.txt"
         "$WHEEL_BUILD_PYTHON" -m pip wheel -q --no-build-isolation --no-deps --wheel-dir "$raw" "$root"
       else
         # Isolated: the build environment gets mkl-static, mkl-include and scipy-openblas32 from PyPI.
