@@ -99,14 +99,16 @@ if [ -n "$other_blas" ]; then
 fi
 
 # The bf16 GEMMs likewise (kernels_cpp/common/bf16_gemm.cc): oneMKL on Intel CPUs with bf16 units,
-# the float32 fallback elsewhere; the bf16 op tests once more on the one this CPU does not choose.
+# oneDNN on other CPUs with them, the float32 fallback elsewhere; the bf16 op tests once more on one
+# this CPU does not choose (oneMKL is forced where the CPU takes the fallback: its own check then runs).
 other_bf16="$("$venvs/infer/bin/python" -c '
 import pathlib, ortlstm.ops as o
 if b"oneMKL" in pathlib.Path(o.library_path()).read_bytes():
-    print({"mkl": "fallback", "fallback": "mkl"}[o.bf16_gemm_backend()])')"
+    print({"mkl": "fallback", "onednn": "fallback", "fallback": "mkl"}[o.bf16_gemm_backend()])')"
 if [ -n "$other_bf16" ]; then
   section "bf16 op tests with ORTLSTM_BF16_GEMM=$other_bf16 (the bf16 backend this CPU does not choose)"
-  ORTLSTM_BF16_GEMM="$other_bf16" "$venvs/infer/bin/pytest" tests/test_matmul_precision.py tests/test_precision.py "$@"
+  ORTLSTM_BF16_GEMM="$other_bf16" "$venvs/infer/bin/pytest" tests/test_matmul_precision.py tests/test_precision.py \
+    tests/test_bf16_recurrent.py "$@"
 fi
 
 section "tests: onnxruntime-training-cpu"
