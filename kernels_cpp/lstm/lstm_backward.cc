@@ -270,7 +270,8 @@ void LstmBackward(const LstmDims& dims, const LstmConfig& config, const LstmBack
                           tensors.dP;
   if (!any_output) return;
   const BackwardIo<T> io = BackwardIoOf<T>(tensors, config.matmul_precision);
-  RunBackward<T, LstmBackwardCell<T>>(dims, io, {config.IsReverse(0), config.IsReverse(1)}, true, executor, allocator,
+  RunBackward<T, LstmBackwardCell<T>>(dims, io, {config.IsReverse(0), config.IsReverse(1)}, BackwardTasks{}, executor,
+                                      allocator,
                                       [&](const BackwardLoop<T>& loop) {
                                         return std::make_unique<LstmBackwardCell<T>>(loop, config, tensors, allocator);
                                       });

@@ -33,9 +33,7 @@
 //   void AddWindowGradients(int64_t lo, int64_t hi, bool first, const Executor&);  the window's
 //       share of dR and of any weight of its own (the LSTM's dP); `first` starts the sums
 //   void FinalGradState(int64_t b);    its own initial state's gradient (dC0)
-// and the caller tells RunBackward whether a step may be cut into blocks of units: a pointwise
-// pass that needs a whole row of gate gradients before a GEMM of its own (the GRU with
-// linear_before_reset = 0: d(r . H_{t-1}) = da Rh) takes groups of entries only.
+// and the caller tells RunBackward how its loop may be cut (BackwardTasks).
 #pragma once
 
 #include <algorithm>
@@ -56,6 +54,17 @@ namespace ortlstm {
 // 28.2 ms, M-bidir 56.2 vs 55.0 ms), unlike the forward's. 2 MiB is the L2 of the Intel VM it was
 // tuned on.
 constexpr int64_t kMaxBackwardGroupWeightBytes = int64_t{2} << 20;
+
+// How a cell's backward time loop may be cut into tasks (RunBackward).
+struct BackwardTasks {
+  // A step may be cut into blocks of hidden units: not when the pointwise pass needs a whole row
+  // of gate gradients before a GEMM of its own (the GRU with linear_before_reset = 0:
+  // d(r . H_{t-1}) = da Rh), which then takes groups of entries only.
+  bool unit_blocks = true;
+  // Two directions run as two tasks whenever the executor has the width, not only when a step is
+  // too small to split (BackwardDirectionsInParallel).
+  bool directions_first = false;
+};
 
 // The driver's tensors of one call (all directions); optional ones are nullptr.
 template <typename T>
@@ -398,20 +407,24 @@ class BackwardDriver {
 // alive at a time. (The forward keeps its directions in parallel: it gains more from it.)
 // Not MinBlockWork itself: on AMD Zen 3 blocks of its 2^15 were slower than the directions in
 // parallel (LSTM S-bidir (16, 8, 64, 64) bwd 0.367 vs 0.297 ms, B1-bidir 3.70 vs 2.97 ms).
+// A cell that asks for it (BackwardTasks::directions_first) runs them as two tasks whenever the
+// executor has the width, as the forward does.
 template <typename T>
-bool BackwardDirectionsInParallel(const LstmDims& dims, const Executor& executor, bool unit_blocks) {
+bool BackwardDirectionsInParallel(const LstmDims& dims, const Executor& executor, const BackwardTasks& tasks) {
   constexpr int64_t kMinBlockWorkBesideDirections = int64_t{1} << 17;
+  if (dims.num_directions != 2 || executor.Width() < 2) return false;
+  if (tasks.directions_first) return true;
   const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxBackwardGroupWeightBytes);
-  return dims.num_directions == 2 && executor.Width() >= 2 && split.row_groups == 1 &&
-         (!unit_blocks || StepBlocks(dims, executor, kMinBlockWorkBesideDirections) == 1);
+  return split.row_groups == 1 &&
+         (!tasks.unit_blocks || StepBlocks(dims, executor, kMinBlockWorkBesideDirections) == 1);
 }
 
 // Runs one backward call: a driver per direction with the cell make_cell(loop) returns (a
-// std::unique_ptr<Cell> built on the direction's BackwardLoop). `unit_blocks`: whether the cell
-// can take a step in blocks of hidden units (else groups of entries only).
+// std::unique_ptr<Cell> built on the direction's BackwardLoop), its loop cut as `tasks` allows.
 template <typename T, typename Cell, typename MakeCell>
-void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array<bool, 2>& reverse, bool unit_blocks,
-                 const Executor& executor, const ScratchAllocator& allocator, const MakeCell& make_cell) {
+void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array<bool, 2>& reverse,
+                 const BackwardTasks& tasks, const Executor& executor, const ScratchAllocator& allocator,
+                 const MakeCell& make_cell) {
   // Padded steps have zero gate gradients, but 0 * NaN is NaN: whatever X holds there must not
   // reach dW, so those rows are zeroed in a copy when there are any.
   const T* x_for_weights = io.X;
@@ -434,7 +447,7 @@ void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array
     x_for_weights = masked_x.get();
   }
   using Driver = BackwardDriver<T, Cell>;
-  if (BackwardDirectionsInParallel<T>(dims, executor, unit_blocks)) {
+  if (BackwardDirectionsInParallel<T>(dims, executor, tasks)) {
     // One window each; dX = sum over directions of dpre [T*N, G*H] * W [G*H, I] once both are done.
     const SerialExecutor serial;
     const int64_t steps = Driver::ChunkSteps(dims, true);
@@ -454,7 +467,7 @@ void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array
     return;
   }
   StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxBackwardGroupWeightBytes);
-  if (!unit_blocks) split.unit_blocks = 1;
+  if (!tasks.unit_blocks) split.unit_blocks = 1;
   const int64_t chunk = Driver::ChunkSteps(dims, false);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
     Driver direction(dims, io, d, reverse[d], split, chunk, allocator, make_cell);
