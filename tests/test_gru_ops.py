@@ -336,8 +336,8 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
 # Shapes whose time loop the kernels cut into tasks at 2 threads (SplitTimeLoop, lstm/lstm_math.h):
 # one step wide enough for blocks of hidden units (each a task, two recurrent stages per step with
 # linear_before_reset=0; the backward's blocks with linear_before_reset=1 only), enough entries
-# with a small R for groups of entries, and enough steps for the backward's windows of gate
-# gradients (512 rows each, recurrent/backward_driver.h: 32 steps of 16 entries, then 8).
+# with a small R for groups of entries, and as many rows as the LSTM's and RNN's backward cut
+# into two windows of gate gradients (the GRU's keeps one: gru_backward.cc).
 SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 256), "entry-groups": (3, 16, 8, 32), "windows": (40, 16, 8, 32)}
 
 

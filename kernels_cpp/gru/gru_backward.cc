@@ -79,7 +79,7 @@ class GruBackwardCell {
   // H_{t-1} of the window's steps, and with linear_before_reset = 1 Q = H_{t-1} Rh^T for all of
   // them at once.
   void BeginWindow(int64_t lo, int64_t hi, const Executor& executor) {
-    GatherHiddenPrev(loop_, lo, hi, hidden_prev_.get());
+    GatherHiddenPrev(loop_, lo, hi, hidden_prev_.get(), executor);
     const int64_t rows = (hi - lo) * loop_.dims.batch_size;
     if (lbr_) {
       RecurrentParallelGemm(config_.cell.matmul_precision, executor, false, true, rows, H_, H_, hidden_prev_.get(), H_,
@@ -211,14 +211,15 @@ class GruBackwardCell {
 
 // Blocks of units only with linear_before_reset = 1 (above). Two directions always as two tasks:
 // with the LSTM's rule (one after the other, each in groups of entries) M-bidir (64, 32, 256,
-// 256) took 1.15-1.2x as long at 2 threads (the 2-core VM, loaded: medians of interleaved rounds),
-// a step's GEMMs being a third smaller than the LSTM's.
+// 256) took 1.15-1.2x as long at 2 threads, a step's GEMMs being a third smaller than the LSTM's.
+// One window of gate gradients: with windows of 512 rows M took 1.16-1.19x as long at 2 threads
+// (and 0.99x at 1). Both on AMD EPYC, 2 cores, loaded: medians of interleaved rounds.
 template <typename T>
 void GruBackward(const LstmDims& dims, const GruConfig& config, const GruBackwardTensors<T>& tensors,
                  const Executor& executor, const ScratchAllocator& allocator) {
   const BackwardIo<T> io = BackwardIoOf<T>(tensors, config.cell.matmul_precision);
   RunBackward<T, GruBackwardCell<T>>(dims, io, {config.cell.IsReverse(0), config.cell.IsReverse(1)},
-                                     BackwardTasks{config.linear_before_reset, true}, executor, allocator,
+                                     BackwardTasks{config.linear_before_reset, true, false}, executor, allocator,
                                      [&](const BackwardLoop<T>& loop) {
                                        return std::make_unique<GruBackwardCell<T>>(loop, config, tensors, allocator);
                                      });

@@ -64,6 +64,9 @@ struct BackwardTasks {
   // Two directions run as two tasks whenever the executor has the width, not only when a step is
   // too small to split (BackwardDirectionsInParallel).
   bool directions_first = false;
+  // The gate gradients are kept for windows of steps (BackwardDriver::ChunkSteps), else for the
+  // whole sequence at once.
+  bool windows = true;
 };
 
 // The driver's tensors of one call (all directions); optional ones are nullptr.
@@ -165,21 +168,27 @@ class BackwardLoop {
 };
 
 // hidden_prev [window rows, H] <- H_{t-1} of each step of times [lo, hi) (zeros past an entry's
-// length: its gate gradients are zero there): the rows a cell's dR multiplies.
+// length: its gate gradients are zero there): the rows a cell's dR multiplies. In tasks by
+// entries, as this runs between the window's rounds with the other threads idle.
 template <typename T>
-void GatherHiddenPrev(const BackwardLoop<T>& loop, int64_t lo, int64_t hi, T* hidden_prev) {
+void GatherHiddenPrev(const BackwardLoop<T>& loop, int64_t lo, int64_t hi, T* hidden_prev, const Executor& executor) {
   const int64_t H = loop.hidden;
-  for (int64_t t = lo; t < hi; ++t) {
-    for (int64_t b = 0; b < loop.dims.batch_size; ++b) {
-      T* out = hidden_prev + loop.WindowRow(t, b) * H;
-      const T* state = loop.Active(t, b) ? loop.HiddenBefore(t, b) : nullptr;
-      if (state) {
-        std::copy_n(state, H, out);
-      } else {
-        std::fill_n(out, H, T(0));
+  const int64_t batch = loop.dims.batch_size;
+  const int64_t parts = std::max<int64_t>(std::min<int64_t>(executor.Width(), batch), 1);
+  executor.For(static_cast<size_t>(parts), [&](size_t k) {
+    const Range entries = SplitRange(batch, parts, static_cast<int64_t>(k));
+    for (int64_t t = lo; t < hi; ++t) {
+      for (int64_t b = entries.begin; b < entries.end; ++b) {
+        T* out = hidden_prev + loop.WindowRow(t, b) * H;
+        const T* state = loop.Active(t, b) ? loop.HiddenBefore(t, b) : nullptr;
+        if (state) {
+          std::copy_n(state, H, out);
+        } else {
+          std::fill_n(out, H, T(0));
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T, typename Cell>
@@ -201,10 +210,11 @@ class BackwardDriver {
 
   // Steps per window: enough rows (N per step) for the weight-gradient GEMMs of a window to run at
   // full speed, 512, and a single window when the steps cannot be windowed: layout 1 interleaves
-  // the steps of all entries in X, and directions in parallel share dX, computed after both.
-  static int64_t ChunkSteps(const LstmDims& dims, bool directions_in_parallel) {
+  // the steps of all entries in X, and directions in parallel share dX, computed after both (or
+  // when the cell asks for one window: !BackwardTasks::windows).
+  static int64_t ChunkSteps(const LstmDims& dims, bool directions_in_parallel, bool windows) {
     constexpr int64_t kWindowRows = 512;
-    if (dims.layout != 0 || directions_in_parallel || dims.batch_size == 0) return dims.seq_length;
+    if (dims.layout != 0 || directions_in_parallel || !windows || dims.batch_size == 0) return dims.seq_length;
     const int64_t steps = (kWindowRows + dims.batch_size - 1) / dims.batch_size;
     return steps < dims.seq_length ? steps : dims.seq_length;
   }
@@ -450,7 +460,7 @@ void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array
   if (BackwardDirectionsInParallel<T>(dims, executor, tasks)) {
     // One window each; dX = sum over directions of dpre [T*N, G*H] * W [G*H, I] once both are done.
     const SerialExecutor serial;
-    const int64_t steps = Driver::ChunkSteps(dims, true);
+    const int64_t steps = Driver::ChunkSteps(dims, true, tasks.windows);
     Driver forward(dims, io, 0, reverse[0], StepSplit{}, steps, allocator, make_cell);
     Driver backward(dims, io, 1, reverse[1], StepSplit{}, steps, allocator, make_cell);
     executor.For(2, [&](size_t d) { (d == 0 ? forward : backward).Recurrence(serial, x_for_weights, nullptr, T(0)); });
@@ -468,7 +478,7 @@ void RunBackward(const LstmDims& dims, const BackwardIo<T>& io, const std::array
   }
   StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxBackwardGroupWeightBytes);
   if (!tasks.unit_blocks) split.unit_blocks = 1;
-  const int64_t chunk = Driver::ChunkSteps(dims, false);
+  const int64_t chunk = Driver::ChunkSteps(dims, false, tasks.windows);
   for (int64_t d = 0; d < dims.num_directions; ++d) {
     Driver direction(dims, io, d, reverse[d], split, chunk, allocator, make_cell);
     direction.Recurrence(executor, x_for_weights, io.dX, d == 0 ? T(0) : T(1));

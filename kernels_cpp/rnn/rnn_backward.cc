@@ -44,7 +44,9 @@ class RnnBackwardCell {
   void InitialGradState(int64_t, bool) {}
   void FinalGradState(int64_t) {}
   void Inactive(int64_t, int64_t, Range) {}
-  void BeginWindow(int64_t lo, int64_t hi, const Executor&) { GatherHiddenPrev(loop_, lo, hi, hidden_prev_.get()); }
+  void BeginWindow(int64_t lo, int64_t hi, const Executor& executor) {
+    GatherHiddenPrev(loop_, lo, hi, hidden_prev_.get(), executor);
+  }
 
   // Step t for the active entries of `rows`, units `units`: da from GradH() (dL/dH_t's carried
   // part), and GradH() zeroed for the carry GEMM to fill.
