@@ -10,9 +10,10 @@
 // task's part of dH; keeping the gate gradients for a window of steps at a time, each finished
 // window adding its share of dW and dX (GEMMs with K = the window's rows); the dB sums, per group
 // of entries, added in group order; the two directions (in parallel when a step is too small to
-// split); X zeroed past each sequence's length for dW. Every split is fixed by the shapes and the
-// executor's width, so the result does not depend on scheduling. Layouts: lstm/lstm_dims.h, with
-// `gates` = the cell's kGates; gate gradients [.., G*H] are gate-major (gate * H + unit).
+// split, or the cell asks: BackwardTasks); X zeroed past each sequence's length for dW. Every
+// split is fixed by the shapes and the executor's width, so the result does not depend on
+// scheduling. Layouts: lstm/lstm_dims.h, with `gates` = the cell's kGates; gate gradients
+// [.., G*H] are gate-major (gate * H + unit).
 //
 // A cell policy (one object per direction, built on the direction's BackwardLoop) provides:
 //   static constexpr int64_t kGates;   gate columns per hidden unit (LSTM 4, GRU 3, RNN 1)
