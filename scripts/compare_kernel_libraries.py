@@ -29,6 +29,7 @@ _SIZES = {
     "M": (64, 32, 256, 256),
     "B1": (256, 1, 128, 128),
     "wide": (8, 2, 32, 512),  # one step big enough to cut into blocks of hidden units
+    "empty": (4, 0, 8, 16),  # no batch entries: every gradient of a weight is zero
 }
 
 
@@ -50,6 +51,10 @@ def configs() -> Iterator[Config]:
         ("S-activations", {"size": "S", "activations": True}),
         ("S-f64", {"size": "S", "dtype": "float64"}),
         ("wide-f64-lens", {"size": "wide", "dtype": "float64", "lens": True}),
+        ("S-omitted", {"size": "S", "omit": True}),  # no grad_HAll / grad_Ct; dW and dR only
+        ("wide-bidir-omitted", {"size": "wide", "direction": "bidirectional", "omit": True}),
+        ("empty", {}),
+        ("empty-bidir", {"size": "empty", "direction": "bidirectional"}),
     ]
     for threads in (1, 2):
         for name, settings in variants:
@@ -113,9 +118,9 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
     grad_op = {"lstm": "LSTMGrad", "gru": "GRUGrad", "rnn": "RNNGrad"}[family]
     elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
 
-    def session(op_type: str, present: list[str]) -> ort.InferenceSession:
+    def session(op_type: str, present: list[str], requested: list[str] | None = None) -> ort.InferenceSession:
         op = schema.op_by_name(op_type)
-        outputs = list(schema.output_names(op))
+        outputs = [n for n in schema.output_names(op) if requested is None or n in requested]
         node = ortlstm.ops.make_node(op_type, {n: n for n in present}, {n: n for n in outputs}, **attributes)
         info = [
             helper.make_tensor_value_info(n, TensorProto.INT32 if n == "sequence_lens" else elem, None) for n in present
@@ -139,10 +144,15 @@ def _run_config(family: str, settings: dict[str, object]) -> dict[str, np.ndarra
     grads["grad_Ht"] = rng.standard_normal(state).astype(dtype)
     if family == "lstm":
         grads["grad_Ct"] = rng.standard_normal(state).astype(dtype)
+    if settings.get("omit"):  # the gradient ops' optional inputs and outputs left out
+        grads.pop("grad_HAll")
+        grads.pop("grad_Ct", None)
     grad_inputs = [p.name for p in schema.op_by_name(grad_op).inputs if p.name in grads]
-    backward = session(grad_op, grad_inputs).run(None, {n: grads[n] for n in grad_inputs})
+    grad_names = list(schema.output_names(schema.op_by_name(grad_op)))
+    if settings.get("omit"):
+        grad_names = [n for n in grad_names if n in ("dW", "dR")]
+    backward = session(grad_op, grad_inputs, grad_names).run(None, {n: grads[n] for n in grad_inputs})
     results = {f"fwd.{k}": v for k, v in forward.items()}
-    grad_names = schema.output_names(schema.op_by_name(grad_op))
     results.update({f"bwd.{k}": v for k, v in zip(grad_names, backward, strict=True)})
     return results
 

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 import ortlstm.ops
 from ortlstm.ops import schema
-from ortlstm.reference_gru import gru_training
+from ortlstm.reference_gru import gru_grad, gru_training
 
 T, N, I, H = 4, 3, 5, 4  # noqa: E741 - the op's dimension names
 SEQUENCE_LENS = np.array([4, 2, 0], np.int32)  # full, partial, empty
@@ -335,8 +335,10 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
 
 # Shapes whose time loop the kernels cut into tasks at 2 threads (SplitTimeLoop, lstm/lstm_math.h):
 # one step wide enough for blocks of hidden units (each a task, two recurrent stages per step with
-# linear_before_reset=0), and enough entries with a small R for groups of entries.
-SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 256), "entry-groups": (3, 16, 8, 32)}
+# linear_before_reset=0; the backward's blocks with linear_before_reset=1 only), enough entries
+# with a small R for groups of entries, and as many rows as the LSTM's and RNN's backward cut
+# into two windows of gate gradients (the GRU's keeps one: gru_backward.cc).
+SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 256), "entry-groups": (3, 16, 8, 32), "windows": (40, 16, 8, 32)}
 
 
 def _run_threads(op_type: str, feeds: dict, attributes: dict, threads: int) -> dict[str, np.ndarray]:
@@ -352,7 +354,7 @@ def _run_threads(op_type: str, feeds: dict, attributes: dict, threads: int) -> d
 @pytest.mark.parametrize("linear_before_reset", [0, 1])
 @pytest.mark.parametrize("shape", list(SPLIT_SHAPES))
 def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, linear_before_reset: int, direction: str) -> None:
-    """GRUTraining at 2 threads equals the NumPy reference; GRUGrad equals its 1-thread self (float64)."""
+    """GRUTraining and GRUGrad at 2 threads equal the NumPy reference (float64)."""
     steps, batch, inputs, hidden = SPLIT_SHAPES[shape]
     d = schema.num_directions(direction)
     rng = np.random.default_rng(13)
@@ -377,6 +379,7 @@ def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, linear_before
         "grad_Ht": rng.standard_normal(forward["Ht"].shape),
     }
     split = _run_threads("GRUGrad", grad_feeds, attributes, threads=2)
-    serial = _run_threads("GRUGrad", grad_feeds, attributes, threads=1)
-    for name, value in serial.items():
+    expected_grads = gru_grad(grad_feeds, **attributes)
+    for name in GRAD_OF:
+        value = expected_grads[name]
         np.testing.assert_allclose(split[name], value, rtol=0, atol=FLOAT64_ATOL * np.abs(value).max(), err_msg=name)

@@ -304,9 +304,10 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
 
 
 # Shapes whose time loop the kernels cut into tasks at 2 threads (SplitTimeLoop, lstm/lstm_math.h):
-# one step wide enough for blocks of hidden units (the forward driver's tasks; the backward keeps
-# one group), and enough entries with a small R for groups of entries (forward and backward).
-SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 512), "entry-groups": (3, 16, 8, 32)}
+# one step wide enough for blocks of hidden units, enough entries with a small R for groups of
+# entries (forward and backward), and enough steps for the backward's windows of gate gradients
+# (512 rows each, recurrent/backward_driver.h: 32 steps of 16 entries, then 8).
+SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 512), "entry-groups": (3, 16, 8, 32), "windows": (40, 16, 8, 32)}
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])

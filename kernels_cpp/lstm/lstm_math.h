@@ -94,7 +94,7 @@ struct StepSplit {
 // the L2 size read at run time (common/cpu_info.h): on the Intel VM (2 MiB) groups at M, blocks
 // at L, whose 4 MiB of R streamed from L3 every step made groups no faster; on AMD Zen 3 (512 KB)
 // blocks at M too, each task with half of R^T and 32-row GEMMs (forward 16.9 -> 16.0 ms). The
-// backward keeps 2 MiB (lstm_backward.cc).
+// backward keeps 2 MiB (recurrent/backward_driver.h).
 template <typename T>
 inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor, int64_t max_group_weight_bytes) {
   constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
