@@ -92,8 +92,14 @@ def _run_child(attributes: dict[str, object]) -> tuple[str, list[tuple[str, str,
     env = {**os.environ, "ORTLSTM_BF16_GEMM": "onednn", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1"}
     code = textwrap.dedent(_CHILD.format(tests=TESTS, attributes=attributes))
     backend, executed = "", []
-    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=env, cwd=Path(TESTS).anchor) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(TESTS).anchor,
+    ) as child:
         assert child.stdout is not None and child.stderr is not None
         for line in child.stdout:
             if line.startswith("backend "):
@@ -118,14 +124,17 @@ def _run_child(attributes: dict[str, object]) -> tuple[str, list[tuple[str, str,
 )
 def test_no_large_gemm_runs_on_onednn_reference_matmul(attributes: dict[str, object]) -> None:
     if not _cpu_has_bf16_units():
-        pytest.skip("this CPU has no bf16 units (avx512_bf16 or amx_bf16 in /proc/cpuinfo): oneDNN's bf16 matmul "
-                    "is not the backend a user gets here, and its kernels differ")
+        pytest.skip(
+            "this CPU has no bf16 units (avx512_bf16 or amx_bf16 in /proc/cpuinfo): oneDNN's bf16 matmul "
+            "is not the backend a user gets here, and its kernels differ"
+        )
     backend, executed, stderr = _run_child(attributes)
     if backend != "onednn":
         pytest.skip(f"oneDNN does not load here (ORTLSTM_BF16_GEMM=onednn gave {backend!r}): {stderr.strip()}")
     large = [matmul for matmul in executed if matmul[2] >= REF_LIMIT]
     assert large, f"no matmul of >= {REF_LIMIT} multiply-adds executed in oneDNN (verbose output missing?)"
-    on_ref = sorted({f"{problem} on {implementation}" for implementation, problem, _ in large
-                     if implementation.startswith("ref")})
+    on_ref = sorted(
+        {f"{problem} on {implementation}" for implementation, problem, _ in large if implementation.startswith("ref")}
+    )
     assert not on_ref, f"oneDNN's reference matmul ran GEMMs of >= {REF_LIMIT} multiply-adds: {on_ref}"
     assert "warning" not in stderr, stderr
