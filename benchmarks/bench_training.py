@@ -893,8 +893,9 @@ def render_markdown(results: Results) -> str:
         if config.name in LARGE:
             value = _ratio(trainer, results.median("torch", config.name))
             rows.append(_target_row(f"trainer / torch <= {TARGET_TORCH}", config.name, value, TARGET_TORCH))
-        value = _ratio(trainer, results.median("module", config.name))
-        rows.append(_target_row(f"trainer / module <= {TARGET_MODULE}", config.name, value, TARGET_MODULE))
+        if _ran(results, "module"):  # --bf16 runs leave the Module out
+            value = _ratio(trainer, results.median("module", config.name))
+            rows.append(_target_row(f"trainer / module <= {TARGET_MODULE}", config.name, value, TARGET_MODULE))
         if config.name in BF16_CONFIGS and _ran(results, "ortlstm-bf16"):
             value = _ratio(results.median("ortlstm-bf16", config.name), results.median("torch-autocast", config.name))
             rows.append(
