@@ -1146,6 +1146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    unknown_configs = [name for name in args.configs.split(",") if name and name not in CONFIGS]
+    if unknown_configs:  # the two bf16 configs are new: an older name list would otherwise end in a KeyError
+        raise SystemExit(f"unknown configs {unknown_configs}; choose from {', '.join(CONFIGS)}")
     configs = [CONFIGS[name] for name in args.configs.split(",") if name]
     competitors = [name for name in args.competitors.split(",") if name]
     unknown = [name for name in competitors if name not in COMPETITORS + EXTRA_COMPETITORS]
