@@ -9,6 +9,12 @@ Competitors, one process, the same model, batch and thread count:
 - **torch**: the same network in PyTorch (``nn.LSTM`` + ``nn.Linear``; ``zero_grad``,
   forward, ``cross_entropy``, ``backward``, ``AdamW.step``, ``loss.item()``).
 
+bf16 mixed precision (issue 33), when named in ``--competitors``: **ortlstm-bf16** is the Trainer with
+``precision="bf16-mixed"`` (every GEMM on bfloat16 operands, float32 accumulation, master weights and
+AdamW state), **torch-autocast** torch's step with ``torch.autocast("cpu", dtype=torch.bfloat16)`` around
+forward and loss (what a PyTorch user on a bf16 CPU runs). The issue's two models are the ``M128-2bi`` and
+``L256-1`` configs; ``--bf16`` runs them with trainer, ortlstm-bf16, torch and torch-autocast.
+
 Every model is an LSTM classifier (cross-entropy over 10 classes, AdamW) on top of 1 forward or 2
 bidirectional LSTM layers; the ONNX model is built with onnx.helper and torch's copy gets the same
 weights (the first losses of the three are compared). The ``convlstm`` row (issue 22) is a ConvLSTM
@@ -79,10 +85,19 @@ COMPETITORS = ("trainer", "module", "torch")
 # trainer-stdgrad: the Trainer with the gradients of Conv, Sigmoid and Tanh in standard ops
 # (ConvTranspose, an im2col Conv and MatMul; Sub and Mul) instead of the ortlstm ConvGrad,
 # SigmoidGrad and TanhGrad nodes (GraphEmitter(ortlstm_ops=False)): the train step before them.
-EXTRA_COMPETITORS = ("trainer-onnx", "trainer-onnx-nofma", "trainer-noguard", "trainer-stdgrad", "torch-autocast")
+EXTRA_COMPETITORS = (
+    "trainer-onnx",
+    "trainer-onnx-nofma",
+    "trainer-noguard",
+    "trainer-stdgrad",
+    "ortlstm-bf16",
+    "torch-autocast",
+)
 # torch-autocast: torch's step with the forward under torch.autocast("cpu", dtype=torch.bfloat16) (issue 33: what
-# a PyTorch user on a bf16 CPU runs; float32 parameters and AdamW state). Its loss differs from the others' by
-# bfloat16 rounding, so it is left out of the first-loss agreement check.
+# a PyTorch user on a bf16 CPU runs; float32 parameters and AdamW state). ortlstm-bf16: the Trainer with
+# precision="bf16-mixed" (bench_lstm.py's name for the ops with matmul_precision="bfloat16"). Their losses differ
+# from the others' by bfloat16 rounding, so they are left out of the first-loss agreement check.
+BF16_COMPETITORS = ("ortlstm-bf16", "torch-autocast")
 LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 
 # Targets from the issue (one run): trainer / torch at the two larger sizes, trainer / module at
@@ -90,6 +105,8 @@ LSTM_OPS = ("LSTMTraining", "LSTMGrad")
 TARGET_TORCH = 0.9
 TARGET_MODULE = 1.1
 TARGET_OUTSIDE = 0.10
+# Issue 33: a bf16-mixed Trainer step at most 0.8x torch autocast's step on its two models (BF16_CONFIGS).
+TARGET_AUTOCAST = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +142,12 @@ CONFIGS: dict[str, Config] = {
         Config("M-2bi", 64, 32, 256, 256, 2, True),
         Config("L-1", 128, 64, 512, 512, 1, False),
         Config("L-2bi", 128, 64, 512, 512, 2, True),
+        # Issue 33's two models for the bf16-mixed step against torch autocast.
+        Config("M128-2bi", 64, 32, 128, 256, 2, True),
+        Config("L256-1", 128, 64, 256, 512, 1, False),
     )
 }
+BF16_CONFIGS = ("M128-2bi", "L256-1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,6 +416,7 @@ class TrainerRunner:
         fused_multiply_add: bool = True,
         nonfinite_check: bool = True,
         ortlstm_ops: bool = True,
+        precision: str = "32-true",
     ) -> None:
         from ortlstm import training
         from ortlstm.graphs import losses, optimizers
@@ -412,7 +434,7 @@ class TrainerRunner:
             unittest.mock.patch.object(GraphEmitter, "__init__", emitter_init),
         ):
             self.trainer = training.Trainer(
-                model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads
+                model, loss=losses.Loss.cross_entropy(), optimizer=optimizer, threads=threads, precision=precision
             )
         self.x, self.y = batch
 
@@ -503,6 +525,8 @@ def make_runner(name: str, config: Config, model: onnx.ModelProto, threads: int,
             return TrainerRunner(config, model, batch, threads, nonfinite_check=False)
         if name == "trainer-stdgrad":
             return TrainerRunner(config, model, batch, threads, ortlstm_ops=False)
+        if name == "ortlstm-bf16":
+            return TrainerRunner(config, model, batch, threads, precision="bf16-mixed")
         if name == "module":
             return ModuleRunner(config, model, batch, threads, directory / f"artifacts-{config.name}")
         return TorchRunner(config, model, batch, threads, autocast=name == "torch-autocast")
@@ -869,8 +893,14 @@ def render_markdown(results: Results) -> str:
         if config.name in LARGE:
             value = _ratio(trainer, results.median("torch", config.name))
             rows.append(_target_row(f"trainer / torch <= {TARGET_TORCH}", config.name, value, TARGET_TORCH))
-        value = _ratio(trainer, results.median("module", config.name))
-        rows.append(_target_row(f"trainer / module <= {TARGET_MODULE}", config.name, value, TARGET_MODULE))
+        if _ran(results, "module"):  # --bf16 runs leave the Module out
+            value = _ratio(trainer, results.median("module", config.name))
+            rows.append(_target_row(f"trainer / module <= {TARGET_MODULE}", config.name, value, TARGET_MODULE))
+        if config.name in BF16_CONFIGS and _ran(results, "ortlstm-bf16"):
+            value = _ratio(results.median("ortlstm-bf16", config.name), results.median("torch-autocast", config.name))
+            rows.append(
+                _target_row(f"ortlstm-bf16 / torch-autocast <= {TARGET_AUTOCAST}", config.name, value, TARGET_AUTOCAST)
+            )
     for profile in results.profiles:
         if profile.competitor == "trainer" and profile.config != CONVLSTM.name:  # no LSTM kernels there
             rows.append(
@@ -883,10 +913,59 @@ def render_markdown(results: Results) -> str:
                 )
             )
     lines += bench_lstm._table(["target", "config", "value", "met"], rows, align_left=2)
+    lines += _bf16_lines(results)
     lines += _guard_lines(results)
     if results.profiles:
         lines += _profile_lines(results.profiles)
     return "\n".join(lines) + "\n"
+
+
+def _ran(results: Results, competitor: str) -> bool:
+    """Whether ``competitor`` was asked for (timed, or n/a with its reason) at some config."""
+    return any(key[0] == competitor for key in results.timings)
+
+
+def _bf16_lines(results: Results) -> list[str]:
+    """bf16 mixed precision side by side (issue 33): each side's bf16 step against its float32 step and each other."""
+    if not any(_ran(results, name) for name in BF16_COMPETITORS):
+        return []
+    rows = []
+    for config in results.configs:
+        trainer, bf16 = results.median("trainer", config.name), results.median("ortlstm-bf16", config.name)
+        torch, autocast = results.median("torch", config.name), results.median("torch-autocast", config.name)
+        rows.append(
+            [
+                config.name,
+                *(_ms(value) for value in (trainer, bf16, torch, autocast)),
+                bench_lstm._number(_ratio(bf16, autocast)),
+                bench_lstm._number(_ratio(bf16, trainer)),
+                bench_lstm._number(_ratio(autocast, torch)),
+                bench_lstm._number(_ratio(trainer, autocast)),
+            ]
+        )
+    return [
+        "",
+        "### bf16 mixed precision (medians, ms/step)",
+        "",
+        'ortlstm-bf16: the Trainer with precision="bf16-mixed" (bfloat16 GEMM operands, float32 accumulation, '
+        "master weights and AdamW state); torch-autocast: torch's step with forward and loss under "
+        'torch.autocast("cpu", dtype=torch.bfloat16), AdamW in float32. Below 1: the numerator is faster.',
+        "",
+        *bench_lstm._table(
+            [
+                "config",
+                "trainer",
+                "ortlstm-bf16",
+                "torch",
+                "torch-autocast",
+                "ortlstm-bf16 / torch-autocast",
+                "ortlstm-bf16 / trainer",
+                "torch-autocast / torch",
+                "trainer / torch-autocast",
+            ],
+            rows,
+        ),
+    ]
 
 
 def _guard_lines(results: Results) -> list[str]:
@@ -1005,8 +1084,16 @@ def write_markdown(path: Path, body: str, section: str) -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--threads", type=int, default=2, help="threads for ORT, BLAS and torch (default 2)")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
-    parser.add_argument("--competitors", default=",".join(COMPETITORS), help="subset of trainer,module,torch")
+    parser.add_argument(
+        "--configs",
+        default=",".join(name for name in CONFIGS if name not in BF16_CONFIGS),
+        help=f"comma-separated, from {', '.join(CONFIGS)} (default: all but {', '.join(BF16_CONFIGS)}: see --bf16)",
+    )
+    parser.add_argument(
+        "--competitors",
+        default=",".join(COMPETITORS),
+        help=f"subset of {','.join(COMPETITORS)}, with any of {','.join(EXTRA_COMPETITORS)}",
+    )
     parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds per config (default 9)")
     parser.add_argument(
         "--max-seconds", type=float, default=20.0, help="a competitor's rounds at a config take about this long at most"
@@ -1020,6 +1107,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile-steps", type=int, default=9, help="profiled steps (after 2 warm-up steps)")
     parser.add_argument("--quick", action="store_true", help="smoke run: demo and M-1, 3 rounds, profile M-1")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help=f"issue 33's comparison: configs {','.join(BF16_CONFIGS)} (unless --configs is given), competitors "
+        "trainer,ortlstm-bf16,torch,torch-autocast (unless --competitors is given)",
+    )
     parser.add_argument("--wait-idle", type=float, default=0.0, help="first wait up to S seconds for an idle machine")
     parser.add_argument("--markdown", type=Path, help="write the report into this file, between its section's markers")
     parser.add_argument("--markdown-section", default=None, help="section name (default: threads-N)")
@@ -1032,6 +1125,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "cost; fewer where they would take over --max-seconds, at least 5)",
     )
     args = parser.parse_args(argv)
+    if args.bf16:
+        given = set(sys.argv[1:] if argv is None else argv)
+        if not any(option.split("=")[0] == "--configs" for option in given):
+            args.configs = ",".join(BF16_CONFIGS)
+        if not any(option.split("=")[0] == "--competitors" for option in given):
+            args.competitors = "trainer,ortlstm-bf16,torch,torch-autocast"
     if args.quick:
         args.configs, args.repeats, args.max_seconds = "demo,M-1", 3, 5.0
     return args
@@ -1047,6 +1146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    unknown_configs = [name for name in args.configs.split(",") if name and name not in CONFIGS]
+    if unknown_configs:  # the two bf16 configs are new: an older name list would otherwise end in a KeyError
+        raise SystemExit(f"unknown configs {unknown_configs}; choose from {', '.join(CONFIGS)}")
     configs = [CONFIGS[name] for name in args.configs.split(",") if name]
     competitors = [name for name in args.competitors.split(",") if name]
     unknown = [name for name in competitors if name not in COMPETITORS + EXTRA_COMPETITORS]
@@ -1085,13 +1187,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             others[config.name] = monitor.others_since(mark)
             load_after[config.name] = _load_average()
-            losses = {
-                name: timings[(name, config.name)].first_loss  # type: ignore[union-attr]
-                for name in runners
-                if name != "torch-autocast"
-            }
+            first_losses = {name: timings[(name, config.name)].first_loss for name in runners}  # type: ignore[union-attr]
+            losses = {name: loss for name, loss in first_losses.items() if name not in BF16_COMPETITORS}
             if losses and max(losses.values()) - min(losses.values()) > 1e-4 * max(abs(v) for v in losses.values()):
                 log(f"    WARNING: the first losses differ: {losses}")
+            _check_bf16_losses(first_losses, log)
             log(
                 "    "
                 + ", ".join(
@@ -1150,6 +1250,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         write_markdown(args.markdown, report, args.markdown_section or f"threads-{args.threads}")
     if args.json is not None:
         args.json.write_text(json.dumps(_json_payload(results), indent=1))
+
+
+def _check_bf16_losses(first_losses: dict[str, float], log: Callable[[str], None]) -> None:
+    """Warns where a bf16 competitor's first loss is not its float32 twin's within 1% (issue 33's loss bound).
+
+    The same model, weights and batch: the two differ by bfloat16 rounding only (~0.01% here).
+    """
+    for name, reference in (("ortlstm-bf16", "trainer"), ("torch-autocast", "torch")):
+        if name in first_losses and reference in first_losses:
+            bf16, float32 = first_losses[name], first_losses[reference]
+            if not abs(bf16 - float32) <= 0.01 * abs(float32):
+                log(f"    WARNING: {name}'s first loss {bf16:.6f} is not within 1% of {reference}'s {float32:.6f}")
 
 
 def _cpu() -> dict[str, str]:
