@@ -123,6 +123,7 @@ def config_by_name(name: str) -> BenchConfig:
 QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
 COMPETITORS = ("ortlstm", "ortlstm-bf16", "com.microsoft", "torch", "torch-autocast")
 LIMIT = "GEMM limit"
+SEPARATE = "ORT sessions per op"
 
 # Targets from the issue; all compare fwd+bwd medians.
 TARGET_TORCH_RATIO = 0.9  # ortlstm fwd+bwd / torch fwd(grad)+bwd, every config
@@ -556,6 +557,22 @@ def _training_pair_model(
     )
 
 
+def _single_op_model(pair: onnx.ModelProto, index: int) -> onnx.ModelProto:
+    """Node ``index`` of a ``_training_pair_model`` alone, with the graph inputs and outputs it uses."""
+    model = onnx.ModelProto()
+    model.CopyFrom(pair)
+    graph = model.graph
+    node = onnx.NodeProto()
+    node.CopyFrom(graph.node[index])
+    inputs = [value for value in graph.input if value.name in set(node.input)]
+    outputs = [value for value in graph.output if value.name in set(node.output)]
+    del graph.node[:], graph.input[:], graph.output[:]
+    graph.node.append(node)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    return model
+
+
 class OrtRunner(Runner):
     """The forward + gradient op of one domain (LSTMTraining + LSTMGrad, or the config's cell's) in one session.
 
@@ -567,7 +584,15 @@ class OrtRunner(Runner):
     preallocated OrtValues, so a call times the kernel plus ORT's dispatch; the stash outputs of
     LSTMTraining are bound as LSTMGrad's inputs without a copy, as inside a training graph. With
     ``feed="numpy"`` every call goes through ``InferenceSession.run`` with numpy arrays.
+
+    Where onnxruntime runs the gradient op on a run that fetches the forward's outputs only
+    (``only_execute_path_to_fetches`` ignored: onnxruntime 1.32 does, 1.19 does not), a forward
+    call would time both ops: then each op gets its own session (``separate_sessions``), as the
+    log says. The first run finds out: its placeholder stash has the wrong rank, on which a
+    gradient op that runs fails.
     """
+
+    separate_sessions = False
 
     def __init__(
         self,
@@ -606,20 +631,26 @@ class OrtRunner(Runner):
         gradient_inputs = _upstream_gradients(config)
         self._run_options = ort.RunOptions()
         self._run_options.only_execute_path_to_fetches = True
+        pair = _training_pair_model(domain, list(forward_inputs), config, matmul_precision)
         try:
-            self._session = ort.InferenceSession(
-                _training_pair_model(domain, list(forward_inputs), config, matmul_precision).SerializeToString(),
-                options,
-                providers=["CPUExecutionProvider"],
-            )
-            # A placeholder stash for the first run; only LSTMTraining runs, so its values do not matter.
-            placeholder = {
-                _stash_input(name, cell): np.zeros(shape, config.dtype)
-                for name, shape in zip(cell.stash, cell.stash_shapes(config), strict=True)
-            }
-            first = self._session.run(
-                list(cell.forward_outputs), {**forward_inputs, **placeholder, **gradient_inputs}, self._run_options
-            )
+            session = ort.InferenceSession(pair.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            self._forward_session = self._backward_session = session
+            # A placeholder stash for the first run, which fetches the forward's outputs only: of rank
+            # 1, which the gradient op refuses, so that the run fails if the gradient op runs too.
+            placeholder = {_stash_input(name, cell): np.zeros(1, config.dtype) for name in cell.stash}
+            try:
+                first = session.run(
+                    list(cell.forward_outputs), {**forward_inputs, **placeholder, **gradient_inputs}, self._run_options
+                )
+            except Exception:  # onnxruntime's own types; the forward alone says whether it is the forward's fault
+                self.separate_sessions = True
+                self._forward_session, self._backward_session = (
+                    ort.InferenceSession(
+                        _single_op_model(pair, index).SerializeToString(), options, providers=["CPUExecutionProvider"]
+                    )
+                    for index in (0, 1)
+                )
+                first = self._forward_session.run(list(cell.forward_outputs), forward_inputs, self._run_options)
         except Exception as error:  # onnxruntime raises its own exception types
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise Unavailable(_short_ort_error(first_line)) from error
@@ -630,6 +661,10 @@ class OrtRunner(Runner):
             **{_stash_input(name, cell): stash[name] for name in cell.stash},
             **gradient_inputs,
         }
+        forward_names = {value.name for value in self._forward_session.get_inputs()}
+        backward_names = {value.name for value in self._backward_session.get_inputs()}
+        self._forward_feeds = {name: array for name, array in self._feeds.items() if name in forward_names}
+        self._backward_feeds = {name: array for name, array in self._feeds.items() if name in backward_names}
         gradient_shapes = cell.gradient_shapes(config)
         self.gradient_bytes = sum(int(np.prod(shape)) for shape in gradient_shapes) * np.dtype(config.dtype).itemsize
 
@@ -652,11 +687,12 @@ class OrtRunner(Runner):
             outputs = {name: value(stash[name]) for name in cell.forward_outputs}
             inputs = {name: value(array) for name, array in self._feeds.items() if _stash_input(name, cell) == name}
             inputs.update({_stash_input(name, cell): outputs[name] for name in cell.stash})
-            self._forward_binding = self._session.io_binding()
-            self._backward_binding = self._session.io_binding()
-            for binding in (self._forward_binding, self._backward_binding):
+            self._forward_binding = self._forward_session.io_binding()
+            self._backward_binding = self._backward_session.io_binding()
+            for binding, names in ((self._forward_binding, forward_names), (self._backward_binding, backward_names)):
                 for name, bound in inputs.items():
-                    binding.bind_ortvalue_input(name, bound)
+                    if name in names:
+                        binding.bind_ortvalue_input(name, bound)
             for name in cell.forward_outputs:
                 self._forward_binding.bind_ortvalue_output(name, outputs[name])
             for name, shape in zip(cell.gradient_outputs, gradient_shapes, strict=True):
@@ -664,15 +700,15 @@ class OrtRunner(Runner):
 
     def _run_forward(self) -> None:
         if self._feed == "iobinding":
-            self._session.run_with_iobinding(self._forward_binding, self._run_options)
+            self._forward_session.run_with_iobinding(self._forward_binding, self._run_options)
         else:
-            self._session.run(list(self._cell.forward_outputs), self._feeds, self._run_options)
+            self._forward_session.run(list(self._cell.forward_outputs), self._forward_feeds, self._run_options)
 
     def _run_backward(self) -> None:
         if self._feed == "iobinding":
-            self._session.run_with_iobinding(self._backward_binding, self._run_options)
+            self._backward_session.run_with_iobinding(self._backward_binding, self._run_options)
         else:
-            self._session.run(list(self._cell.gradient_outputs), self._feeds, self._run_options)
+            self._backward_session.run(list(self._cell.gradient_outputs), self._backward_feeds, self._run_options)
 
     def iteration(self, phases: Phases) -> None:  # noqa: D102
         start = time.perf_counter()
@@ -1645,6 +1681,12 @@ def main() -> None:
                 runners[competitor] = make_runner(
                     competitor, config, args.threads, feed=args.feed, spinning=args.ort_spinning == "on"
                 )
+                if getattr(runners[competitor], "separate_sessions", False) and SEPARATE not in environment:
+                    environment[SEPARATE] = (
+                        "onnxruntime ran the gradient op on forward-only runs (only_execute_path_to_fetches "
+                        "ignored), so each ORT op has its own session: one pool per op"
+                    )
+                    log(f"    {SEPARATE}: {environment[SEPARATE]}")
             except Unavailable as reason:
                 timings[(competitor, config.name)] = str(reason)
                 log(f"    {competitor}: n/a ({reason})")
