@@ -153,3 +153,35 @@ def cell_inputs(config: BenchConfig, cell: Cell, seed: int = 0) -> dict[str, np.
     if cell.cell_state:
         inputs["initial_c"] = rng.standard_normal((d, n, h)).astype(config.dtype)
     return inputs
+
+
+_NONLINEARITY_CELLS = {"tanh": "rnn", "relu": "rnn_relu"}
+
+
+def short_name_argv(argv: list[str], cells: str) -> list[str]:
+    """bench_lstm.py's arguments for bench_gru.py / bench_rnn.py, which run ``--cells cells``.
+
+    Their own options from before they became short names keep working: ``--rounds N`` is
+    ``--repeats N``, ``--configs S M`` (space-separated) is ``--configs S,M``, and bench_rnn.py's
+    ``--nonlinearity tanh relu`` picks the cells ``rnn,rnn_relu``. A ``--cells`` given wins (last).
+    """
+    result = ["--cells", cells]
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        values = []
+        while arg in ("--configs", "--nonlinearity") and index + 1 + len(values) < len(argv):
+            following = argv[index + 1 + len(values)]
+            if following.startswith("-"):
+                break
+            values.append(following)
+        if arg == "--configs" and values:
+            result += ["--configs", ",".join(values)]
+        elif arg == "--nonlinearity" and values:
+            result += ["--cells", ",".join(_NONLINEARITY_CELLS.get(value, value) for value in values)]
+        elif arg == "--rounds":
+            result.append("--repeats")
+        else:
+            result.append(arg)
+        index += 1 + len(values)
+    return result

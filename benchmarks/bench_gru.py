@@ -2,8 +2,9 @@
 
 Kept as a short name: the GRU rows are bench_lstm.py's now (issue 32 item 7), at its configs, in its
 interleaved rounds and report, with the GEMM limit and the targets (GRU/torch <= 0.9, com.microsoft
-GRUGrad/ortlstm >= 5). Every option of bench_lstm.py applies; a ``--cells`` given here wins. Run it
-with the training environment to have all competitors:
+GRUGrad/ortlstm >= 5). Every option of bench_lstm.py applies, and the old ones still work
+(bench_cells.short_name_argv); a ``--cells`` given here wins. Run it with the training
+environment to have all competitors:
 
     .venvs/train/bin/python benchmarks/bench_gru.py --threads 1 --configs S,M
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 import sys
 
 import bench_lstm
+from bench_cells import short_name_argv
 
 if __name__ == "__main__":
     if sys.argv[1:3] != ["--cells", "gru"]:  # not again when bench_lstm re-executes this script
-        sys.argv[1:1] = ["--cells", "gru"]  # a later --cells on the command line wins (argparse: last)
+        sys.argv[1:] = short_name_argv(sys.argv[1:], "gru")
     bench_lstm.main()

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_lstm
-from bench_cells import CELLS
+from bench_cells import CELLS, short_name_argv
 
 
 class _FakeGemm(bench_lstm.GemmSource):
@@ -130,3 +130,14 @@ def test_forward_call_runs_the_forward_op_only(feed: str) -> None:
     broken = {name: np.zeros(1, np.float32) for name in taken if name.startswith("stash_")}  # GRUGrad refuses these
     outputs = list(CELLS["gru"].forward_outputs)
     runner._forward_session.run(outputs, {**runner._forward_feeds, **broken}, runner._run_options)
+
+
+def test_short_names_keep_their_old_options() -> None:
+    # bench_gru.py / bench_rnn.py before they became short names for bench_lstm.py --cells.
+    old = ["--threads", "1", "--configs", "S", "M", "--rounds", "3"]
+    assert short_name_argv(old, "gru") == ["--cells", "gru", "--threads", "1", "--configs", "S,M", "--repeats", "3"]
+    old = ["--nonlinearity", "relu", "--configs", "B1"]
+    assert short_name_argv(old, "rnn,rnn_relu") == ["--cells", "rnn,rnn_relu", "--cells", "rnn_relu", "--configs", "B1"]
+    assert bench_lstm._parse_args(short_name_argv(old, "rnn,rnn_relu")).config_list == [
+        bench_lstm.cell_config(bench_lstm.CONFIGS["B1"], "rnn_relu")
+    ]
