@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 import onnx.helper
+from bench_cells import CELLS, Cell, cell_inputs
 
 import ortlstm.ops
 
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """One benchmark shape: ONNX LSTM dims, direction and float type."""
+    """One benchmark shape: ONNX LSTM dims, direction and float type, and the cell (``--cells``; bench_cells.py)."""
 
     name: str
     seq_length: int
@@ -60,6 +61,12 @@ class BenchConfig:
     hidden_size: int
     direction: str = "forward"
     dtype: str = "float32"
+    cell: str = "lstm"
+
+    @property
+    def gates(self) -> int:
+        """Gate blocks per hidden unit: 4 (LSTM), 3 (GRU), 1 (RNN); the GEMMs' N is gates*hidden_size."""
+        return CELLS[self.cell].gates
 
     @property
     def num_directions(self) -> int:
@@ -69,13 +76,13 @@ class BenchConfig:
     @property
     def forward_flops(self) -> float:
         """GEMM FLOPs of the forward: X·Wᵀ and H_{t-1}·Rᵀ over all steps, per direction."""
-        gate_rows = self.seq_length * self.batch_size * 4 * self.hidden_size
+        gate_rows = self.seq_length * self.batch_size * self.gates * self.hidden_size
         return 2.0 * gate_rows * (self.input_size + self.hidden_size) * self.num_directions
 
     @property
     def backward_flops(self) -> float:
         """GEMM FLOPs of the backward: dX and dW (K or N = input_size), dH_{t-1} and dR (hidden_size)."""
-        gate_rows = self.seq_length * self.batch_size * 4 * self.hidden_size
+        gate_rows = self.seq_length * self.batch_size * self.gates * self.hidden_size
         return 2.0 * gate_rows * (2 * self.input_size + 2 * self.hidden_size) * self.num_directions
 
     def describe(self) -> str:
@@ -101,9 +108,22 @@ CONFIGS: dict[str, BenchConfig] = {
 }
 """The issue's configs (T, N, I, H) plus a bidirectional and a float64 one."""
 
+
+def cell_config(config: BenchConfig, cell: str) -> BenchConfig:
+    """``config`` for ``cell``: the LSTM's as it is, the others named ``<cell>-<name>`` (``gru-M``) in the report."""
+    return config if cell == "lstm" else dataclasses.replace(config, name=f"{cell}-{config.name}", cell=cell)
+
+
+def config_by_name(name: str) -> BenchConfig:
+    """The config of a report name (``M``, ``gru-M``, ``rnn-B1``), as the memory probes get it."""
+    cell, _, base = name.partition("-") if name.split("-", 1)[0] in CELLS else ("lstm", "", name)
+    return cell_config(CONFIGS[base], cell)
+
+
 QUICK_CONFIGS = ("S", "M", "B1", "M-bidir", "M-f64")
 COMPETITORS = ("ortlstm", "ortlstm-bf16", "com.microsoft", "torch", "torch-autocast")
 LIMIT = "GEMM limit"
+SEPARATE = "ORT sessions per op"
 
 # Targets from the issue; all compare fwd+bwd medians.
 TARGET_TORCH_RATIO = 0.9  # ortlstm fwd+bwd / torch fwd(grad)+bwd, every config
@@ -111,6 +131,9 @@ TARGET_LIMIT_RATIO = 1.2  # ortlstm fwd+bwd / GEMM limit, at M and L (issue 15; 
 TARGET_LIMIT_CONFIGS = ("M", "L")
 TARGET_MICROSOFT_SPEEDUP = 20.0  # com.microsoft fwd+bwd / ortlstm fwd+bwd, at M and L
 TARGET_MICROSOFT_CONFIGS = ("M", "L")
+# GRU and RNN (issue 32 item 7, ``--cells``): the torch ratio at every config, and against
+# com.microsoft's GRUTraining + GRUGrad at every config they run.
+TARGET_CELL_MICROSOFT_SPEEDUP = 5.0
 
 MIB = 1024.0 * 1024.0
 MEMORY_RESOLUTION_MIB = 1.0  # below this, peak-memory differences are noise (page-granular, allocator)
@@ -163,6 +186,9 @@ class GemmSource:
     """One way to run C[m, n] = A[m, k] · B[k, n] with ``threads`` threads; ``name`` says which."""
 
     name = ""
+    operands = "native"
+    """The precision the GEMM multiplies in: "native" (the arrays' dtype) or "bfloat16" (operands
+    rounded first). Only native GEMMs set a float32 or float64 limit; a bf16 GEMM's rate is not one."""
 
     def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
         """Returns a call that computes c = a · b."""
@@ -273,6 +299,7 @@ class OrtlstmBf16Gemm(GemmSource):
         self._round = self._lib.OrtLstmRoundToBfloat16
         self._round.argtypes = [p, p, i64]
         self.name = f"ortlstm bf16 GEMM ({backend} backend), 1 thread"
+        self.operands = "bfloat16"
 
     def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
         a16, b16 = np.empty(a.shape, np.uint16), np.empty(b.shape, np.uint16)
@@ -294,6 +321,7 @@ class TorchBf16Gemm(GemmSource):
     def __init__(self, torch: ModuleType, threads: int) -> None:
         self._torch = torch
         self.name = f"torch.mm bfloat16 (torch {torch.__version__}), {threads} threads"
+        self.operands = "bfloat16"
 
     def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:  # noqa: D102
         ta, tb = (self._torch.from_numpy(x).bfloat16() for x in (a, b))
@@ -382,7 +410,7 @@ def measure_gemm_rates(
     """The survey at the start of the run: per dtype, the fastest GEMMs, and every measurement.
 
     Every source runs every shape: square products (the best case) and each config's input
-    projection (seq_length·batch_size) x 4·hidden_size x input_size. Returns, per dtype, the
+    projection (seq_length·batch_size) x gates·hidden_size x input_size. Returns, per dtype, the
     ``LIMIT_CANDIDATES`` fastest (source, shape) pairs, fastest first, which the limit's runner
     times again inside each config's rounds; and every measurement as (dtype, shape, source name,
     GFLOP/s). ``bf16_sources`` (float32 operands rounded to bfloat16 before timing) add rows of dtype
@@ -390,10 +418,15 @@ def measure_gemm_rates(
     """
     rows: list[tuple[str, str, str, float]] = []
     candidates: dict[str, list[GemmCandidate]] = {}
+    # A bf16 GEMM listed among ``sources`` is moved to the bf16 rows: it never sets a float32 limit.
+    bf16_sources = [*bf16_sources, *(source for source in sources if source.operands != "native")]
+    sources = [source for source in sources if source.operands == "native"]
     for dtype in sorted({config.dtype for config in configs}):
         squares = (1024, 2048) if quick else (1024, 2048, 3072)
         shapes = [(size, size, size) for size in squares]
-        shapes += [(c.seq_length * c.batch_size, 4 * c.hidden_size, c.input_size) for c in configs if c.dtype == dtype]
+        shapes += [
+            (c.seq_length * c.batch_size, c.gates * c.hidden_size, c.input_size) for c in configs if c.dtype == dtype
+        ]
         rated: list[tuple[float, GemmCandidate]] = []
         for source in sources:
             for m, n, k in dict.fromkeys(shapes):
@@ -415,22 +448,8 @@ def measure_gemm_rates(
 
 
 def _lstm_inputs(config: BenchConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Forward inputs in the ONNX layout (layout=0), weights scaled like nn.LSTM's init."""
-    rng = np.random.default_rng(seed)
-    t, n, i, h, d = config.seq_length, config.batch_size, config.input_size, config.hidden_size, config.num_directions
-    scale = 1.0 / math.sqrt(h)
-
-    def uniform(*shape: int) -> np.ndarray:
-        return rng.uniform(-scale, scale, shape).astype(config.dtype)
-
-    return {
-        "X": rng.standard_normal((t, n, i)).astype(config.dtype),
-        "W": uniform(d, 4 * h, i),
-        "R": uniform(d, 4 * h, h),
-        "B": uniform(d, 8 * h),
-        "initial_h": rng.standard_normal((d, n, h)).astype(config.dtype),
-        "initial_c": rng.standard_normal((d, n, h)).astype(config.dtype),
-    }
+    """Forward inputs of ``config``'s cell in the ONNX layout (layout=0), weights scaled like torch's init."""
+    return cell_inputs(config, CELLS[config.cell], seed)
 
 
 def _upstream_gradients(config: BenchConfig, seed: int = 1) -> dict[str, np.ndarray]:
@@ -471,33 +490,30 @@ class Runner:
         raise NotImplementedError
 
 
-# Port names come from the op contract (ops/schema.py). The benchmark runs full sequences without
-# peepholes and with a loss on HAll and Ht, so LSTMGrad gets no sequence_lens, P or grad_Ct and
-# has no dP to give. LSTMGrad of com.microsoft crashes the process unless dW and dR are
-# requested: every other gradient is requested, for both.
-_TRAINING_SPEC = ortlstm.ops.schema.op_by_name("LSTMTraining")
-_GRAD_SPEC = ortlstm.ops.schema.op_by_name("LSTMGrad")
-FORWARD_OUTPUTS = ortlstm.ops.schema.output_names(_TRAINING_SPEC)
-GRADIENT_OUTPUTS = tuple(name for name in ortlstm.ops.schema.output_names(_GRAD_SPEC) if name != "dP")
-_GRAD_INPUTS = tuple(
-    name for name in ortlstm.ops.schema.input_names(_GRAD_SPEC) if name not in ("sequence_lens", "grad_Ct", "P")
-)
-# The stash: the forward outputs that LSTMGrad takes back (HAll, CAll, IOFC).
-_STASH = tuple(name for name in FORWARD_OUTPUTS if name in _GRAD_INPUTS)
+# Port names come from the op contract (ops/schema.py), per cell (bench_cells.py). The benchmark
+# runs full sequences without peepholes and with a loss on HAll and Ht, so the gradient op gets no
+# sequence_lens, P or grad_Ct and has no dP to give. LSTMGrad of com.microsoft crashes the process
+# unless dW and dR are requested: every other gradient is requested, for both domains. The LSTM's
+# names stay here under their old names (bench_distributed.py and scripts read them).
+FORWARD_OUTPUTS = CELLS["lstm"].forward_outputs
+GRADIENT_OUTPUTS = CELLS["lstm"].gradient_outputs
+_GRAD_INPUTS = CELLS["lstm"].grad_inputs
+# The stash: the forward outputs that the gradient op takes back (LSTM: HAll, CAll, IOFC).
+_STASH = CELLS["lstm"].stash
 
 _IR_VERSION = 10  # onnxruntime-training 1.19 loads IR <= 10
 _ONNX_OPSET = 17
 
 
-def _stash_input(name: str) -> str:
-    """Graph input name of LSTMGrad's stash port ``name`` (LSTMTraining's output has the port name)."""
-    return f"stash_{name}" if name in _STASH else name
+def _stash_input(name: str, cell: Cell = CELLS["lstm"]) -> str:
+    """Graph input name of the gradient op's stash port ``name`` (the forward's output has the port name)."""
+    return f"stash_{name}" if name in cell.stash else name
 
 
 def _training_pair_model(
     domain: str, forward_inputs: Sequence[str], config: BenchConfig, matmul_precision: str = "float32"
 ) -> onnx.ModelProto:
-    """LSTMTraining and LSTMGrad of ``domain`` side by side in one graph, as in a training graph.
+    """The forward and gradient op of ``domain`` (LSTMTraining and LSTMGrad, or config.cell's) side by side.
 
     The two nodes are not connected: LSTMGrad reads the stash from graph inputs, so one run can
     fetch the forward's outputs only and another the gradients only (with
@@ -506,30 +522,33 @@ def _training_pair_model(
     com.microsoft's port order, which is what makes them drop-in.
     """
     elem = onnx.TensorProto.FLOAT if config.dtype == "float32" else onnx.TensorProto.DOUBLE
+    cell = CELLS[config.cell]
     attributes: dict[str, object] = {"hidden_size": config.hidden_size, "direction": config.direction}
+    attributes.update(cell.node_attributes(config.num_directions))
     if matmul_precision != "float32":  # ortlstm-bf16 (issue 33); com.microsoft's ops have no such attribute
         attributes["matmul_precision"] = matmul_precision
     forward = ortlstm.ops.make_node(
-        "LSTMTraining",
+        cell.forward_op,
         {name: name for name in forward_inputs},
-        {name: name for name in FORWARD_OUTPUTS},
-        name="LSTMTraining",
+        {name: name for name in cell.forward_outputs},
+        name=cell.forward_op,
         **attributes,
     )
     backward = ortlstm.ops.make_node(
-        "LSTMGrad",
-        {name: _stash_input(name) for name in _GRAD_INPUTS},
-        {name: name for name in GRADIENT_OUTPUTS},
-        name="LSTMGrad",
+        cell.grad_op,
+        {name: _stash_input(name, cell) for name in cell.grad_inputs},
+        {name: name for name in cell.gradient_outputs},
+        name=cell.grad_op,
         **attributes,
     )
     forward.domain = backward.domain = domain
-    inputs = list(dict.fromkeys([*forward_inputs, *(_stash_input(name) for name in _GRAD_INPUTS)]))
+    inputs = list(dict.fromkeys([*forward_inputs, *(_stash_input(name, cell) for name in cell.grad_inputs)]))
+    outputs = (*cell.forward_outputs, *cell.gradient_outputs)
     graph = onnx.helper.make_graph(
         [forward, backward],
         f"{domain}_training_pair",
         [onnx.helper.make_tensor_value_info(name, elem, None) for name in inputs],
-        [onnx.helper.make_tensor_value_info(name, elem, None) for name in (*FORWARD_OUTPUTS, *GRADIENT_OUTPUTS)],
+        [onnx.helper.make_tensor_value_info(name, elem, None) for name in outputs],
     )
     return onnx.helper.make_model(
         graph,
@@ -538,8 +557,24 @@ def _training_pair_model(
     )
 
 
+def _single_op_model(pair: onnx.ModelProto, index: int) -> onnx.ModelProto:
+    """Node ``index`` of a ``_training_pair_model`` alone, with the graph inputs and outputs it uses."""
+    model = onnx.ModelProto()
+    model.CopyFrom(pair)
+    graph = model.graph
+    node = onnx.NodeProto()
+    node.CopyFrom(graph.node[index])
+    inputs = [value for value in graph.input if value.name in set(node.input)]
+    outputs = [value for value in graph.output if value.name in set(node.output)]
+    del graph.node[:], graph.input[:], graph.output[:]
+    graph.node.append(node)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    return model
+
+
 class OrtRunner(Runner):
-    """LSTMTraining + LSTMGrad of one domain in one InferenceSession (``_training_pair_model``).
+    """The forward + gradient op of one domain (LSTMTraining + LSTMGrad, or the config's cell's) in one session.
 
     One session, hence one intra-op thread pool for both ops, as in a training graph. ``spinning``
     is onnxruntime's ``session.intra_op.allow_spinning`` (on by default in onnxruntime): idle pool
@@ -549,7 +584,15 @@ class OrtRunner(Runner):
     preallocated OrtValues, so a call times the kernel plus ORT's dispatch; the stash outputs of
     LSTMTraining are bound as LSTMGrad's inputs without a copy, as inside a training graph. With
     ``feed="numpy"`` every call goes through ``InferenceSession.run`` with numpy arrays.
+
+    Where onnxruntime runs the gradient op on a run that fetches the forward's outputs only
+    (``only_execute_path_to_fetches`` ignored: onnxruntime 1.32 does, 1.19 does not), a forward
+    call would time both ops: then each op gets its own session (``separate_sessions``), as the
+    log says. The first run finds out: its placeholder stash has the wrong rank, on which a
+    gradient op that runs fails.
     """
+
+    separate_sessions = False
 
     def __init__(
         self,
@@ -565,6 +608,12 @@ class OrtRunner(Runner):
             raise Unavailable("onnxruntime not installed")
         self.name = domain
         self._feed = feed
+        cell = self._cell = CELLS[config.cell]
+        if domain == "com.microsoft" and config.cell != "lstm":
+            # Said up front (the LSTM's reasons are onnxruntime's own messages, as before cells).
+            unsupported = cell.microsoft_unavailable(config)
+            if unsupported is not None:
+                raise Unavailable(unsupported)
         # ortlstm-bf16: the ortlstm ops with matmul_precision="bfloat16" (issue 33).
         matmul_precision = "bfloat16" if domain == "ortlstm-bf16" else "float32"
         domain = "ortlstm" if domain == "ortlstm-bf16" else domain
@@ -582,31 +631,41 @@ class OrtRunner(Runner):
         gradient_inputs = _upstream_gradients(config)
         self._run_options = ort.RunOptions()
         self._run_options.only_execute_path_to_fetches = True
+        pair = _training_pair_model(domain, list(forward_inputs), config, matmul_precision)
         try:
-            self._session = ort.InferenceSession(
-                _training_pair_model(domain, list(forward_inputs), config, matmul_precision).SerializeToString(),
-                options,
-                providers=["CPUExecutionProvider"],
-            )
-            # A placeholder stash for the first run; only LSTMTraining runs, so its values do not matter.
-            placeholder = {
-                _stash_input(name): np.zeros(shape, config.dtype)
-                for name, shape in zip(_STASH, _stash_shapes(config), strict=True)
-            }
-            first = self._session.run(
-                list(FORWARD_OUTPUTS), {**forward_inputs, **placeholder, **gradient_inputs}, self._run_options
-            )
+            session = ort.InferenceSession(pair.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            self._forward_session = self._backward_session = session
+            # A placeholder stash for the first run, which fetches the forward's outputs only: of rank
+            # 1, which the gradient op refuses, so that the run fails if the gradient op runs too.
+            placeholder = {_stash_input(name, cell): np.zeros(1, config.dtype) for name in cell.stash}
+            try:
+                first = session.run(
+                    list(cell.forward_outputs), {**forward_inputs, **placeholder, **gradient_inputs}, self._run_options
+                )
+            except Exception:  # onnxruntime's own types; the forward alone says whether it is the forward's fault
+                self.separate_sessions = True
+                self._forward_session, self._backward_session = (
+                    ort.InferenceSession(
+                        _single_op_model(pair, index).SerializeToString(), options, providers=["CPUExecutionProvider"]
+                    )
+                    for index in (0, 1)
+                )
+                first = self._forward_session.run(list(cell.forward_outputs), forward_inputs, self._run_options)
         except Exception as error:  # onnxruntime raises its own exception types
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise Unavailable(_short_ort_error(first_line)) from error
 
-        stash = dict(zip(FORWARD_OUTPUTS, first, strict=True))
+        stash = dict(zip(cell.forward_outputs, first, strict=True))
         self._feeds = {
             **forward_inputs,
-            **{_stash_input(name): stash[name] for name in _STASH},
+            **{_stash_input(name, cell): stash[name] for name in cell.stash},
             **gradient_inputs,
         }
-        gradient_shapes = _gradient_shapes(config)
+        forward_names = {value.name for value in self._forward_session.get_inputs()}
+        backward_names = {value.name for value in self._backward_session.get_inputs()}
+        self._forward_feeds = {name: array for name, array in self._feeds.items() if name in forward_names}
+        self._backward_feeds = {name: array for name, array in self._feeds.items() if name in backward_names}
+        gradient_shapes = cell.gradient_shapes(config)
         self.gradient_bytes = sum(int(np.prod(shape)) for shape in gradient_shapes) * np.dtype(config.dtype).itemsize
 
         if feed == "iobinding":
@@ -625,30 +684,31 @@ class OrtRunner(Runner):
             # Over the arrays of the first forward, so LSTMGrad sees a valid stash even before a
             # timed forward has written into them; the forward's outputs are the gradient's stash
             # inputs, without a copy, as inside a training graph.
-            outputs = {name: value(stash[name]) for name in FORWARD_OUTPUTS}
-            inputs = {name: value(array) for name, array in self._feeds.items() if _stash_input(name) == name}
-            inputs.update({_stash_input(name): outputs[name] for name in _STASH})
-            self._forward_binding = self._session.io_binding()
-            self._backward_binding = self._session.io_binding()
-            for binding in (self._forward_binding, self._backward_binding):
+            outputs = {name: value(stash[name]) for name in cell.forward_outputs}
+            inputs = {name: value(array) for name, array in self._feeds.items() if _stash_input(name, cell) == name}
+            inputs.update({_stash_input(name, cell): outputs[name] for name in cell.stash})
+            self._forward_binding = self._forward_session.io_binding()
+            self._backward_binding = self._backward_session.io_binding()
+            for binding, names in ((self._forward_binding, forward_names), (self._backward_binding, backward_names)):
                 for name, bound in inputs.items():
-                    binding.bind_ortvalue_input(name, bound)
-            for name in FORWARD_OUTPUTS:
+                    if name in names:
+                        binding.bind_ortvalue_input(name, bound)
+            for name in cell.forward_outputs:
                 self._forward_binding.bind_ortvalue_output(name, outputs[name])
-            for name, shape in zip(GRADIENT_OUTPUTS, gradient_shapes, strict=True):
+            for name, shape in zip(cell.gradient_outputs, gradient_shapes, strict=True):
                 self._backward_binding.bind_ortvalue_output(name, empty(shape))
 
     def _run_forward(self) -> None:
         if self._feed == "iobinding":
-            self._session.run_with_iobinding(self._forward_binding, self._run_options)
+            self._forward_session.run_with_iobinding(self._forward_binding, self._run_options)
         else:
-            self._session.run(list(FORWARD_OUTPUTS), self._feeds, self._run_options)
+            self._forward_session.run(list(self._cell.forward_outputs), self._forward_feeds, self._run_options)
 
     def _run_backward(self) -> None:
         if self._feed == "iobinding":
-            self._session.run_with_iobinding(self._backward_binding, self._run_options)
+            self._backward_session.run_with_iobinding(self._backward_binding, self._run_options)
         else:
-            self._session.run(list(GRADIENT_OUTPUTS), self._feeds, self._run_options)
+            self._backward_session.run(list(self._cell.gradient_outputs), self._backward_feeds, self._run_options)
 
     def iteration(self, phases: Phases) -> None:  # noqa: D102
         start = time.perf_counter()
@@ -665,18 +725,6 @@ class OrtRunner(Runner):
         return 0 if self._feed == "iobinding" else self.gradient_bytes
 
 
-def _stash_shapes(config: BenchConfig) -> list[tuple[int, ...]]:
-    """Shapes of HAll, CAll, IOFC (layout 0), as in docs/ops.md."""
-    t, n, h, d = config.seq_length, config.batch_size, config.hidden_size, config.num_directions
-    return [(t, d, n, h), (t, d, n, h), (t, d, n, 4 * h)]
-
-
-def _gradient_shapes(config: BenchConfig) -> list[tuple[int, ...]]:
-    """Shapes of LSTMGrad's outputs dX, dW, dR, dB, dH0, dC0 (layout 0), as in docs/ops.md."""
-    t, n, i, h, d = config.seq_length, config.batch_size, config.input_size, config.hidden_size, config.num_directions
-    return [(t, n, i), (d, 4 * h, i), (d, 4 * h, h), (d, 8 * h), (d, n, h), (d, n, h)]
-
-
 def _short_ort_error(message: str) -> str:
     """The reason in an onnxruntime error message, without its source-path prefix."""
     if "is not a registered function/op" in message:
@@ -690,7 +738,7 @@ def _short_ort_error(message: str) -> str:
 
 
 class TorchRunner(Runner):
-    """``torch.nn.LSTM`` with its default CPU backend (oneDNN for float32 when available).
+    """``torch.nn.LSTM`` (or the config's cell: nn.GRU, nn.RNN) with its default CPU backend (oneDNN when available).
 
     Forward with grad, then ``torch.autograd.backward`` from the same upstream gradients the ORT
     ops get (output sequence and last hidden state). Gradients are reset to None between
@@ -709,19 +757,27 @@ class TorchRunner(Runner):
         torch.set_num_threads(threads)
         dtype = getattr(torch, config.dtype)
         torch.manual_seed(0)
-        self._lstm = torch.nn.LSTM(
-            config.input_size, config.hidden_size, bidirectional=config.direction == "bidirectional", dtype=dtype
+        layer = getattr(torch.nn, CELLS[config.cell].torch_module)
+        self._lstm = layer(
+            config.input_size,
+            config.hidden_size,
+            bidirectional=config.direction == "bidirectional",
+            dtype=dtype,
+            **dict(CELLS[config.cell].torch_kwargs),
         )
         inputs = _lstm_inputs(config)
         gradients = _upstream_gradients(config)
         t, n, h, d = config.seq_length, config.batch_size, config.hidden_size, config.num_directions
         self._x = torch.from_numpy(inputs["X"]).requires_grad_()
         self._h0 = torch.from_numpy(inputs["initial_h"]).requires_grad_()
-        self._c0 = torch.from_numpy(inputs["initial_c"]).requires_grad_()
+        states = [self._h0]
+        if "initial_c" in inputs:  # the LSTM's (h0, c0); nn.GRU and nn.RNN take h0 alone
+            states.append(torch.from_numpy(inputs["initial_c"]).requires_grad_())
+        self._state: Any = tuple(states) if len(states) == 2 else self._h0
         # torch's output is [seq_length, batch_size, num_directions*hidden_size]
         self._grad_y = torch.from_numpy(gradients["grad_HAll"].transpose(0, 2, 1, 3).reshape(t, n, d * h).copy())
         self._grad_hn = torch.from_numpy(gradients["grad_Ht"])
-        self._leaves = [self._x, self._h0, self._c0, *self._lstm.parameters()]
+        self._leaves = [self._x, *states, *self._lstm.parameters()]
         self.gradient_bytes = sum(leaf.numel() * leaf.element_size() for leaf in self._leaves)
         self._pending: tuple[Any, Any] | None = None
         for _ in range(2):
@@ -737,8 +793,8 @@ class TorchRunner(Runner):
 
     def _forward_with_grad(self) -> None:
         with self._context():
-            y, (h_n, _) = self._lstm(self._x, (self._h0, self._c0))
-        self._pending = (y, h_n)
+            y, state = self._lstm(self._x, self._state)
+        self._pending = (y, state[0] if isinstance(state, tuple) else state)
 
     def _backward(self) -> None:
         assert self._pending is not None
@@ -751,7 +807,7 @@ class TorchRunner(Runner):
         self._clear_gradients()
         start = time.perf_counter()
         with torch.no_grad(), self._context():
-            self._lstm(self._x, (self._h0, self._c0))
+            self._lstm(self._x, self._state)
         end = time.perf_counter()
         phases.setdefault("fwd_nograd", []).append(end - start)
         start = time.perf_counter()
@@ -797,6 +853,9 @@ class GemmLimitRunner(Runner):
     warm_up_each_round = False  # each candidate runs once untimed before it is timed
 
     def __init__(self, candidates: Sequence[GemmCandidate]) -> None:
+        rounded = sorted({c.source.name for c in candidates if c.source.operands != "native"})
+        if rounded:
+            raise ValueError(f"the GEMM limit takes native-precision GEMMs only, got {rounded}: pass them as bf16 rows")
         # Grouped by BLAS, so that a round switches between thread pools as rarely as it can.
         order = {id(c.source): index for index, c in reversed(list(enumerate(candidates)))}
         self.candidates = sorted(candidates, key=lambda c: order[id(c.source)])
@@ -1411,7 +1470,7 @@ def _target_lines(results: Results) -> list[str]:
         met = None if value is None else value >= bound if larger_is_better else value <= bound
         rows.append([target, config, _number(value), "n/a" if met is None else "yes" if met else "**no**"])
 
-    names = [config.name for config in results.configs]
+    names = [config.name for config in results.configs if config.cell == "lstm"]
     for name in names:
         add(f"ortlstm/torch <= {TARGET_TORCH_RATIO}", name, results.ratio("ortlstm", "torch", name),
             TARGET_TORCH_RATIO, larger_is_better=False)  # fmt: skip
@@ -1422,6 +1481,15 @@ def _target_lines(results: Results) -> list[str]:
         speedup = results.ratio("com.microsoft", "ortlstm", name)
         add(f"com.microsoft/ortlstm >= {TARGET_MICROSOFT_SPEEDUP:g}", name, speedup, TARGET_MICROSOFT_SPEEDUP,
             larger_is_better=True)  # fmt: skip
+    others = [config for config in results.configs if config.cell != "lstm"]
+    for config in others:
+        add(f"{CELLS[config.cell].label} ortlstm/torch <= {TARGET_TORCH_RATIO}", config.name,
+            results.ratio("ortlstm", "torch", config.name), TARGET_TORCH_RATIO, larger_is_better=False)  # fmt: skip
+    for config in (config for config in others if CELLS[config.cell].microsoft is None):
+        label = f"com.microsoft {CELLS[config.cell].grad_op}/ortlstm >= {TARGET_CELL_MICROSOFT_SPEEDUP:g}"
+        add(label, config.name, results.ratio("com.microsoft", "ortlstm", config.name), TARGET_CELL_MICROSOFT_SPEEDUP,
+            larger_is_better=True)  # fmt: skip
+    names += [config.name for config in others]
     for name in names if results.memory else ():
         ours, theirs = results.memory_mib("ortlstm", name), results.memory_mib("torch", name)
         if ours is not None and theirs is not None and max(ours, theirs) < MEMORY_RESOLUTION_MIB:
@@ -1474,6 +1542,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--configs",
         default=None,
         help=f"comma-separated names from {', '.join(CONFIGS)} (default: all; --quick: {','.join(QUICK_CONFIGS)})",
+    )
+    parser.add_argument(
+        "--cells",
+        default="lstm",
+        help=f"comma-separated cells from {', '.join(CELLS)}, each at every config (default lstm; see bench_cells.py)",
     )
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds per config (default 15, quick 3)")
     parser.add_argument("--quick", action="store_true", help="smoke run: small configs, few rounds (< 2 minutes)")
@@ -1528,7 +1601,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [name for name in names if name not in CONFIGS]
     if unknown:
         parser.error(f"unknown config(s) {unknown}; known: {', '.join(CONFIGS)}")
-    args.config_list = [CONFIGS[name] for name in names]
+    cells = [cell for cell in args.cells.split(",") if cell]
+    unknown = [cell for cell in cells if cell not in CELLS]
+    if unknown or not cells:
+        parser.error(f"unknown cell(s) {unknown or [args.cells]}; known: {', '.join(CELLS)}")
+    args.config_list = [cell_config(CONFIGS[name], cell) for cell in dict.fromkeys(cells) for name in names]
     args.competitor_list = [name for name in args.competitors.split(",") if name]
     unknown = [name for name in args.competitor_list if name not in COMPETITORS]
     if unknown:
@@ -1545,7 +1622,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _run_probe(spec: str, threads: int) -> None:
     competitor, config_name = spec.split(":", 1)
     try:
-        result: dict[str, Any] = memory_probe(competitor, CONFIGS[config_name], threads)
+        result: dict[str, Any] = memory_probe(competitor, config_by_name(config_name), threads)
     except Unavailable as reason:
         result = {"unavailable": str(reason)}
     print(json.dumps(result))
@@ -1604,6 +1681,12 @@ def main() -> None:
                 runners[competitor] = make_runner(
                     competitor, config, args.threads, feed=args.feed, spinning=args.ort_spinning == "on"
                 )
+                if getattr(runners[competitor], "separate_sessions", False) and SEPARATE not in environment:
+                    environment[SEPARATE] = (
+                        "onnxruntime ran the gradient op on forward-only runs (only_execute_path_to_fetches "
+                        "ignored), so each ORT op has its own session: one pool per op"
+                    )
+                    log(f"    {SEPARATE}: {environment[SEPARATE]}")
             except Unavailable as reason:
                 timings[(competitor, config.name)] = str(reason)
                 log(f"    {competitor}: n/a ({reason})")

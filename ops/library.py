@@ -75,7 +75,8 @@ def blas_backend() -> str:
     On x86-64 the library links oneMKL and OpenBLAS and chooses once per process, when it is first
     registered with ONNX Runtime: ``"mkl"`` on Intel CPUs; ``"openblas+mkl"`` on AMD and others,
     OpenBLAS except GEMMs of fewer than 16 rows, which run on oneMKL (measured:
-    docs/benchmarks.md); unless the environment variable ``ORTLSTM_BLAS_BACKEND`` forces one
+    docs/benchmarks.md), but not one-row GEMMs on CPUs with AVX-512 (Zen 4); unless the
+    environment variable ``ORTLSTM_BLAS_BACKEND`` forces one
     (``mkl``, ``openblas`` or ``openblas+mkl``).
     Called before any session registered it, this makes (and fixes) the same choice. Builds with
     one BLAS always return it (``"system"`` for ``-DORTLSTM_BLAS=system``). Needs no ONNX Runtime.

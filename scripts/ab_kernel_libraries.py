@@ -1,10 +1,9 @@
 """Times two builds of the kernel library against each other, interleaved in one process.
 
-A refactor of the recurrent time loop must keep its speed: this runs the LSTM pair of
-benchmarks/bench_lstm.py (LSTMTraining + LSTMGrad, IO binding) and the GRU pair of
-benchmarks/bench_gru.py (GRUTraining + GRUGrad) and the RNN pair of benchmarks/bench_rnn.py
-(RNNTraining + RNNGrad; kinds rnn and rnn-relu) from library A and library B, each registered
-with its own session, the rounds alternating A, B, B, A, ... so that drift in clock speed or
+A refactor of the recurrent time loop must keep its speed: this runs the pairs of
+benchmarks/bench_lstm.py (IO binding; its ``--cells``): LSTMTraining + LSTMGrad, GRUTraining +
+GRUGrad and RNNTraining + RNNGrad (kinds rnn and rnn-relu) from library A and library B, each
+registered with its own session, the rounds alternating A, B, B, A, ... so that drift in clock speed or
 background load hits both alike. Prints, per config, the median f+b of each and B / A with the
 spread (min..max of the per-round ratios). Usage:
 
@@ -22,9 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import bench_gru
 import bench_lstm
-import bench_rnn
 
 import ortlstm.ops.library
 
@@ -32,16 +29,10 @@ import ortlstm.ops.library
 def _runner(kind: str, library: str, name: str, threads: int) -> Callable[[], None]:
     """One f+b call of `kind` ("lstm", "gru", "rnn", "rnn-relu") from `library` at config `name`."""
     ortlstm.ops.library.library_path = lambda: library  # type: ignore[assignment]
-    if kind == "lstm":
-        runner = bench_lstm.OrtRunner("ortlstm", bench_lstm.CONFIGS[name], threads)
-        phases: bench_lstm.Phases = {}
-        return lambda: runner.iteration(phases)
-    if kind.startswith("rnn"):
-        return bench_rnn._ort_runner(bench_rnn.CONFIGS[name], "relu" if kind == "rnn-relu" else "tanh", threads)
-    run = bench_gru._ort_runner("ortlstm", bench_gru.CONFIGS[name], threads)
-    if not callable(run):
-        raise RuntimeError(f"GRU {name}: {run}")
-    return run
+    cell = "rnn_relu" if kind == "rnn-relu" else kind  # bench_cells.py's cell names
+    runner = bench_lstm.OrtRunner("ortlstm", bench_lstm.cell_config(bench_lstm.CONFIGS[name], cell), threads)
+    phases: bench_lstm.Phases = {}
+    return lambda: runner.iteration(phases)
 
 
 def main() -> int:

@@ -17,6 +17,7 @@
 #endif
 
 #include "common/blas_backends.h"
+#include "common/cpu_info.h"
 
 #if !defined(ORTLSTM_BLAS_MKL) && !defined(ORTLSTM_BLAS_PREFIX_SCIPY) && !defined(ORTLSTM_BLAS_SYSTEM)
 #error "no BLAS backend: cmake/Blas.cmake defines ORTLSTM_BLAS_MKL, ORTLSTM_BLAS_PREFIX_SCIPY or ORTLSTM_BLAS_SYSTEM"
@@ -31,6 +32,19 @@ enum class Backend : int { kNone = 0, kMkl, kOpenBlas, kSystem, kOpenBlasMkl };
 // batches) run on oneMKL: on AMD Zen 3 OpenBLAS took 25 us for 1 x 512 x 128 against oneMKL's 7,
 // while from 16 rows on the two were even and OpenBLAS faster on the large GEMMs (docs/benchmarks.md).
 constexpr int64_t kMixedMklBelowRows = 16;
+
+// ... except GEMMs of one row (every step GEMM at batch 1) on a CPU with AVX-512 (AMD Zen 4 and
+// later), which stay on OpenBLAS: there OpenBLAS runs its AVX-512 (SkylakeX) kernels while oneMKL,
+// on a CPU that is not Intel's, takes its generic path (MKL_VERBOSE: "Intel(R) Architecture
+// processors", not AVX-512). On a Zen 4, one row took OpenBLAS 1.3-4x less time than oneMKL,
+// packed or not (1 x 512 x 128 with B transposed, the LSTM's forward step: 3.1 us against 7.2,
+// 4.1 packed; 1 x 128 x 512, its backward step: 2.3 against 10.1), and LSTM B1 f+b ran in half
+// the time on OpenBLAS alone. From 3 rows on oneMKL's packed GEMM was still the faster at the
+// forward's shapes, and on Zen 3 (AVX2) oneMKL was the faster at one row too: only m == 1 moves.
+bool OneRowOnOpenBlas() {
+  static const bool avx512 = VectorBytes() == 64;
+  return avx512;
+}
 
 constexpr const char* kEnvironmentVariable = "ORTLSTM_BLAS_BACKEND";
 
@@ -113,6 +127,13 @@ Backend Active() {
   return backend;
 }
 
+// Whether a GEMM of m rows runs on oneMKL under `backend` (the mixed backend splits by rows).
+bool RunsOnMkl(Backend backend, int64_t m) {
+  if (backend == Backend::kMkl) return true;
+  if (backend != Backend::kOpenBlasMkl) return false;
+  return m < kMixedMklBelowRows && !(m == 1 && OneRowOnOpenBlas());
+}
+
 template <typename T>
 bool ScaleOnly(int64_t m, int64_t n, int64_t k, T beta, T* c, int64_t ldc) {
   assert(m >= 0 && n >= 0 && k >= 0);
@@ -135,7 +156,7 @@ void Dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (ScaleOnly(m, n, k, beta, c, ldc)) return;
   Backend backend = Active();
-  if (backend == Backend::kOpenBlasMkl) backend = m < kMixedMklBelowRows ? Backend::kMkl : Backend::kOpenBlas;
+  if (backend == Backend::kOpenBlasMkl) backend = RunsOnMkl(backend, m) ? Backend::kMkl : Backend::kOpenBlas;
   switch (backend) {
 #if defined(ORTLSTM_BLAS_MKL)
     case Backend::kMkl:
@@ -276,9 +297,7 @@ template <typename T>
 PackedGemmB<T>::PackedGemmB(bool trans_b, int64_t m, int64_t n, int64_t k, const T* b, int64_t ldb)
     : trans_b_(trans_b), m_(m), n_(n), k_(k), b_(b), ldb_(ldb) {
 #if defined(ORTLSTM_BLAS_MKL)
-  const Backend backend = Active();
-  const bool mkl = backend == Backend::kMkl || (backend == Backend::kOpenBlasMkl && m < kMixedMklBelowRows);
-  if (m == 0 || n == 0 || k == 0 || !mkl) return;
+  if (m == 0 || n == 0 || k == 0 || !RunsOnMkl(Active(), m)) return;
   packed_.reset(::operator new(blas_backend::MklPackedSize(T(), Int(m), Int(n), Int(k)), kPackedAlignment));
   blas_backend::MklPack(trans_b, Int(m), Int(n), Int(k), b, Int(ldb), packed_.get());
 #endif

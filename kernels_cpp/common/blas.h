@@ -61,11 +61,12 @@ void UseSingleThreadedBlas();
 // Chooses the backend of every later GEMM, once per process (RegisterCustomOps calls it before
 // any kernel can run). ORTLSTM_BLAS_BACKEND=mkl|openblas|openblas+mkl forces one; unset or empty,
 // the CPU decides: oneMKL on GenuineIntel; on any other vendor openblas+mkl, i.e. OpenBLAS except
-// GEMMs of fewer than 16 rows, which run on oneMKL (AMD Zen 3: docs/benchmarks.md); whichever the
-// build links if only one. Returns "" on success, else why
-// not: an unknown value, a backend this build lacks, or a different backend than the one this
-// process already uses (the choice is fixed at the first registration, so that one process never
-// mixes backends and results stay bitwise reproducible). Thread-safe.
+// GEMMs of fewer than 16 rows, which run on oneMKL (AMD Zen 3: docs/benchmarks.md), but not those
+// of one row where the CPU has AVX-512 (Zen 4: see blas.cc); whichever the build links if only
+// one. Returns "" on success, else why not: an unknown value, a backend this build lacks, or a
+// different backend than the one this process already uses (the choice is fixed at the first
+// registration, so that one process never mixes backends and results stay bitwise reproducible).
+// Thread-safe.
 std::string ChooseBlas();
 
 // "GenuineIntel", "AuthenticAMD", ... from CPUID, or "" off x86: what the backend choices go by.

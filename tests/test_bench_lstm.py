@@ -1,0 +1,143 @@
+"""bench_lstm.py's machinery (no timing is checked): the GEMM limit's precision, the cells' pairs and targets.
+
+benchmarks/ is where speed is measured; this keeps the report honest as the script grows. The GEMM
+limit must come from GEMMs of the config's own precision (a bf16 GEMM once set the float32 limit
+of a run without torch); ``--cells gru,rnn`` must time the right pair of ops, whose gradients are
+checked here against float64 central differences of their forward (the stash really is wired from
+the forward to the gradient op); the targets table must name each cell's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_lstm
+from bench_cells import CELLS, short_name_argv
+
+
+class _FakeGemm(bench_lstm.GemmSource):
+    """A GEMM that only waits: ``seconds`` per call, so the rates are known without a BLAS."""
+
+    def __init__(self, name: str, seconds: float, operands: str) -> None:
+        self.name, self._seconds, self.operands = name, seconds, operands
+
+    def prepare(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None]:
+        return lambda: time.sleep(self._seconds)
+
+
+def test_float32_limit_takes_float32_gemms_only() -> None:
+    native = _FakeGemm("native float32, 2 threads", 2e-3, "native")
+    rounded = _FakeGemm("bf16 GEMM, 1 thread", 0.0, "bfloat16")  # far the fastest: it must still not count
+    candidates, rows = bench_lstm.measure_gemm_rates([rounded, native], [bench_lstm.CONFIGS["S"]], quick=True)
+    assert {c.source.name for c in candidates["float32"]} == {native.name}
+    assert {(dtype, source) for dtype, _, source, _ in rows} == {("float32", native.name), ("bfloat16", rounded.name)}
+    with pytest.raises(ValueError, match=r"native-precision GEMMs only, got \['bf16 GEMM, 1 thread'\]"):
+        bench_lstm.GemmLimitRunner([bench_lstm.GemmCandidate(rounded, 4, 4, 4, "float32")])
+
+
+def test_cell_configs_names_and_flops() -> None:
+    m = bench_lstm.CONFIGS["M"]
+    gru, rnn = bench_lstm.cell_config(m, "gru"), bench_lstm.cell_config(m, "rnn")
+    assert bench_lstm.cell_config(m, "lstm") is m
+    assert (gru.name, rnn.name, gru.gates, rnn.gates, m.gates) == ("gru-M", "rnn-M", 3, 1, 4)
+    t, n, i, h = 64, 32, 256, 256
+    assert gru.forward_flops == 2 * t * n * 3 * h * (i + h)
+    assert gru.backward_flops == 2 * t * n * 3 * h * 2 * (i + h)
+    assert rnn.forward_flops == 2 * t * n * h * (i + h)
+    assert bench_lstm.config_by_name("gru-M-bidir") == bench_lstm.cell_config(bench_lstm.CONFIGS["M-bidir"], "gru")
+    assert bench_lstm.config_by_name("rnn_relu-B1").cell == "rnn_relu"
+    assert bench_lstm.config_by_name("M-bidir") is bench_lstm.CONFIGS["M-bidir"]
+
+
+def _loss_and_gradients(runner: bench_lstm.OrtRunner, cell: str, x: np.ndarray) -> tuple[float, dict]:
+    """sum(grad_HAll * HAll) + sum(grad_Ht * Ht) at X = x, and the pair's gradients at the runner's X."""
+    spec = CELLS[cell]
+    feeds = runner._feeds
+    forward = runner._forward_session.run(list(spec.forward_outputs), {**runner._forward_feeds, "X": x})
+    outputs = dict(zip(spec.forward_outputs, forward, strict=True))
+    loss = float(np.sum(feeds["grad_HAll"] * outputs["HAll"]) + np.sum(feeds["grad_Ht"] * outputs["Ht"]))
+    backward = runner._backward_session.run(list(spec.gradient_outputs), runner._backward_feeds)
+    gradients = dict(zip(spec.gradient_outputs, backward, strict=True))
+    return loss, gradients
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn", "rnn_relu"])
+def test_cell_pair_gradients_match_finite_differences(cell: str) -> None:
+    tiny = bench_lstm.BenchConfig("tiny", 3, 2, 4, 5, direction="bidirectional", dtype="float64")
+    config = bench_lstm.cell_config(tiny, cell)
+    runner = bench_lstm.OrtRunner("ortlstm", config, threads=1, feed="numpy")
+    runner.iteration({})  # the timed path runs
+    x = runner._feeds["X"]
+    _, gradients = _loss_and_gradients(runner, cell, x)
+    assert gradients["dW"].shape == (2, CELLS[cell].gates * 5, 4)
+    step = 1e-6
+    for index in [(0, 0, 0), (1, 1, 2), (2, 0, 3)]:
+        plus, minus = x.copy(), x.copy()
+        plus[index] += step
+        minus[index] -= step
+        loss_plus, loss_minus = _loss_and_gradients(runner, cell, plus)[0], _loss_and_gradients(runner, cell, minus)[0]
+        numeric = (loss_plus - loss_minus) / (2 * step)
+        np.testing.assert_allclose(gradients["dX"][index], numeric, rtol=1e-6, atol=1e-8, err_msg=f"{cell} {index}")
+
+
+def test_cell_pairs_refuse_what_com_microsoft_lacks() -> None:
+    m = bench_lstm.CONFIGS["M"]
+    with pytest.raises(bench_lstm.Unavailable, match=r"^com\.microsoft has no RNN training ops$"):
+        bench_lstm.OrtRunner("com.microsoft", bench_lstm.cell_config(m, "rnn"), threads=1)
+    bidir = bench_lstm.cell_config(bench_lstm.CONFIGS["M-bidir"], "gru")
+    with pytest.raises(bench_lstm.Unavailable, match=r"^com\.microsoft GRUTraining supports direction forward only$"):
+        bench_lstm.OrtRunner("com.microsoft", bidir, threads=1)
+
+
+def _timing(ms: float) -> bench_lstm.Timing:
+    return bench_lstm.Timing(phases={"fwd": [ms / 2e3], "bwd": [ms / 2e3]}, rounds=1, iterations_per_round=1)
+
+
+def test_targets_have_rows_per_cell() -> None:
+    configs = [bench_lstm.cell_config(bench_lstm.CONFIGS["M"], cell) for cell in ("lstm", "gru", "rnn")]
+    timings: dict = {("ortlstm", c.name): _timing(10.0) for c in configs}
+    timings |= {("torch", "M"): _timing(20.0), ("torch", "gru-M"): _timing(20.0), ("torch", "rnn-M"): _timing(10.0)}
+    timings |= {("com.microsoft", "M"): _timing(300.0), ("com.microsoft", "gru-M"): _timing(40.0)}
+    timings[("com.microsoft", "rnn-M")] = "com.microsoft has no RNN training ops"
+    limit = {c.name: {"fwd": 4.0, "bwd": 4.0} for c in configs}
+    fields = {f.name: None for f in dataclasses.fields(bench_lstm.Results)}
+    results = bench_lstm.Results(**{**fields, "configs": configs, "timings": timings, "limit_ms": limit, "memory": {}})
+    rows = [line for line in bench_lstm._target_lines(results) if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == [
+        "| ortlstm/torch <= 0.9 | M | 0.50 | yes |",
+        "| ortlstm/limit <= 1.2 | M | 1.25 | **no** |",
+        "| com.microsoft/ortlstm >= 20 | M | 30.00 | yes |",
+        "| GRU ortlstm/torch <= 0.9 | gru-M | 0.50 | yes |",
+        "| RNN ortlstm/torch <= 0.9 | rnn-M | 1.00 | **no** |",
+        "| com.microsoft GRUGrad/ortlstm >= 5 | gru-M | 4.00 | **no** |",
+    ]
+
+
+@pytest.mark.parametrize("feed", ["numpy", "iobinding"])
+def test_forward_call_runs_the_forward_op_only(feed: str) -> None:
+    # onnxruntime 1.32 ignores only_execute_path_to_fetches: the "fwd" phase once timed both ops there.
+    runner = bench_lstm.OrtRunner("ortlstm", bench_lstm.cell_config(bench_lstm.CONFIGS["S"], "gru"), 1, feed=feed)
+    taken = {value.name for value in runner._forward_session.get_inputs()}
+    broken = {name: np.zeros(1, np.float32) for name in taken if name.startswith("stash_")}  # GRUGrad refuses these
+    outputs = list(CELLS["gru"].forward_outputs)
+    runner._forward_session.run(outputs, {**runner._forward_feeds, **broken}, runner._run_options)
+
+
+def test_short_names_keep_their_old_options() -> None:
+    # bench_gru.py / bench_rnn.py before they became short names for bench_lstm.py --cells.
+    old = ["--threads", "1", "--configs", "S", "M", "--rounds", "3"]
+    assert short_name_argv(old, "gru") == ["--cells", "gru", "--threads", "1", "--configs", "S,M", "--repeats", "3"]
+    old = ["--nonlinearity", "relu", "--configs", "B1"]
+    assert short_name_argv(old, "rnn,rnn_relu") == ["--cells", "rnn,rnn_relu", "--cells", "rnn_relu", "--configs", "B1"]
+    assert bench_lstm._parse_args(short_name_argv(old, "rnn,rnn_relu")).config_list == [
+        bench_lstm.cell_config(bench_lstm.CONFIGS["B1"], "rnn_relu")
+    ]
