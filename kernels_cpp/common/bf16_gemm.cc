@@ -22,6 +22,16 @@
 #include "common/bf16_onednn.h"
 #endif
 
+// The conversion loops are built for AVX-512, AVX2 and baseline x86-64 and picked at load time, as
+// lstm/standard_cell.cc's cell (its comment says why arch=x86-64-v3): the baseline's SSE2 loop took
+// ~7 % of an op call at M on Zen 4 rounding the big GEMMs' operands (issue 33); integer operations
+// only, so every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
+#define ORTLSTM_ROUND_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#else
+#define ORTLSTM_ROUND_CLONES
+#endif
+
 namespace ortlstm {
 namespace {
 
@@ -158,14 +168,40 @@ Out* Dense(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<Out>
   return buffer->data();
 }
 
-// Per-thread scratch for the rounded operands (two each: A and B).
+// Per-thread scratch for the rounded operands: A and B of a GEMM (0, 1), and of ParallelGemmRoundedBf16's
+// calling thread (2, 3), which its tasks read while that thread may run a GEMM of its own.
 [[maybe_unused]] std::vector<Bfloat16>& Bf16Scratch(int which) {
-  thread_local std::vector<Bfloat16> buffers[2];
+  thread_local std::vector<Bfloat16> buffers[4];
   return buffers[which];
 }
 std::vector<float>& FloatScratch(int which) {
   thread_local std::vector<float> buffers[2];
   return buffers[which];
+}
+
+// A [a_rows, a_cols] and B rounded densely (ld = cols) into *a_out and *b_out, both cut into `parts`
+// blocks of rows rounded by that many executor tasks: in one thread, rounding the operands of the
+// backward's window GEMMs (dpre [rows, 4H] once for each of dW, dR, dX) left the other threads
+// idle for ~5 % of an op call at M (issue 33). The buffers are the calling thread's scratch, kept
+// across calls: a fresh vector per call paid its page faults every time.
+void RoundInParallel(const Executor& executor, int64_t parts, const float* a, int64_t a_rows, int64_t a_cols,
+                     int64_t lda, std::vector<Bfloat16>* a_out, const float* b, int64_t b_rows, int64_t b_cols,
+                     int64_t ldb, std::vector<Bfloat16>* b_out) {
+  a_out->resize(static_cast<size_t>(a_rows * a_cols));
+  b_out->resize(static_cast<size_t>(b_rows * b_cols));
+  Bfloat16* a_to = a_out->data();
+  Bfloat16* b_to = b_out->data();
+  const auto round = [&](size_t index) {
+    const Range ra = SplitRange(a_rows, parts, static_cast<int64_t>(index));
+    for (int64_t r = ra.begin; r < ra.end; ++r) RoundToBfloat16(a + r * lda, a_to + r * a_cols, a_cols);
+    const Range rb = SplitRange(b_rows, parts, static_cast<int64_t>(index));
+    for (int64_t r = rb.begin; r < rb.end; ++r) RoundToBfloat16(b + r * ldb, b_to + r * b_cols, b_cols);
+  };
+  if (parts == 1) {
+    round(0);
+  } else {
+    executor.For(static_cast<size_t>(parts), round);
+  }
 }
 
 bool ScaleOnly(int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc) {
@@ -210,18 +246,18 @@ bool CpuHasBf16Units() {
 #endif
 }
 
-void RoundToBfloat16(const float* src, Bfloat16* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void RoundToBfloat16(const float* src, Bfloat16* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = RoundBits(Bits(src[i]));
 }
 
-void RoundToBfloat16AsFloat(const float* src, float* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void RoundToBfloat16AsFloat(const float* src, float* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t widened = static_cast<uint32_t>(RoundBits(Bits(src[i]))) << 16;
     std::memcpy(dst + i, &widened, sizeof widened);
   }
 }
 
-void Bfloat16ToFloat(const Bfloat16* src, float* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void Bfloat16ToFloat(const Bfloat16* src, float* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t widened = static_cast<uint32_t>(src[i]) << 16;
     std::memcpy(dst + i, &widened, sizeof widened);
@@ -332,13 +368,14 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   const Bf16Backend backend = Active();
   if (backend == Bf16Backend::kMkl || backend == Bf16Backend::kOnednn) {
-    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns), each
-    // one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the calling thread alone).
-    std::vector<Bfloat16> a_bf16, b_bf16;
-    Dense(a, a_rows, a_cols, lda, &a_bf16, RoundToBfloat16);
-    Dense(b, b_rows, b_cols, ldb, &b_bf16, RoundToBfloat16);
+    // Rounded here, once, by the same tasks; the blocks are ParallelGemm's (rows of C when m >= n,
+    // else columns), each one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the
+    // calling thread alone).
     constexpr int64_t kMinBlockWork = int64_t{1} << 18;  // as ParallelGemm's
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), (m * n * k) / kMinBlockWork));
+    std::vector<Bfloat16>& a_bf16 = Bf16Scratch(2);
+    std::vector<Bfloat16>& b_bf16 = Bf16Scratch(3);
+    RoundInParallel(executor, parts, a, a_rows, a_cols, lda, &a_bf16, b, b_rows, b_cols, ldb, &b_bf16);
     const bool split_rows = m >= n;
     const int64_t extent = split_rows ? m : n;
     const int64_t blocks = std::min(parts, extent);
