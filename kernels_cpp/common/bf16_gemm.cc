@@ -179,7 +179,35 @@ std::vector<float>& FloatScratch(int which) {
   return buffers[which];
 }
 
-// A [a_rows, a_cols] and B rounded densely (ld = cols) into *a_out and *b_out, both cut into `parts`
+// What the calling thread's Bf16Scratch(2) holds, for Bf16ReuseLeftOperand: the rounded copy of
+// `rows` x `cols` floats at `source` (leading dimension `ld`), valid while `valid` and a scope lives.
+struct RoundedLeft {
+  int scopes = 0;
+  bool valid = false;
+  uintptr_t source = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+};
+RoundedLeft& ThreadRoundedLeft() {
+  thread_local RoundedLeft rounded;
+  return rounded;
+}
+
+// Where A [rows, cols] (leading dimension ld) starts in the copy RoundedLeft describes, or nullptr if
+// no scope is open or A does not lie inside that copy.
+const Bfloat16* ReusableLeft(const float* a, int64_t rows, int64_t cols, int64_t ld) {
+  const RoundedLeft& held = ThreadRoundedLeft();
+  if (held.scopes == 0 || !held.valid || ld != held.ld || cols != held.cols) return nullptr;
+  const auto address = reinterpret_cast<uintptr_t>(a);
+  const uintptr_t stride = static_cast<uintptr_t>(ld) * sizeof(float);
+  if (address < held.source || (address - held.source) % stride != 0) return nullptr;
+  const auto first = static_cast<int64_t>((address - held.source) / stride);
+  if (first + rows > held.rows) return nullptr;
+  return Bf16Scratch(2).data() + first * cols;
+}
+
+// A [a_rows, a_cols] and B rounded densely (ld = cols) into *a_out (none if a_rows is 0) and *b_out, cut into `parts`
 // blocks of rows rounded by that many executor tasks: in one thread, rounding the operands of the
 // backward's window GEMMs (dpre [rows, 4H] once for each of dW, dR, dX) left the other threads
 // idle for ~5 % of an op call at M (issue 33). The buffers are the calling thread's scratch, kept
@@ -187,9 +215,9 @@ std::vector<float>& FloatScratch(int which) {
 void RoundInParallel(const Executor& executor, int64_t parts, const float* a, int64_t a_rows, int64_t a_cols,
                      int64_t lda, std::vector<Bfloat16>* a_out, const float* b, int64_t b_rows, int64_t b_cols,
                      int64_t ldb, std::vector<Bfloat16>* b_out) {
-  a_out->resize(static_cast<size_t>(a_rows * a_cols));
+  if (a_out != nullptr) a_out->resize(static_cast<size_t>(a_rows * a_cols));
   b_out->resize(static_cast<size_t>(b_rows * b_cols));
-  Bfloat16* a_to = a_out->data();
+  Bfloat16* a_to = a_out != nullptr ? a_out->data() : nullptr;  // (a_rows 0 then)
   Bfloat16* b_to = b_out->data();
   const auto round = [&](size_t index) {
     const Range ra = SplitRange(a_rows, parts, static_cast<int64_t>(index));
@@ -373,17 +401,24 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
     // calling thread alone).
     constexpr int64_t kMinBlockWork = int64_t{1} << 18;  // as ParallelGemm's
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), (m * n * k) / kMinBlockWork));
-    std::vector<Bfloat16>& a_bf16 = Bf16Scratch(2);
+    // A as the previous call of an open Bf16ReuseLeftOperand rounded it, else rounded now.
+    const Bfloat16* a_bf16 = ReusableLeft(a, a_rows, a_cols, lda);
     std::vector<Bfloat16>& b_bf16 = Bf16Scratch(3);
-    RoundInParallel(executor, parts, a, a_rows, a_cols, lda, &a_bf16, b, b_rows, b_cols, ldb, &b_bf16);
+    if (a_bf16 != nullptr) {
+      RoundInParallel(executor, parts, a, 0, a_cols, lda, nullptr, b, b_rows, b_cols, ldb, &b_bf16);
+    } else {
+      RoundedLeft& held = ThreadRoundedLeft();
+      RoundInParallel(executor, parts, a, a_rows, a_cols, lda, &Bf16Scratch(2), b, b_rows, b_cols, ldb, &b_bf16);
+      held = RoundedLeft{held.scopes, true, reinterpret_cast<uintptr_t>(a), a_rows, a_cols, lda};
+      a_bf16 = Bf16Scratch(2).data();
+    }
     const bool split_rows = m >= n;
     const int64_t extent = split_rows ? m : n;
     const int64_t blocks = std::min(parts, extent);
     executor.For(static_cast<size_t>(blocks), [&](size_t index) {
       const Range r = SplitRange(extent, blocks, static_cast<int64_t>(index));
       if (r.end == r.begin) return;
-      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16.data() + r.begin : a_bf16.data() + r.begin * a_cols)
-                                           : a_bf16.data();
+      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16 + r.begin : a_bf16 + r.begin * a_cols) : a_bf16;
       const Bfloat16* b_block = split_rows ? b_bf16.data()
                                            : (trans_b ? b_bf16.data() + r.begin * b_cols : b_bf16.data() + r.begin);
       const int64_t rows = split_rows ? r.end - r.begin : m, cols = split_rows ? n : r.end - r.begin;
@@ -417,6 +452,18 @@ ORTLSTM_ROUND_CLONES void AddProduct(const float* product, int64_t m, int64_t n,
 }
 
 }  // namespace
+
+Bf16ReuseLeftOperand::Bf16ReuseLeftOperand() : outer_(ThreadRoundedLeft().scopes == 0) {
+  RoundedLeft& held = ThreadRoundedLeft();
+  ++held.scopes;
+  if (outer_) held.valid = false;  // a copy rounded before the scope opened is not trusted
+}
+
+Bf16ReuseLeftOperand::~Bf16ReuseLeftOperand() {
+  RoundedLeft& held = ThreadRoundedLeft();
+  --held.scopes;
+  if (held.scopes == 0) held.valid = false;
+}
 
 void Bf16Operand::Free::operator()(void* p) const { ::operator delete(p, kPackedAlignment); }
 

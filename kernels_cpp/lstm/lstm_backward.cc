@@ -219,6 +219,7 @@ class BackwardDirection {
     const int64_t offset = dims_.layout == 0 ? lo * batch : 0;
     const T* grad = scratch_.grad_gates.get();
     const T beta = first ? T(0) : T(1);
+    const Bf16ReuseLeftOperand round_grad_once;  // dW, dR and dX read dpre (grad) unchanged: bf16 rounds it once
     // dW [4H, I] += dpre^T [4H, rows] * X [rows, I]: M = 4H, N = I, K = rows, A transposed.
     if (io_.dW) {
       RecurrentParallelGemm(config_.matmul_precision, executor, true, false, width_, input_size, rows, grad, width_,
