@@ -434,6 +434,7 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
   ParallelGemm(executor, trans_a, trans_b, m, n, k, alpha, a_wide.data(), a_cols, b_wide.data(), b_cols, beta, c, ldc);
 }
 
+#if defined(ORTLSTM_ONEDNN)
 namespace {
 
 // C[M, N] = beta * C + product[M, N] (dense), row by row; beta 0 ignores C's values, as a GEMM does.
@@ -452,6 +453,7 @@ ORTLSTM_ROUND_CLONES void AddProduct(const float* product, int64_t m, int64_t n,
 }
 
 }  // namespace
+#endif
 
 Bf16ReuseLeftOperand::Bf16ReuseLeftOperand() : outer_(ThreadRoundedLeft().scopes == 0) {
   RoundedLeft& held = ThreadRoundedLeft();
