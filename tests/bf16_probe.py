@@ -9,7 +9,7 @@ import numpy as np
 import ortlstm.ops
 
 MODES = {"rounded": 0, "bf16": 1, "operand": 2, "float32": 3, "parallel": 4, "operand_steps": 5,
-         "operand_fewer_rows": 6}
+         "operand_fewer_rows": 6, "parallel_reused_left": 7}
 
 
 def _library() -> ctypes.CDLL:
@@ -39,7 +39,7 @@ def gemm(mode: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, trans_a: bool, 
         a, b = round_bits(a), round_bits(b)
     out = np.array(c, np.float32, copy=True, order="C")
     m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    n = b.shape[0] if trans_b else b.shape[1]
+    n = b.shape[0] if trans_b else b.shape[1]  # C may be wider (a strided C: its columns past n stay)
     function = _library().OrtLstmGemmBf16
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, *[ctypes.c_int64] * 3, ctypes.c_float,

@@ -123,6 +123,47 @@ def test_gemm_empty_and_k_zero():
     np.testing.assert_array_equal(got, np.full((3, 4), 1.0, np.float32))
 
 
+@pytest.mark.parametrize("mode", ["operand", "operand_steps"])
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_operand_into_a_strided_c(mode, beta):
+    """A step GEMM into a task's block of a wider gates row (blocks of hidden units: ldc > N).
+
+    oneDNN multiplies it into dense scratch that is then added (Bf16Operand::Multiply): columns
+    [0, N) get beta * C + the product (beta 0 ignores C's values, NaN included), the rest stay.
+    """
+    rng = np.random.default_rng(3)
+    m, n, k = 16, 96, 200
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    c = rng.standard_normal((m, n + 40)).astype(np.float32)
+    if beta == 0.0:
+        c[:, :n] = np.nan
+    got = bf16_probe.gemm(mode, a, b, c, False, True, beta=beta)
+    exact, bound = _oracle(a, b, np.nan_to_num(c[:, :n]) if beta == 0.0 else c[:, :n], False, True, 1.0, beta)
+    error = np.abs(got[:, :n] - exact)
+    assert (error <= bound).all(), f"worst error/bound {np.max(error / bound):.3g}"
+    np.testing.assert_array_equal(got[:, n:], c[:, n:])
+
+
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, False), (False, True)])
+def test_a_reused_left_operand_is_the_first_calls_rounding(trans_a, trans_b):
+    """Bf16ReuseLeftOperand: a second big GEMM on the same A reuses the first one's bfloat16 copy.
+
+    The probe doubles A between the two calls (breaking the caller's promise, to see the reuse): with
+    oneDNN or oneMKL the product is that of A as given; the fallback rounds every call (2A).
+    """
+    rng = np.random.default_rng(4)
+    m, n, k = 301, 29, 1024  # enough work for three blocks
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    got = bf16_probe.gemm("parallel_reused_left", a, b, c, trans_a, trans_b, alpha=0.75, beta=0.5)
+    reused = ortlstm.ops.bf16_gemm_backend() != "fallback"
+    exact, bound = _oracle(a if reused else 2 * a, b, c, trans_a, trans_b, 0.75, 0.5)
+    error = np.abs(got - exact)
+    assert (error <= bound).all(), f"worst error/bound {np.max(error / bound):.3g}"
+
+
 @functools.cache  # one child per (code, backend): the processes dominate this file's time
 def _child(code: str, backend: str | None) -> dict:
     env = dict(os.environ)

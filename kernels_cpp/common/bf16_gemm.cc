@@ -22,6 +22,16 @@
 #include "common/bf16_onednn.h"
 #endif
 
+// The conversion loops are built for AVX-512, AVX2 and baseline x86-64 and picked at load time, as
+// lstm/standard_cell.cc's cell (its comment says why arch=x86-64-v3): the baseline's SSE2 loop took
+// ~7 % of an op call at M on Zen 4 rounding the big GEMMs' operands (issue 33); integer operations
+// only, so every clone gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__) && !defined(__clang__)
+#define ORTLSTM_ROUND_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#else
+#define ORTLSTM_ROUND_CLONES
+#endif
+
 namespace ortlstm {
 namespace {
 
@@ -158,14 +168,68 @@ Out* Dense(const In* x, int64_t rows, int64_t cols, int64_t ld, std::vector<Out>
   return buffer->data();
 }
 
-// Per-thread scratch for the rounded operands (two each: A and B).
+// Per-thread scratch for the rounded operands: A and B of a GEMM (0, 1), and of ParallelGemmRoundedBf16's
+// calling thread (2, 3), which its tasks read while that thread may run a GEMM of its own.
 [[maybe_unused]] std::vector<Bfloat16>& Bf16Scratch(int which) {
-  thread_local std::vector<Bfloat16> buffers[2];
+  thread_local std::vector<Bfloat16> buffers[4];
   return buffers[which];
 }
 std::vector<float>& FloatScratch(int which) {
   thread_local std::vector<float> buffers[2];
   return buffers[which];
+}
+
+// What the calling thread's Bf16Scratch(2) holds, for Bf16ReuseLeftOperand: the rounded copy of
+// `rows` x `cols` floats at `source` (leading dimension `ld`), valid while `valid` and a scope lives.
+struct RoundedLeft {
+  int scopes = 0;
+  bool valid = false;
+  uintptr_t source = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+};
+RoundedLeft& ThreadRoundedLeft() {
+  thread_local RoundedLeft rounded;
+  return rounded;
+}
+
+// Where A [rows, cols] (leading dimension ld) starts in the copy RoundedLeft describes, or nullptr if
+// no scope is open or A does not lie inside that copy.
+const Bfloat16* ReusableLeft(const float* a, int64_t rows, int64_t cols, int64_t ld) {
+  const RoundedLeft& held = ThreadRoundedLeft();
+  if (held.scopes == 0 || !held.valid || ld != held.ld || cols != held.cols) return nullptr;
+  const auto address = reinterpret_cast<uintptr_t>(a);
+  const uintptr_t stride = static_cast<uintptr_t>(ld) * sizeof(float);
+  if (address < held.source || (address - held.source) % stride != 0) return nullptr;
+  const auto first = static_cast<int64_t>((address - held.source) / stride);
+  if (first + rows > held.rows) return nullptr;
+  return Bf16Scratch(2).data() + first * cols;
+}
+
+// A [a_rows, a_cols] and B rounded densely (ld = cols) into *a_out (none if a_rows is 0) and *b_out, cut into `parts`
+// blocks of rows rounded by that many executor tasks: in one thread, rounding the operands of the
+// backward's window GEMMs (dpre [rows, 4H] once for each of dW, dR, dX) left the other threads
+// idle for ~5 % of an op call at M (issue 33). The buffers are the calling thread's scratch, kept
+// across calls: a fresh vector per call paid its page faults every time.
+void RoundInParallel(const Executor& executor, int64_t parts, const float* a, int64_t a_rows, int64_t a_cols,
+                     int64_t lda, std::vector<Bfloat16>* a_out, const float* b, int64_t b_rows, int64_t b_cols,
+                     int64_t ldb, std::vector<Bfloat16>* b_out) {
+  if (a_out != nullptr) a_out->resize(static_cast<size_t>(a_rows * a_cols));
+  b_out->resize(static_cast<size_t>(b_rows * b_cols));
+  Bfloat16* a_to = a_out != nullptr ? a_out->data() : nullptr;  // (a_rows 0 then)
+  Bfloat16* b_to = b_out->data();
+  const auto round = [&](size_t index) {
+    const Range ra = SplitRange(a_rows, parts, static_cast<int64_t>(index));
+    for (int64_t r = ra.begin; r < ra.end; ++r) RoundToBfloat16(a + r * lda, a_to + r * a_cols, a_cols);
+    const Range rb = SplitRange(b_rows, parts, static_cast<int64_t>(index));
+    for (int64_t r = rb.begin; r < rb.end; ++r) RoundToBfloat16(b + r * ldb, b_to + r * b_cols, b_cols);
+  };
+  if (parts == 1) {
+    round(0);
+  } else {
+    executor.For(static_cast<size_t>(parts), round);
+  }
 }
 
 bool ScaleOnly(int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc) {
@@ -210,18 +274,18 @@ bool CpuHasBf16Units() {
 #endif
 }
 
-void RoundToBfloat16(const float* src, Bfloat16* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void RoundToBfloat16(const float* src, Bfloat16* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) dst[i] = RoundBits(Bits(src[i]));
 }
 
-void RoundToBfloat16AsFloat(const float* src, float* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void RoundToBfloat16AsFloat(const float* src, float* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t widened = static_cast<uint32_t>(RoundBits(Bits(src[i]))) << 16;
     std::memcpy(dst + i, &widened, sizeof widened);
   }
 }
 
-void Bfloat16ToFloat(const Bfloat16* src, float* dst, int64_t count) {
+ORTLSTM_ROUND_CLONES void Bfloat16ToFloat(const Bfloat16* src, float* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t widened = static_cast<uint32_t>(src[i]) << 16;
     std::memcpy(dst + i, &widened, sizeof widened);
@@ -332,21 +396,29 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
   const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
   const Bf16Backend backend = Active();
   if (backend == Bf16Backend::kMkl || backend == Bf16Backend::kOnednn) {
-    // Rounded here, once; the blocks are ParallelGemm's (rows of C when m >= n, else columns), each
-    // one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the calling thread alone).
-    std::vector<Bfloat16> a_bf16, b_bf16;
-    Dense(a, a_rows, a_cols, lda, &a_bf16, RoundToBfloat16);
-    Dense(b, b_rows, b_cols, ldb, &b_bf16, RoundToBfloat16);
+    // Rounded here, once, by the same tasks; the blocks are ParallelGemm's (rows of C when m >= n,
+    // else columns), each one single-threaded GemmBf16 in its task (oneMKL's, or oneDNN's in the
+    // calling thread alone).
     constexpr int64_t kMinBlockWork = int64_t{1} << 18;  // as ParallelGemm's
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(executor.Width(), (m * n * k) / kMinBlockWork));
+    // A as the previous call of an open Bf16ReuseLeftOperand rounded it, else rounded now.
+    const Bfloat16* a_bf16 = ReusableLeft(a, a_rows, a_cols, lda);
+    std::vector<Bfloat16>& b_bf16 = Bf16Scratch(3);
+    if (a_bf16 != nullptr) {
+      RoundInParallel(executor, parts, a, 0, a_cols, lda, nullptr, b, b_rows, b_cols, ldb, &b_bf16);
+    } else {
+      RoundedLeft& held = ThreadRoundedLeft();
+      RoundInParallel(executor, parts, a, a_rows, a_cols, lda, &Bf16Scratch(2), b, b_rows, b_cols, ldb, &b_bf16);
+      held = RoundedLeft{held.scopes, true, reinterpret_cast<uintptr_t>(a), a_rows, a_cols, lda};
+      a_bf16 = Bf16Scratch(2).data();
+    }
     const bool split_rows = m >= n;
     const int64_t extent = split_rows ? m : n;
     const int64_t blocks = std::min(parts, extent);
     executor.For(static_cast<size_t>(blocks), [&](size_t index) {
       const Range r = SplitRange(extent, blocks, static_cast<int64_t>(index));
       if (r.end == r.begin) return;
-      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16.data() + r.begin : a_bf16.data() + r.begin * a_cols)
-                                           : a_bf16.data();
+      const Bfloat16* a_block = split_rows ? (trans_a ? a_bf16 + r.begin : a_bf16 + r.begin * a_cols) : a_bf16;
       const Bfloat16* b_block = split_rows ? b_bf16.data()
                                            : (trans_b ? b_bf16.data() + r.begin * b_cols : b_bf16.data() + r.begin);
       const int64_t rows = split_rows ? r.end - r.begin : m, cols = split_rows ? n : r.end - r.begin;
@@ -360,6 +432,39 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
   Dense(a, a_rows, a_cols, lda, &a_wide, RoundToBfloat16AsFloat);
   Dense(b, b_rows, b_cols, ldb, &b_wide, RoundToBfloat16AsFloat);
   ParallelGemm(executor, trans_a, trans_b, m, n, k, alpha, a_wide.data(), a_cols, b_wide.data(), b_cols, beta, c, ldc);
+}
+
+#if defined(ORTLSTM_ONEDNN)
+namespace {
+
+// C[M, N] = beta * C + product[M, N] (dense), row by row; beta 0 ignores C's values, as a GEMM does.
+ORTLSTM_ROUND_CLONES void AddProduct(const float* product, int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* p = product + i * n;
+    float* row = c + i * ldc;
+    if (beta == 0.0f) {
+      std::copy_n(p, n, row);
+    } else if (beta == 1.0f) {
+      for (int64_t j = 0; j < n; ++j) row[j] += p[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] = beta * row[j] + p[j];
+    }
+  }
+}
+
+}  // namespace
+#endif
+
+Bf16ReuseLeftOperand::Bf16ReuseLeftOperand() : outer_(ThreadRoundedLeft().scopes == 0) {
+  RoundedLeft& held = ThreadRoundedLeft();
+  ++held.scopes;
+  if (outer_) held.valid = false;  // a copy rounded before the scope opened is not trusted
+}
+
+Bf16ReuseLeftOperand::~Bf16ReuseLeftOperand() {
+  RoundedLeft& held = ThreadRoundedLeft();
+  --held.scopes;
+  if (held.scopes == 0) held.valid = false;
 }
 
 void Bf16Operand::Free::operator()(void* p) const { ::operator delete(p, kPackedAlignment); }
@@ -401,7 +506,18 @@ void Bf16Operand::Multiply(const float* a, int64_t lda, float beta, float* c, in
 #if defined(ORTLSTM_ONEDNN)
   if (onednn_backend_) {
     const Bfloat16* a_bf16 = Dense(a, m, k_, lda, &Bf16Scratch(0), RoundToBfloat16);
-    if (onednn_ != nullptr && onednn_->Multiply(a_bf16, k_, m, alpha, beta, c, ldc)) return;
+    if (onednn_ != nullptr && ldc != n_) {
+      // A strided C (a task's block of the gates row, with blocks of hidden units): oneDNN's brgemm
+      // ran it ~19 % slower than into a dense C (L's step, 64 x 1024 x 512: 382 vs 321 us), so the
+      // product goes to dense scratch and is added into C here, beta * C + product.
+      std::vector<float>& product = FloatScratch(0);
+      product.resize(static_cast<size_t>(m * n_));
+      if (onednn_->Multiply(a_bf16, k_, m, alpha, 0.0f, product.data(), n_)) {
+        AddProduct(product.data(), m, n_, beta, c, ldc);
+        return;
+      }
+    }
+    if (onednn_ != nullptr && ldc == n_ && onednn_->Multiply(a_bf16, k_, m, alpha, beta, c, ldc)) return;
     GemmBf16(false, trans_b_, m, n_, k_, alpha, a_bf16, k_, b_bf16_.data(), b_cols, beta, c, ldc);
     return;
   }

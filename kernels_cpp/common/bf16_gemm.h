@@ -63,6 +63,23 @@ void ParallelGemmRoundedBf16(const Executor& executor, bool trans_a, bool trans_
                              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                              float* c, int64_t ldc);
 
+// While one lives in a thread, ParallelGemmRoundedBf16 calls from that thread whose left operand A
+// lies inside the one the previous such call rounded (the same leading dimension and stored
+// columns, rows within it) reuse that bfloat16 copy instead of rounding A again. For a caller that
+// multiplies one matrix several times and promises not to change it meanwhile: the backward's
+// window of dpre, the left operand of dW, dR and dX (issue 33: rounding it three times was ~5 % of a
+// bf16 op call at M). A no-op for float32 GEMMs. Not to be shared across threads; nests.
+class Bf16ReuseLeftOperand {
+ public:
+  Bf16ReuseLeftOperand();
+  Bf16ReuseLeftOperand(const Bf16ReuseLeftOperand&) = delete;
+  Bf16ReuseLeftOperand& operator=(const Bf16ReuseLeftOperand&) = delete;
+  ~Bf16ReuseLeftOperand();
+
+ private:
+  bool outer_;  // whether this thread had no scope before this one
+};
+
 // A right operand op(B) [K, N] rounded to bfloat16 (and packed where oneMKL runs the GEMM) once,
 // for GEMMs C[M, N] = alpha * A[M, K] * op(B) + beta * C that share M, N, K and B: the recurrent
 // weight R of a time loop (H_{t-1} R^T every step), W of the input projection. The bf16 analogue

@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -33,6 +34,7 @@ struct Api {
   X(dnnl_engine_create) X(dnnl_stream_create) X(dnnl_stream_destroy) X(dnnl_stream_wait)                        \
   X(dnnl_memory_desc_create_with_strides) X(dnnl_memory_desc_create_with_tag) X(dnnl_memory_desc_clone)        \
   X(dnnl_memory_desc_destroy) X(dnnl_memory_desc_get_size) X(dnnl_memory_create) X(dnnl_memory_destroy)         \
+  X(dnnl_memory_set_data_handle)                                                                               \
   X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy) X(dnnl_primitive_attr_set_scratchpad_mode)       \
   X(dnnl_primitive_attr_set_post_ops) X(dnnl_post_ops_create) X(dnnl_post_ops_destroy)                          \
   X(dnnl_post_ops_append_sum) X(dnnl_post_ops_append_eltwise) X(dnnl_matmul_primitive_desc_create)              \
@@ -119,11 +121,31 @@ std::string LoadOnce() {
   return "";
 }
 
+// The memory objects of one primitive's execution in one thread (src, weights, dst, scratchpad), kept
+// and re-pointed at each call's buffers (dnnl_memory_set_data_handle): creating and destroying them
+// every call cost a few microseconds each, ~256 times per op call at M (the per-step GEMMs; issue 33).
+struct Bound {
+  dnnl_memory_t memories[4] = {nullptr, nullptr, nullptr, nullptr};
+  void Destroy() {
+    for (dnnl_memory_t& memory : memories) {
+      if (memory != nullptr) g_api.dnnl_memory_destroy(memory);
+      memory = nullptr;
+    }
+  }
+};
+constexpr size_t kMaxBound = 256;  // primitives a thread keeps memory objects for, then it starts over
+
 // One stream per thread (a stream is not to be shared by threads running at once); a scratchpad per thread.
 struct ThreadState {
   dnnl_stream_t stream = nullptr;
   std::vector<char> scratch;
+  std::map<uint64_t, Bound> bound;  // by Primitive::id
+  void ClearBound() {
+    for (auto& entry : bound) entry.second.Destroy();
+    bound.clear();
+  }
   ~ThreadState() {
+    ClearBound();
     if (stream != nullptr) g_api.dnnl_stream_destroy(stream);
   }
 };
@@ -161,10 +183,17 @@ uint32_t Bits(float value) {
   return bits;
 }
 
+uint64_t NextId() {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 // A matmul primitive and the descriptors its execution needs (the weights' is the caller's for PackedB).
 struct PackedB::Primitive {
+  // Unique for the process (never reused, unlike an address): the key of a thread's memory objects.
+  const uint64_t id = NextId();
   Md src;
   Md weights;
   Md dst;
@@ -219,35 +248,47 @@ std::shared_ptr<Primitive> MakeMatmul(std::shared_ptr<Primitive> made, const_dnn
   return ok ? std::move(made) : nullptr;
 }
 
-// Runs `primitive` on the given buffers in this thread (the weights' descriptor: `weights_md`).
+// Runs `primitive` on the given buffers in this thread (the weights' descriptor: `weights_md`), with
+// this thread's memory objects for it (created at its first run here, re-pointed after).
 bool Execute(const Primitive& primitive, const_dnnl_memory_desc_t weights_md, const void* src, const void* weights,
              float* dst) {
   ThreadState* state = State();
   if (state == nullptr) return false;
   if (state->scratch.size() < primitive.scratch_bytes + 64) state->scratch.resize(primitive.scratch_bytes + 64);
   void* scratch = state->scratch.data() + (64 - reinterpret_cast<uintptr_t>(state->scratch.data()) % 64) % 64;
-  dnnl_memory_t memories[4] = {nullptr, nullptr, nullptr, nullptr};
-  const_dnnl_memory_desc_t mds[4] = {primitive.src.md, weights_md, primitive.dst.md, nullptr};
   void* handles[4] = {const_cast<void*>(src), const_cast<void*>(weights), dst, scratch};
-  const int arg_ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
-  Md scratch_md;
-  const dnnl_dims_t scratch_dims = {static_cast<dnnl_dim_t>(primitive.scratch_bytes)};
   const int count = primitive.scratch_bytes > 0 ? 4 : 3;
-  bool ok = count == 3 || g_api.dnnl_memory_desc_create_with_tag(&scratch_md.md, 1, scratch_dims, dnnl_u8,
-                                                                   dnnl_a) == dnnl_success;
-  mds[3] = scratch_md.md;
-  dnnl_exec_arg_t args[4];
-  for (int i = 0; ok && i < count; ++i) {
-    ok = g_api.dnnl_memory_create(&memories[i], mds[i], g_api.engine, handles[i]) == dnnl_success;
-    args[i] = {arg_ids[i], memories[i]};
+  auto found = state->bound.find(primitive.id);
+  bool ok = true;
+  if (found == state->bound.end()) {
+    if (state->bound.size() >= kMaxBound) state->ClearBound();
+    Bound made;
+    const_dnnl_memory_desc_t mds[4] = {primitive.src.md, weights_md, primitive.dst.md, nullptr};
+    Md scratch_md;
+    const dnnl_dims_t scratch_dims = {static_cast<dnnl_dim_t>(primitive.scratch_bytes)};
+    ok = count == 3 || g_api.dnnl_memory_desc_create_with_tag(&scratch_md.md, 1, scratch_dims, dnnl_u8, dnnl_a) ==
+                           dnnl_success;
+    mds[3] = scratch_md.md;
+    for (int i = 0; ok && i < count; ++i) {
+      ok = g_api.dnnl_memory_create(&made.memories[i], mds[i], g_api.engine, handles[i]) == dnnl_success;
+    }
+    if (!ok) {
+      made.Destroy();
+      return false;
+    }
+    found = state->bound.emplace(primitive.id, made).first;
+  } else {
+    for (int i = 0; ok && i < count; ++i) {
+      ok = g_api.dnnl_memory_set_data_handle(found->second.memories[i], handles[i]) == dnnl_success;
+    }
   }
+  const int arg_ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+  dnnl_exec_arg_t args[4];
+  for (int i = 0; i < count; ++i) args[i] = {arg_ids[i], found->second.memories[i]};
   if (ok) {
     const OneThread one_thread;
     ok = g_api.dnnl_primitive_execute(primitive.primitive, state->stream, count, args) == dnnl_success &&
          g_api.dnnl_stream_wait(state->stream) == dnnl_success;
-  }
-  for (dnnl_memory_t memory : memories) {
-    if (memory != nullptr) g_api.dnnl_memory_destroy(memory);
   }
   return ok;
 }

@@ -27,6 +27,17 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
   ortlstm::RoundToBfloat16(src, dst, count);
 }
 
+namespace {
+// An executor of width 3 that runs its tasks one after another: ParallelGemmRoundedBf16's blocks as
+// with three threads, deterministic.
+struct ThreeTasks final : ortlstm::Executor {
+  void For(std::size_t count, const std::function<void(std::size_t)>& task) const override {
+    for (std::size_t i = 0; i < count; ++i) task(i);
+  }
+  int Width() const override { return 3; }
+};
+}  // namespace
+
 // C = alpha * op(round(A)) * op(round(B)) + beta * C through the bf16 layer, by `mode`:
 //   0 GemmRoundedBf16;
 //   1 GemmBf16 with A and B given as bfloat16 bits (uint16, leading dimensions in elements);
@@ -36,7 +47,9 @@ extern "C" __attribute__((visibility("default"))) void OrtLstmRoundToBfloat16(co
 //   4 ParallelGemmRoundedBf16 cut into blocks for three tasks (run one after another);
 //   5 a Bf16Operand of B multiplied kSteps times into C (a time loop's step GEMM, its construction
 //     amortized as in one op call);
-//   6 a Bf16Operand built for m + 7 rows multiplied with m (the last steps of variable-length sequences).
+//   6 a Bf16Operand built for m + 7 rows multiplied with m (the last steps of variable-length sequences);
+//   7 mode 4 twice in one Bf16ReuseLeftOperand scope, on a copy of A that is doubled between the calls
+//     (a broken promise, to show the reuse): C gets the second call's product, that of A as given.
 // Returns 0, or -1 for a mode or transpose it does not take.
 extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, int trans_a, int trans_b, int64_t m,
                                                                        int64_t n, int64_t k, float alpha,
@@ -62,13 +75,19 @@ extern "C" __attribute__((visibility("default"))) int OrtLstmGemmBf16(int mode, 
       return 0;
     }
     case 4: {  // ParallelGemmRoundedBf16 over three serial tasks (blocks as with three threads)
-      struct ThreeTasks final : Executor {
-        void For(std::size_t count, const std::function<void(std::size_t)>& task) const override {
-          for (std::size_t i = 0; i < count; ++i) task(i);
-        }
-        int Width() const override { return 3; }
-      };
       ParallelGemmRoundedBf16(ThreeTasks(), trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return 0;
+    }
+    case 7: {
+      const int64_t a_rows = trans_a != 0 ? k : m;
+      std::vector<float> own(a, a + a_rows * lda);
+      std::vector<float> first(c, c + m * ldc);
+      const Bf16ReuseLeftOperand scope;
+      ParallelGemmRoundedBf16(ThreeTasks(), trans_a != 0, trans_b != 0, m, n, k, alpha, own.data(), lda, b, ldb, beta,
+                              first.data(), ldc);
+      for (float& value : own) value *= 2.0f;
+      ParallelGemmRoundedBf16(ThreeTasks(), trans_a != 0, trans_b != 0, m, n, k, alpha, own.data(), lda, b, ldb, beta,
+                              c, ldc);
       return 0;
     }
     case 3:

@@ -387,6 +387,8 @@ class BackwardDriver {
     const int64_t rows = (hi - lo) * dims.batch_size;  // with one window, all T*N rows in X's order
     const int64_t offset = dims.layout == 0 ? lo * dims.batch_size : 0;
     const T* grad = loop_.GradGates();
+    // dW, the cell's dR and dX read the window's dpre unchanged: a bf16 GEMM rounds it once.
+    const Bf16ReuseLeftOperand round_grad_once;
     // dW [G*H, I] += dpre^T [G*H, rows] * X [rows, I]: M = G*H, N = I, K = rows, A transposed.
     if (io.dW) {
       RecurrentParallelGemm(io.precision, executor, true, false, width, input_size, rows, grad, width,
