@@ -210,6 +210,21 @@ def test_omitted_inputs_and_outputs() -> None:
     assert grads["dW"].shape == (1, 3 * H, I) and np.all(np.isfinite(grads["dW"]))
 
 
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_gradients_without_bias_or_grad_hall_equal_the_reference(linear_before_reset: int) -> None:
+    """GRUGrad with B and grad_HAll omitted (the backward step reads a row of zeros for them) equals NumPy."""
+    attributes = {"hidden_size": H, "linear_before_reset": linear_before_reset, "direction": "bidirectional"}
+    inputs = {**_inputs("bidirectional", seed=17), "B": None}
+    forward = op_runner.run("GRUTraining", inputs, attributes)
+    grad_ht = np.random.default_rng(18).standard_normal(forward["Ht"].shape)
+    grad_inputs = {**inputs, "HAll": forward["HAll"], "ZRH": forward["ZRH"], "grad_Ht": grad_ht}
+    grads = op_runner.run("GRUGrad", grad_inputs, attributes)
+    expected = gru_grad(grad_inputs, **attributes)
+    for name in ("dX", "dW", "dR", "dH0"):
+        value = expected[name]
+        np.testing.assert_allclose(grads[name], value, rtol=0, atol=FLOAT64_ATOL * np.abs(value).max(), err_msg=name)
+
+
 @pytest.mark.parametrize(("steps", "batch"), [(0, N), (T, 0)])
 def test_empty_sequence_or_batch(steps: int, batch: int) -> None:
     attributes = {"hidden_size": H, "direction": "bidirectional", "linear_before_reset": 1}

@@ -34,6 +34,35 @@
 namespace ortlstm {
 namespace {
 
+// The pointwise passes of a step over n units, as free functions with restrict pointers (every
+// row is a different buffer or a disjoint part of one): without them GCC left the loops scalar.
+// dH = dL/dH_t (carried) + grad_HAll; dz, da; dL/dH_{t-1} through z into dhp.
+template <typename T>
+void UpdateGateGradients(int64_t n, const T* __restrict grad_hall, const T* __restrict hp, const T* __restrict hh,
+                         const T* __restrict z, const T* __restrict fprime, const T* __restrict gprime,
+                         T* __restrict dz, T* __restrict da, T* __restrict dhp) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T dH = dhp[i] + grad_hall[i];
+    dz[i] = dH * (hp[i] - hh[i]) * fprime[i];
+    da[i] = dH * (T(1) - z[i]) * gprime[i];
+    dhp[i] = dH * z[i];
+  }
+}
+
+// linear_before_reset = 1: dr = da . (Q + Rbh) . f'(r), and the carry rows [dz dr dq], dq = da . r.
+template <typename T>
+void ResetGateGradients(int64_t n, const T* __restrict da, const T* __restrict q, const T* __restrict rbh,
+                        const T* __restrict r, const T* __restrict fprime, const T* __restrict dz, T* __restrict dr,
+                        T* __restrict rec_z, T* __restrict rec_r, T* __restrict rec_q) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T value = da[i] * (q[i] + rbh[i]) * fprime[i];
+    dr[i] = value;
+    rec_z[i] = dz[i];
+    rec_r[i] = value;
+    rec_q[i] = da[i] * r[i];
+  }
+}
+
 template <typename T>
 class GruBackwardCell {
  public:
@@ -56,7 +85,9 @@ class GruBackwardCell {
         q_(allocator, lbr_ ? loop.WindowRows() * H_ : 0),
         reset_hidden_(allocator, lbr_ ? 0 : loop.WindowRows() * H_),
         d_rh_(allocator, lbr_ ? 0 : loop.dims.batch_size * H_),
-        prime_(allocator, loop.split.Tasks() * 2 * H_) {
+        prime_(allocator, loop.split.Tasks() * 2 * H_),
+        zeros_(allocator, H_) {
+    std::fill_n(zeros_.get(), H_, T(0));
     if (!lbr_) {
       // Rh for d(r . H_{t-1}) = da Rh, once per group of entries and op call (a bf16 operand
       // rounds it here; groups only: RunBackward takes no blocks of units for this cell).
@@ -114,28 +145,17 @@ class GruBackwardCell {
       const T* r = z + H;
       const T* hh = z + 2 * H;
       const T* hp = hidden_prev_.get() + loop_.WindowRow(t, b) * H;
-      const T* grad_hall = io_.grad_HAll ? io_.grad_HAll + seq_row * H + u : nullptr;
+      const T* grad_hall = (io_.grad_HAll ? io_.grad_HAll + seq_row * H : zeros_.get()) + u;
       f_.DerivativesFromOutputs(z + u, fprime, count);
       g_.DerivativesFromOutputs(hh + u, gprime, count);
-      for (int64_t i = 0; i < count; ++i) {
-        const int64_t j = u + i;
-        const T dH = dhp[i] + (grad_hall ? grad_hall[i] : T(0));
-        dg[j] = dH * (hp[j] - hh[j]) * fprime[i];
-        dg[2 * H + j] = dH * (T(1) - z[j]) * gprime[i];
-        dhp[i] = dH * z[j];
-      }
+      UpdateGateGradients(count, grad_hall, hp + u, hh + u, z + u, fprime, gprime, dg + u, dg + 2 * H + u, dhp);
       if (lbr_) {
         f_.DerivativesFromOutputs(r + u, fprime, count);
         const T* q = q_.get() + loop_.WindowRow(t, b) * H;
+        const T* rbh = rb_ ? rb_ + 2 * H : zeros_.get();
         T* dq = RecRow(t, b);
-        for (int64_t i = 0; i < count; ++i) {
-          const int64_t j = u + i;
-          const T da = dg[2 * H + j];
-          dg[H + j] = da * (q[j] + (rb_ ? rb_[2 * H + j] : T(0))) * fprime[i];
-          dq[j] = dg[j];
-          dq[H + j] = dg[H + j];
-          dq[2 * H + j] = da * r[j];
-        }
+        ResetGateGradients(count, dg + 2 * H + u, q + u, rbh + u, r + u, fprime, dg + u, dg + H + u, dq + u, dq + H + u,
+                           dq + 2 * H + u);
       } else {
         T* rhp = reset_hidden_.get() + loop_.WindowRow(t, b) * H;
         for (int64_t j = 0; j < H; ++j) rhp[j] = r[j] * hp[j];
@@ -204,6 +224,9 @@ class GruBackwardCell {
   Scratch<T> reset_hidden_;  // [window rows, H] r . H_{t-1} (linear_before_reset = 0)
   Scratch<T> d_rh_;          // [N, H] dL/d(r . H_{t-1}) (linear_before_reset = 0)
   Scratch<T> prime_;         // [tasks, 2H] f' and g' of one entry's block, one row per task
+  // [H] zeros for an absent grad_HAll or Rb: the step's loops then read a row either way and
+  // vectorize (a load under a condition kept GCC from vectorizing them), adding the same 0 as before.
+  Scratch<T> zeros_;
   std::vector<StepOperand<T>> reset_hidden_weights_;  // per task: Rh (linear_before_reset = 0)
 };
 
