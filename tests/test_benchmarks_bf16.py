@@ -39,4 +39,5 @@ def test_bench_training_runs_the_bf16_competitors(tmp_path: Path) -> None:
         assert rows["torch-autocast"][4].strip() == "n/a" and "torch is not installed" in rows["torch-autocast"][-2]
         assert cells[5] == "n/a", ratios  # ortlstm-bf16 / torch-autocast
     else:
-        assert float(cells[5]) > 0, ratios
+        # computed, not n/a: its value may round to 0.00, as torch's first autocast steps can take a second
+        assert cells[5] != "n/a" and float(cells[5]) >= 0, ratios
