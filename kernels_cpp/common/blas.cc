@@ -40,7 +40,10 @@ constexpr int64_t kMixedMklBelowRows = 16;
 // packed or not (1 x 512 x 128 with B transposed, the LSTM's forward step: 3.1 us against 7.2,
 // 4.1 packed; 1 x 128 x 512, its backward step: 2.3 against 10.1), and LSTM B1 f+b ran in half
 // the time on OpenBLAS alone. From 3 rows on oneMKL's packed GEMM was still the faster at the
-// forward's shapes, and on Zen 3 (AVX2) oneMKL was the faster at one row too: only m == 1 moves.
+// forward's shapes, and on Zen 3 (AVX2) oneMKL was the faster at one row too: one-row GEMMs move,
+// packed or not, and of the GEMMs of 2-15 rows only the plain ones (RunsOnMkl).
+// (The mixed backend is the automatic choice only on CPUs that are not Intel's, so on its own it
+// meets AVX-512 on AMD; forced on an Intel CPU, the same split applies.)
 bool OneRowOnOpenBlas() {
   static const bool avx512 = VectorBytes() == 64;
   return avx512;
