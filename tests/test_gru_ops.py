@@ -352,8 +352,14 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
 # one step wide enough for blocks of hidden units (each a task, two recurrent stages per step with
 # linear_before_reset=0; the backward's blocks with linear_before_reset=1 only), enough entries
 # with a small R for groups of entries, and as many rows as the LSTM's and RNN's backward cut
-# into two windows of gate gradients (the GRU's keeps one: gru_backward.cc).
-SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 256), "entry-groups": (3, 16, 8, 32), "windows": (40, 16, 8, 32)}
+# into two windows of gate gradients (the GRU's keeps one: gru_backward.cc); one entry through many
+# steps cut into blocks, whose hand-offs run inside one round of tasks (ForPhases, common/parallel.h).
+SPLIT_SHAPES = {
+    "unit-blocks": (3, 2, 8, 256),
+    "entry-groups": (3, 16, 8, 32),
+    "windows": (40, 16, 8, 32),
+    "one-entry-blocks": (48, 1, 8, 128),
+}
 
 
 def _run_threads(op_type: str, feeds: dict, attributes: dict, threads: int) -> dict[str, np.ndarray]:
@@ -378,7 +384,7 @@ def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, linear_before
         "W": rng.standard_normal((d, 3 * hidden, inputs)) * 0.3,
         "R": rng.standard_normal((d, 3 * hidden, hidden)) / np.sqrt(hidden),
         "B": rng.standard_normal((d, 6 * hidden)) * 0.3,
-        "sequence_lens": np.array([steps, 1] + [steps - 1] * (batch - 2), np.int32),
+        "sequence_lens": np.array(([steps, 1] + [steps - 1] * (batch - 2))[:batch], np.int32),
         "initial_h": rng.standard_normal((d, batch, hidden)),
     }
     attributes = {"hidden_size": hidden, "linear_before_reset": linear_before_reset, "direction": direction}

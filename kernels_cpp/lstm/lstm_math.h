@@ -55,11 +55,14 @@ struct LstmBackwardTensors {
 };
 
 // The least work of a block of hidden units (StepBlocks), in multiply-adds of one step's recurrent
-// GEMM. Measured on two CPUs: 2^17 on the Intel VM (AVX-512), where a one-row step of 2^16 (B1:
-// 1 x 512 x 128) takes 3 us; 2^15 on AMD Zen 3 (AVX2), where the same step takes 7 us and two
-// blocks of it paid for their hand-off every step (fwd + bwd B1 4.23 -> 3.39 ms, S (16, 8, 64, 64)
-// 0.385 -> 0.335 ms). The vector width stands for the difference; nothing between was measured.
-inline int64_t MinBlockWork() { return VectorBytes() >= 64 ? int64_t{1} << 17 : int64_t{1} << 15; }
+// GEMM. Measured with a round of the thread pool per step: 2^17 on the Intel VM (AVX-512), where a
+// one-row step of 2^16 (B1: 1 x 512 x 128) takes 3 us; 2^15 on AMD Zen 3 (AVX2), where the same step
+// takes 7 us and two blocks of it paid for their hand-off every step (fwd + bwd B1 4.23 -> 3.39 ms,
+// S (16, 8, 64, 64) 0.385 -> 0.335 ms). Since the steps hand off inside one round (ForPhases,
+// common/parallel.h), 2^14 on AMD Zen 4 (AVX-512), 2 threads, f+b in alternating processes:
+// GRU B1 (256, 1, 128, 128) 0.91x, LSTM B1 0.77x, GRU (64, 8, 64, 64) 0.91x, GRU S 0.92-1.17x,
+// GRU (16, 1, 128, 128) 1.03x. The vector width stands for the CPU; AVX2 was not measured again.
+inline int64_t MinBlockWork() { return VectorBytes() >= 64 ? int64_t{1} << 14 : int64_t{1} << 15; }
 
 // How many blocks of hidden units one time step is cut into (forward and backward alike): as
 // many as the executor is wide, while each block keeps `min_block_work` multiply-adds of the

@@ -5,7 +5,8 @@
 //
 // The driver owns what does not depend on the cell: dL/dH at the last step and dH0; the reverse
 // time loop cut into executor tasks (SplitTimeLoop, lstm/lstm_math.h: groups of batch entries,
-// each through all of a window's steps, or blocks of hidden units, one round of tasks per step);
+// each through all of a window's steps, or blocks of hidden units, one round of tasks per step,
+// handed off inside one round of the executor: ForPhases, common/parallel.h);
 // per step, the carry GEMM that takes the later step's gradient rows back through R into the
 // task's part of dH; keeping the gate gradients for a window of steps at a time, each finished
 // window adding its share of dW and dX (GEMMs with K = the window's rows); the dB sums, per group
@@ -267,19 +268,17 @@ class BackwardDriver {
     int64_t later_time = -1;  // the step processed last, until carried
     const int64_t steps = dims.seq_length;
     auto time_of = [&](int64_t p) { return loop_.reverse ? p : steps - 1 - p; };
-    auto round = [&](int64_t first, int64_t count, bool carry) {
-      executor.For(static_cast<size_t>(split.Tasks()), [&](size_t k) {
-        const auto task = static_cast<int64_t>(k);
-        const Range units = split.Units(hidden, task);
-        const Range rows = split.Rows(dims.batch_size, task);
-        int64_t later = later_time;
-        for (int64_t p = first; p < first + count; ++p) {
-          CarryBack(later, units, rows, carry_weights[k]);
-          Step(time_of(p), units, rows, task);
-          later = time_of(p);
-        }
-        if (carry) CarryBack(later, units, rows, carry_weights[k]);
-      });
+    // A window's rounds of tasks: `count` steps from `first`, carried at the end with `carry`,
+    // `later` the step processed just before (-1: none, or carried already).
+    struct Round {
+      int64_t first;
+      int64_t count;
+      bool carry;
+      int64_t later;
+    };
+    std::vector<Round> rounds;
+    auto add_round = [&](int64_t first, int64_t count, bool carry) {
+      rounds.push_back(Round{first, count, carry, later_time});
       if (count > 0) later_time = time_of(first + count - 1);
       if (carry) later_time = -1;
     };
@@ -296,11 +295,25 @@ class BackwardDriver {
       const bool carry = last < steps || io.dH0 != nullptr;
       const bool carry_in_round = split.unit_blocks == 1;
       const int64_t per_round = std::min(split.StepsPerRound(steps), last - first);
+      rounds.clear();
       for (int64_t p = first; p < last; p += per_round) {
         const int64_t count = std::min(per_round, last - p);
-        round(p, count, carry && carry_in_round && p + count == last);
+        add_round(p, count, carry && carry_in_round && p + count == last);
       }
-      if (carry && !carry_in_round) round(last, 0, true);
+      if (carry && !carry_in_round) add_round(last, 0, true);
+      // Each round is a phase of ForPhases: one executor round for the window's time loop.
+      ForPhases(executor, static_cast<int64_t>(rounds.size()), split.Tasks(), [&](int64_t phase, int64_t task) {
+        const Round& round = rounds[static_cast<size_t>(phase)];
+        const Range units = split.Units(hidden, task);
+        const Range rows = split.Rows(dims.batch_size, task);
+        int64_t later = round.later;
+        for (int64_t p = round.first; p < round.first + round.count; ++p) {
+          CarryBack(later, units, rows, carry_weights[static_cast<size_t>(task)]);
+          Step(time_of(p), units, rows, task);
+          later = time_of(p);
+        }
+        if (round.carry) CarryBack(later, units, rows, carry_weights[static_cast<size_t>(task)]);
+      });
       AddWindowGradients(lo, hi, first == 0, x, input_grad, input_beta, executor);
     }
     if (steps == 0) {  // zero sums

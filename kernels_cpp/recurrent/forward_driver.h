@@ -3,7 +3,8 @@
 // one driver with a per-cell post-GEMM. The driver owns what does not depend on the cell: the
 // input projection X W^T for all steps (one GEMM), the per-step recurrent GEMMs H R^T, cutting the
 // time loop into executor tasks (SplitTimeLoop, lstm/lstm_math.h: groups of batch entries through
-// every step, or blocks of hidden units with block-major gate columns, one round per step), the
+// every step, or blocks of hidden units with block-major gate columns, one round per step, all
+// of them handed off inside one round of the executor: ForPhases, common/parallel.h), the
 // two directions as two tasks, sequence_lens (an entry past its length passes its state through
 // and its step outputs are zero), reverse, layout 1 and the final state. The cell owns its gates'
 // pointwise math, its extra state (the LSTM's C) and its stash (IOFC, ZRH). Layouts:
@@ -171,24 +172,25 @@ class ForwardDriver {
     // Stages after the first need every block's previous stage: then a stage is a round of its own.
     const bool stage_rounds = split_.unit_blocks > 1 && stages > 1;
     const int64_t per_round = split_.StepsPerRound(steps);
-    for (int64_t first = 0; first < steps; first += per_round) {
-      const int64_t last = std::min(first + per_round, steps);
-      for (int64_t round = 0; round < (stage_rounds ? stages : 1); ++round) {
-        executor.For(recurrent.size() / static_cast<size_t>(stages), [&](size_t k) {
-          const auto task = static_cast<int64_t>(k);
-          const Range units = split_.Units(hidden_, task);
-          const Range rows = split_.Rows(batch, task);
-          for (int64_t p = first; p < last; ++p) {
-            const T* h_prev = h + (p % 2) * batch * hidden_;
-            T* h_next = h + ((p + 1) % 2) * batch * hidden_;
-            const int64_t t = reverse_ ? steps - 1 - p : p;
-            for (int64_t s = stage_rounds ? round : 0; s < (stage_rounds ? round + 1 : stages); ++s) {
-              Stage(s, t, units, rows, recurrent[k * stages + s], h_prev, h_next);
-            }
-          }
-        });
-      }
-    }
+    const int64_t rounds_per_chunk = stage_rounds ? stages : 1;
+    const int64_t chunks = steps > 0 ? (steps + per_round - 1) / per_round : 0;
+    // Each round of tasks is a phase of ForPhases: one executor round for the whole time loop.
+    ForPhases(executor, chunks * rounds_per_chunk, static_cast<int64_t>(recurrent.size()) / stages,
+              [&](int64_t phase, int64_t task) {
+                const int64_t first = phase / rounds_per_chunk * per_round;
+                const int64_t last = std::min(first + per_round, steps);
+                const int64_t round = phase % rounds_per_chunk;
+                const Range units = split_.Units(hidden_, task);
+                const Range rows = split_.Rows(batch, task);
+                for (int64_t p = first; p < last; ++p) {
+                  const T* h_prev = h + (p % 2) * batch * hidden_;
+                  T* h_next = h + ((p + 1) % 2) * batch * hidden_;
+                  const int64_t t = reverse_ ? steps - 1 - p : p;
+                  for (int64_t s = stage_rounds ? round : 0; s < (stage_rounds ? round + 1 : stages); ++s) {
+                    Stage(s, t, units, rows, recurrent[task * stages + s], h_prev, h_next);
+                  }
+                }
+              });
     WriteFinalState(h + (steps % 2) * batch * hidden_);
   }
 
