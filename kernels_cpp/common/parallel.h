@@ -48,12 +48,12 @@ inline Range SplitRange(int64_t total, int64_t parts, int64_t index) {
 }
 
 // Spins until `counter` reaches `target` or `stop` is set: a pause instruction per try, and the
-// processor given up (yield) after the first few thousand tries, so that a worker waiting on a
+// processor given up (yield) after the first 512 tries (some microseconds), so that a worker waiting on a
 // descheduled one does not hold its core.
 inline void WaitUntil(const std::atomic<int64_t>& counter, int64_t target, const std::atomic<bool>& stop) {
   for (int spins = 0; counter.load(std::memory_order_acquire) < target; ++spins) {
     if (stop.load(std::memory_order_relaxed)) return;
-    if (spins < 4096) {
+    if (spins < 512) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #elif defined(__aarch64__)
