@@ -33,18 +33,18 @@ enum class Backend : int { kNone = 0, kMkl, kOpenBlas, kSystem, kOpenBlasMkl };
 // while from 16 rows on the two were even and OpenBLAS faster on the large GEMMs (docs/benchmarks.md).
 constexpr int64_t kMixedMklBelowRows = 16;
 
-// ... except GEMMs of one row (every step GEMM at batch 1) on a CPU with AVX-512 (AMD Zen 4 and
-// later), which stay on OpenBLAS: there OpenBLAS runs its AVX-512 (SkylakeX) kernels while oneMKL,
-// on a CPU that is not Intel's, takes its generic path (MKL_VERBOSE: "Intel(R) Architecture
-// processors", not AVX-512). On a Zen 4, one row took OpenBLAS 1.3-4x less time than oneMKL,
-// packed or not (1 x 512 x 128 with B transposed, the LSTM's forward step: 3.1 us against 7.2,
-// 4.1 packed; 1 x 128 x 512, its backward step: 2.3 against 10.1), and LSTM B1 f+b ran in half
-// the time on OpenBLAS alone. From 3 rows on oneMKL's packed GEMM was still the faster at the
-// forward's shapes, and on Zen 3 (AVX2) oneMKL was the faster at one row too: one-row GEMMs move,
-// packed or not, and of the GEMMs of 2-15 rows only the plain ones (RunsOnMkl).
+// ... except on a CPU with AVX-512 (AMD Zen 4 and later), where GEMMs of fewer rows stay on
+// OpenBLAS too: there OpenBLAS runs its AVX-512 (SkylakeX) kernels while oneMKL, on a CPU that is
+// not Intel's, takes its generic path (MKL_VERBOSE: "Intel(R) Architecture processors", not
+// AVX-512). On a Zen 4, one row took OpenBLAS 1.3-4x less time than oneMKL, packed or not
+// (1 x 512 x 128 with B transposed, the LSTM's forward step: 3.1 us against 7.2, 4.1 packed;
+// 1 x 128 x 512, its backward step: 2.3 against 10.1), and LSTM B1 f+b ran in half the time on
+// OpenBLAS alone. oneMKL's packed GEMM of 2-15 rows stayed the faster at the forward's one-block
+// steps until S's steps were cut into blocks of units (RunsOnMkl); on Zen 3 (AVX2) oneMKL is the
+// faster below 16 rows, one row included.
 // (The mixed backend is the automatic choice only on CPUs that are not Intel's, so on its own it
 // meets AVX-512 on AMD; forced on an Intel CPU, the same split applies.)
-bool OneRowOnOpenBlas() {
+bool SmallGemmsOnOpenBlas() {
   static const bool avx512 = VectorBytes() == 64;
   return avx512;
 }
@@ -130,18 +130,19 @@ Backend Active() {
   return backend;
 }
 
-// Whether a GEMM of m rows runs on oneMKL under `backend` (the mixed backend splits by rows);
-// `packed`: B packed once by PackedGemmB. On an AVX-512 CPU that is not Intel's (the rule for one
-// row above) the plain GEMMs of fewer rows stay on OpenBLAS too: its small-matrix AVX-512 kernels
-// beat oneMKL's generic path, which packs B at every call. On AMD Zen 4 (2 cores, loaded,
-// interleaved rounds, 1 thread) the backward's per-step dH R at 8 rows took 0.86-0.90x as long (bwd
-// of S (16, 8, 64, 64): GRU 0.205 -> 0.184 ms, LSTM 0.258 -> 0.222), while the forward's packed
-// step was 1.12-1.16x as slow on OpenBLAS: packed GEMMs of 2-15 rows keep oneMKL.
-bool RunsOnMkl(Backend backend, int64_t m, bool packed) {
+// Whether a GEMM of m rows runs on oneMKL under `backend` (the mixed backend splits by rows),
+// packed by PackedGemmB or not. On an AVX-512 CPU that is not Intel's (the rule for one row above)
+// the GEMMs of fewer rows stay on OpenBLAS too: its small-matrix AVX-512 kernels beat oneMKL's
+// generic path. On AMD Zen 4 (2 cores, loaded, interleaved rounds, 1 thread) the backward's
+// per-step dH R at 8 rows took 0.86-0.90x as long (bwd of S (16, 8, 64, 64): GRU 0.205 -> 0.184
+// ms, LSTM 0.258 -> 0.222). The forward's packed step (then one block of 8 x 256 x 64 for the
+// LSTM) was 1.12-1.16x as slow on OpenBLAS and kept oneMKL until S's steps were cut into two
+// blocks (MinBlockWork): then, 2 threads, alternating processes, OpenBLAS took S's forward 0.71x
+// (GRU) and 0.74x (LSTM) as long, its backward 0.96x and 0.87x, the RNN's 0.97x / 0.92x.
+bool RunsOnMkl(Backend backend, int64_t m) {
   if (backend == Backend::kMkl) return true;
   if (backend != Backend::kOpenBlasMkl) return false;
-  if (m >= kMixedMklBelowRows || !OneRowOnOpenBlas()) return m < kMixedMklBelowRows;
-  return packed && m > 1;
+  return m < kMixedMklBelowRows && !SmallGemmsOnOpenBlas();
 }
 
 template <typename T>
@@ -166,7 +167,7 @@ void Dispatch(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (ScaleOnly(m, n, k, beta, c, ldc)) return;
   Backend backend = Active();
-  if (backend == Backend::kOpenBlasMkl) backend = RunsOnMkl(backend, m, false) ? Backend::kMkl : Backend::kOpenBlas;
+  if (backend == Backend::kOpenBlasMkl) backend = RunsOnMkl(backend, m) ? Backend::kMkl : Backend::kOpenBlas;
   switch (backend) {
 #if defined(ORTLSTM_BLAS_MKL)
     case Backend::kMkl:
@@ -307,7 +308,7 @@ template <typename T>
 PackedGemmB<T>::PackedGemmB(bool trans_b, int64_t m, int64_t n, int64_t k, const T* b, int64_t ldb)
     : trans_b_(trans_b), m_(m), n_(n), k_(k), b_(b), ldb_(ldb) {
 #if defined(ORTLSTM_BLAS_MKL)
-  if (m == 0 || n == 0 || k == 0 || !RunsOnMkl(Active(), m, true)) return;
+  if (m == 0 || n == 0 || k == 0 || !RunsOnMkl(Active(), m)) return;
   packed_.reset(::operator new(blas_backend::MklPackedSize(T(), Int(m), Int(n), Int(k)), kPackedAlignment));
   blas_backend::MklPack(trans_b, Int(m), Int(n), Int(k), b, Int(ldb), packed_.get());
 #endif
