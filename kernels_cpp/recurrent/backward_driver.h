@@ -47,6 +47,7 @@
 #include "common/scratch.h"
 #include "lstm/lstm_math.h"
 #include "recurrent/recurrent_gemm.h"
+#include "recurrent/recurrent_io.h"
 
 namespace ortlstm {
 
@@ -73,38 +74,26 @@ struct BackwardTasks {
 
 // The driver's tensors of one call (all directions); optional ones are nullptr.
 template <typename T>
-struct BackwardIo {
-  const T* X = nullptr;
-  const T* W = nullptr;  // [D, G*H, I]
-  const T* R = nullptr;  // [D, G*H, H]
-  const int32_t* sequence_lens = nullptr;
-  const T* initial_h = nullptr;
+struct BackwardIo : RecurrentInputs<T> {
   const T* HAll = nullptr;
   const T* grad_Ht = nullptr;
   T* dX = nullptr;
   T* dW = nullptr;
   T* dB = nullptr;  // [D, 2*G*H]
   T* dH0 = nullptr;
-  MatmulPrecision precision = MatmulPrecision::kFloat32;  // of every GEMM (the op's matmul_precision)
 };
 
-// The driver's tensors from a cell's backward tensors (LstmBackwardTensors, ...), which name them
-// alike; `precision` is the op's matmul_precision (required, so that no cell forgets it).
+// The driver's tensors from a cell's backward tensors (LstmBackwardTensors, ...).
 template <typename T, typename Tensors>
 BackwardIo<T> BackwardIoOf(const Tensors& tensors, MatmulPrecision precision) {
   BackwardIo<T> io;
-  io.X = tensors.X;
-  io.W = tensors.W;
-  io.R = tensors.R;
-  io.sequence_lens = tensors.sequence_lens;
-  io.initial_h = tensors.initial_h;
+  io.TakeInputs(tensors, precision);
   io.HAll = tensors.HAll;
   io.grad_Ht = tensors.grad_Ht;
   io.dX = tensors.dX;
   io.dW = tensors.dW;
   io.dB = tensors.dB;
   io.dH0 = tensors.dH0;
-  io.precision = precision;
   return io;
 }
 

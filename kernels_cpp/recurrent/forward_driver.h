@@ -43,38 +43,27 @@
 #include "common/scratch.h"
 #include "lstm/lstm_math.h"
 #include "recurrent/recurrent_gemm.h"
+#include "recurrent/recurrent_io.h"
 
 namespace ortlstm {
 
 // The driver's tensors of one call (all directions); optional ones are nullptr.
 template <typename T>
-struct ForwardIo {
-  const T* X = nullptr;
-  const T* W = nullptr;  // [D, G*H, I]
-  const T* R = nullptr;  // [D, G*H, H]
-  const int32_t* sequence_lens = nullptr;
-  const T* initial_h = nullptr;
+struct ForwardIo : RecurrentInputs<T> {
   T* HAll = nullptr;
   T* Ht = nullptr;
   T* stash = nullptr;  // [.., G*H] the activated gates (IOFC, ZRH), in the cell's gate order
-  MatmulPrecision precision = MatmulPrecision::kFloat32;  // of both GEMM call sites (the op's matmul_precision)
 };
 
-// The driver's tensors from a cell's forward tensors (LstmForwardTensors, GruForwardTensors, ...),
-// which name them alike; `stash` is the cell's own stash output (IOFC, ZRH), `precision` the op's
-// matmul_precision (required, so that no cell forgets to pass it on).
+// The driver's tensors from a cell's forward tensors (LstmForwardTensors, GruForwardTensors, ...);
+// `stash` is the cell's own stash output (IOFC, ZRH).
 template <typename T, typename Tensors>
 ForwardIo<T> ForwardIoOf(const Tensors& tensors, T* stash, MatmulPrecision precision) {
   ForwardIo<T> io;
-  io.X = tensors.X;
-  io.W = tensors.W;
-  io.R = tensors.R;
-  io.sequence_lens = tensors.sequence_lens;
-  io.initial_h = tensors.initial_h;
+  io.TakeInputs(tensors, precision);
   io.HAll = tensors.HAll;
   io.Ht = tensors.Ht;
   io.stash = stash;
-  io.precision = precision;
   return io;
 }
 
