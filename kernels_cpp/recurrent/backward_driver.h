@@ -5,8 +5,8 @@
 //
 // The driver owns what does not depend on the cell: dL/dH at the last step and dH0; the reverse
 // time loop cut into executor tasks (SplitTimeLoop, lstm/lstm_math.h: groups of batch entries,
-// each through all of a window's steps, or blocks of hidden units, one round of tasks per step,
-// handed off inside one round of the executor: ForPhases, common/parallel.h);
+// each through all of a window's steps, or blocks of hidden units, one phase of tasks per step,
+// a window's phases inside one round of the executor: ForPhases, common/parallel.h);
 // per step, the carry GEMM that takes the later step's gradient rows back through R into the
 // task's part of dH; keeping the gate gradients for a window of steps at a time, each finished
 // window adding its share of dW and dX (GEMMs with K = the window's rows); the dB sums, per group

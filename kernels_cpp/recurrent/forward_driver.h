@@ -3,8 +3,8 @@
 // one driver with a per-cell post-GEMM. The driver owns what does not depend on the cell: the
 // input projection X W^T for all steps (one GEMM), the per-step recurrent GEMMs H R^T, cutting the
 // time loop into executor tasks (SplitTimeLoop, lstm/lstm_math.h: groups of batch entries through
-// every step, or blocks of hidden units with block-major gate columns, one round per step, all
-// of them handed off inside one round of the executor: ForPhases, common/parallel.h), the
+// every step, or blocks of hidden units with block-major gate columns, one phase of tasks per
+// step, every phase inside one round of the executor: ForPhases, common/parallel.h), the
 // two directions as two tasks, sequence_lens (an entry past its length passes its state through
 // and its step outputs are zero), reverse, layout 1 and the final state. The cell owns its gates'
 // pointwise math, its extra state (the LSTM's C) and its stash (IOFC, ZRH). Layouts:
