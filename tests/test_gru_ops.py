@@ -359,6 +359,7 @@ SPLIT_SHAPES = {
     "entry-groups": (3, 16, 8, 32),
     "windows": (40, 16, 8, 32),
     "one-entry-blocks": (48, 1, 8, 128),
+    "small-entry-groups": (12, 8, 8, 32),  # below 2 x 8 entries, a small step takes groups of 4
 }
 
 

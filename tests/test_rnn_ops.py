@@ -307,7 +307,12 @@ def test_dims_past_the_blas_limit_are_refused_before_any_work() -> None:
 # one step wide enough for blocks of hidden units, enough entries with a small R for groups of
 # entries (forward and backward), and enough steps for the backward's windows of gate gradients
 # (512 rows each, recurrent/backward_driver.h: 32 steps of 16 entries, then 8).
-SPLIT_SHAPES = {"unit-blocks": (3, 2, 8, 512), "entry-groups": (3, 16, 8, 32), "windows": (40, 16, 8, 32)}
+SPLIT_SHAPES = {
+    "unit-blocks": (3, 2, 8, 512),
+    "entry-groups": (3, 16, 8, 32),
+    "windows": (40, 16, 8, 32),
+    "small-entry-groups": (12, 8, 8, 32),  # below 2 x 8 entries, a small step takes groups of 4
+}
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])

@@ -2,6 +2,7 @@
 // Inputs are validated by the adapter (ort/); shapes and layouts are in lstm/lstm_dims.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/cpu_info.h"
@@ -98,15 +99,30 @@ struct StepSplit {
 // at L, whose 4 MiB of R streamed from L3 every step made groups no faster; on AMD Zen 3 (512 KB)
 // blocks at M too, each task with half of R^T and 32-row GEMMs (forward 16.9 -> 16.0 ms). The
 // backward keeps 2 MiB (recurrent/backward_driver.h).
+//
+// Below two groups of 8, a small step still takes groups, of 4 entries (`small_groups`): its
+// blocks' hand-off every step costs more than the GEMM loses at 4 rows, and more still when the
+// two cores are far apart (docs/performance.md). AMD Zen 4, 2 threads, f+b, steady states: GRU S
+// (16, 8, 64, 64) 202 -> 174 us near, 455-529 -> 353-357 us far; LSTM S 228 -> 194 near, 470 ->
+// 341 far; RNN S 81 -> 65; GRU (16, 12, 64, 64) 297 -> 257. At 8 x 384 x 128 (GRU, 2^18.6
+// multiply-adds a step) the two were even (1275 vs 1250 us), at LSTM's 8 x 512 x 128 (2^19) blocks
+// were faster (1470 vs 1550), and at 8 x 1024 x 256 faster still: hence steps up to 2^18.
+inline constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
+inline constexpr int64_t kMinSmallGroupRows = 4;
+inline constexpr int64_t kMaxSmallGroupStepWork = int64_t{1} << 18;
+
 template <typename T>
-inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor, int64_t max_group_weight_bytes) {
-  constexpr int64_t kMinGroupRows = 8;  // rows per task for the recurrent GEMM to run at full speed
+inline StepSplit SplitTimeLoop(const LstmDims& dims, const Executor& executor, int64_t max_group_weight_bytes,
+                               bool small_groups = true) {
   if (dims.GateWidth() * dims.hidden_size * static_cast<int64_t>(sizeof(T)) > max_group_weight_bytes) {
     return StepSplit{1, StepBlocks(dims, executor)};
   }
-  int64_t groups = dims.batch_size / kMinGroupRows;
-  if (groups > executor.Width()) groups = executor.Width();
-  if (groups >= 2) return StepSplit{groups, 1};
+  const auto groups_of = [&](int64_t rows) { return std::min<int64_t>(dims.batch_size / rows, executor.Width()); };
+  if (groups_of(kMinGroupRows) >= 2) return StepSplit{groups_of(kMinGroupRows), 1};
+  if (small_groups && dims.batch_size * dims.GateWidth() * dims.hidden_size <= kMaxSmallGroupStepWork &&
+      groups_of(kMinSmallGroupRows) >= 2) {
+    return StepSplit{groups_of(kMinSmallGroupRows), 1};
+  }
   return StepSplit{1, StepBlocks(dims, executor)};
 }
 

@@ -429,7 +429,8 @@ bool BackwardDirectionsInParallel(const LstmDims& dims, const Executor& executor
   constexpr int64_t kMinBlockWorkBesideDirections = int64_t{1} << 17;
   if (dims.num_directions != 2 || executor.Width() < 2) return false;
   if (tasks.directions_first) return true;
-  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxBackwardGroupWeightBytes);
+  // Groups of 8 entries or more rule the directions out; those of 4 (small steps) do not, as before them.
+  const StepSplit split = SplitTimeLoop<T>(dims, executor, kMaxBackwardGroupWeightBytes, false);
   return split.row_groups == 1 &&
          (!tasks.unit_blocks || StepBlocks(dims, executor, kMinBlockWorkBesideDirections) == 1);
 }
