@@ -363,11 +363,15 @@ SPLIT_SHAPES = {
 }
 
 
-def _run_threads(op_type: str, feeds: dict, attributes: dict, threads: int) -> dict[str, np.ndarray]:
+def _run_threads(
+    op_type: str, feeds: dict, attributes: dict, threads: int, spinning: bool = True
+) -> dict[str, np.ndarray]:
     op = schema.op_by_name(op_type)
     outputs = list(schema.output_names(op))
     model = op_runner.make_model(op_type, list(feeds), outputs, np.float64, attributes)
     options = ortlstm.ops.session_options(intra_op_num_threads=threads)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip(outputs, session.run(outputs, feeds), strict=True))
 
@@ -405,3 +409,49 @@ def test_time_loop_cut_into_tasks_equals_the_reference(shape: str, linear_before
     for name in GRAD_OF:
         value = expected_grads[name]
         np.testing.assert_allclose(split[name], value, rtol=0, atol=FLOAT64_ATOL * np.abs(value).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+def test_blocks_whose_workers_start_late_or_share_cores_give_the_same_results(linear_before_reset: int) -> None:
+    """Late or crowded workers in a time loop cut into blocks change no result.
+
+    One entry through many steps, a phase of tasks per step (ForPhases in common/parallel.h),
+    with workers woken late each round (no spinning: the first worker runs the others' items
+    until they arrive) and with more workers than cores (4 threads: descheduled mid-loop):
+    bitwise the results of 2 spinning threads, which split the loop the same way, and at 4
+    threads (3 blocks) the float64 reference.
+    """
+    steps, batch, inputs, hidden = SPLIT_SHAPES["one-entry-blocks"]
+    rng = np.random.default_rng(17)
+    feeds = {
+        "X": rng.standard_normal((steps, batch, inputs)),
+        "W": rng.standard_normal((1, 3 * hidden, inputs)) * 0.3,
+        "R": rng.standard_normal((1, 3 * hidden, hidden)) / np.sqrt(hidden),
+        "B": rng.standard_normal((1, 6 * hidden)) * 0.3,
+        "initial_h": rng.standard_normal((1, batch, hidden)),
+    }
+    attributes = {"hidden_size": hidden, "linear_before_reset": linear_before_reset}
+    spinning = _run_threads("GRUTraining", feeds, attributes, threads=2)
+    grad_feeds = {
+        **feeds,
+        "HAll": spinning["HAll"],
+        "ZRH": spinning["ZRH"],
+        "grad_HAll": rng.standard_normal(spinning["HAll"].shape),
+        "grad_Ht": rng.standard_normal(spinning["Ht"].shape),
+    }
+    spinning.update(_run_threads("GRUGrad", grad_feeds, attributes, threads=2))
+    expected = {**gru_training(feeds, **attributes), **gru_grad(grad_feeds, **attributes)}
+    for _ in range(3):  # late workers differ from call to call
+        woken = {
+            **_run_threads("GRUTraining", feeds, attributes, threads=2, spinning=False),
+            **_run_threads("GRUGrad", grad_feeds, attributes, threads=2, spinning=False),
+        }
+        crowded = {
+            **_run_threads("GRUTraining", feeds, attributes, threads=4),
+            **_run_threads("GRUGrad", grad_feeds, attributes, threads=4),
+        }
+        for name, value in spinning.items():
+            np.testing.assert_array_equal(woken[name], value, err_msg=name)
+            reference = expected[name]
+            atol = FLOAT64_ATOL * max(np.abs(reference).max(), 1.0)
+            np.testing.assert_allclose(crowded[name], reference, rtol=0, atol=atol, err_msg=name)

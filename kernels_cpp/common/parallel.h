@@ -47,35 +47,24 @@ inline Range SplitRange(int64_t total, int64_t parts, int64_t index) {
   return Range{begin, begin + base + (index < extra ? 1 : 0)};
 }
 
-// Spins until `counter` reaches `target` or `stop` is set: a pause instruction per try, and the
-// processor given up (yield) after the first 512 tries (some microseconds), so that a worker waiting on a
-// descheduled one does not hold its core.
-inline void WaitUntil(const std::atomic<int64_t>& counter, int64_t target, const std::atomic<bool>& stop) {
-  for (int spins = 0; counter.load(std::memory_order_acquire) < target; ++spins) {
-    if (stop.load(std::memory_order_relaxed)) return;
-    if (spins < 512) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
-    } else {
-      std::this_thread::yield();
-    }
-  }
-}
-
 // Runs item(phase, k) for every phase in [0, phases) and task k in [0, tasks), every item of a
 // phase after every item of the phase before, in one round of the executor rather than one per
 // phase. For a time loop cut into blocks of hidden units (a phase per step): on the AMD Zen 4 a
 // round of the session's thread pool (KernelContext_ParallelFor) took about 4 us, twice a batch-1
-// step's GEMM, so two blocks per step ran at half the speed of one. Worker `own` takes task `own`
-// of each phase first (its block of the weights stays in its core's cache), then any task of the
-// phase no worker has taken, then waits for the phase to finish. A worker waits only for items
-// that a running worker has taken and whose phase before is complete, so the loop finishes
-// however the executor runs its workers, one after another included (the first then runs every
-// item). Which worker runs an item never changes its result. An exception thrown by an item skips
-// the items not yet started and is rethrown here.
+// step's GEMM, so two blocks per step ran at half the speed of one. Worker `own` runs task `own`
+// of each phase once every task has finished the phase before, and while it waits for a task
+// that has not even started its item of that phase, it runs that item itself (after a short
+// spin, so that a worker that is merely a little behind keeps its own items). A worker waits only
+// for items that a running worker has taken and whose phase before is complete, so the loop
+// finishes however the executor runs its workers, one after another included (the first then runs
+// every item). Which worker runs an item never changes its result. An exception thrown by an
+// item skips the items not yet started and is rethrown here.
+//
+// Each task's counters (taken, finished) sit on cache lines of their own, written by the worker
+// that runs the item: in the common case a hand-off is one store to a worker's own line and one
+// read of it by the others. Shared counters, changed by every worker every phase, moved their line
+// between the cores several times a step; when the VM's two vCPUs sat on distant cores (a round
+// trip of ~320 instead of ~56 ns: docs/performance.md) that doubled a batch-1 step.
 template <typename Item>
 void ForPhases(const Executor& executor, int64_t phases, int64_t tasks, const Item& item) {
   if (phases <= 0 || tasks <= 0) return;
@@ -84,38 +73,66 @@ void ForPhases(const Executor& executor, int64_t phases, int64_t tasks, const It
     executor.For(static_cast<std::size_t>(tasks), [&](std::size_t k) { item(phases - 1, static_cast<int64_t>(k)); });
     return;
   }
-  // taken[k]: the phases of task k some worker has taken so far.
-  std::unique_ptr<std::atomic<int64_t>[]> taken(new std::atomic<int64_t>[static_cast<std::size_t>(tasks)]);
-  for (int64_t k = 0; k < tasks; ++k) taken[k].store(0, std::memory_order_relaxed);
-  std::atomic<int64_t> done{0};  // items finished, in phase order
-  std::atomic<bool> failed{false};
+  struct alignas(64) Counter {
+    std::atomic<int64_t> value{0};
+  };
+  // taken[k]: the phases of task k some worker has taken; finished[k]: those it has finished (the
+  // items of a task run in phase order, one worker at a time).
+  std::unique_ptr<Counter[]> taken(new Counter[static_cast<std::size_t>(tasks)]);
+  std::unique_ptr<Counter[]> finished(new Counter[static_cast<std::size_t>(tasks)]);
+  struct alignas(64) Flag {
+    std::atomic<bool> value{false};
+  } failed;
   std::mutex error_mutex;
   std::exception_ptr error;
+  // Runs item (p, k) unless some worker has taken it.
   auto take_and_run = [&](int64_t p, int64_t k) {
     int64_t expected = p;
-    if (!taken[k].compare_exchange_strong(expected, p + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+    if (!taken[k].value.compare_exchange_strong(expected, p + 1, std::memory_order_acq_rel,
+                                                std::memory_order_relaxed)) {
       return;
     }
-    if (!failed.load(std::memory_order_relaxed)) {
+    if (!failed.value.load(std::memory_order_relaxed)) {
       try {
         item(p, k);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!error) error = std::current_exception();
-        failed.store(true, std::memory_order_relaxed);
+        failed.value.store(true, std::memory_order_relaxed);
       }
     }
-    done.fetch_add(1, std::memory_order_release);
+    finished[k].value.store(p + 1, std::memory_order_release);
+  };
+  // Until every task has finished phase p - 1: spins on each unfinished task's counter, running
+  // its item if no worker has taken it after kSpinsBeforeTaking tries; gives up the processor
+  // (yield) after 512 tries (some microseconds), so that a worker waiting on a descheduled one
+  // does not hold its core.
+  constexpr int kSpinsBeforeTaking = 32;
+  auto finish_phase_before = [&](int64_t p) {
+    for (int64_t j = 0; j < tasks; ++j) {
+      for (int spins = 0; finished[j].value.load(std::memory_order_acquire) < p; ++spins) {
+        if (spins == kSpinsBeforeTaking && taken[j].value.load(std::memory_order_relaxed) == p - 1) {
+          take_and_run(p - 1, j);
+        } else if (spins < 512) {
+#if defined(__x86_64__) || defined(__i386__)
+          __builtin_ia32_pause();
+#elif defined(__aarch64__)
+          asm volatile("yield");
+#endif
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    }
   };
   executor.For(static_cast<std::size_t>(tasks), [&](std::size_t own_index) {
     const auto own = static_cast<int64_t>(own_index);
-    for (int64_t p = 0; p < phases; ++p) {
-      // A worker that starts late skips the phases already finished.
-      p = std::max(p, done.load(std::memory_order_acquire) / tasks);
-      if (p >= phases) break;
-      WaitUntil(done, p * tasks, failed);
+    // A worker that starts late skips the phases every task has finished.
+    int64_t p = phases;
+    for (int64_t j = 0; j < tasks; ++j) p = std::min(p, finished[j].value.load(std::memory_order_acquire));
+    for (; p < phases; ++p) {
+      if (p > 0) finish_phase_before(p);
       take_and_run(p, own);
-      for (int64_t j = 1; j < tasks; ++j) take_and_run(p, (own + j) % tasks);
     }
   });
   if (error) std::rethrow_exception(error);
