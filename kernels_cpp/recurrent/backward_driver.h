@@ -194,7 +194,9 @@ class BackwardDriver {
         cell_(make_cell(loop_)),
         separate_rbias_(cell_->SeparateRecurrentBias()),
         grad_bias_(allocator, split.row_groups * dims.GateWidth()),
-        grad_rbias_(allocator, separate_rbias_ ? split.row_groups * dims.GateWidth() : 0) {
+        grad_rbias_(allocator, separate_rbias_ ? split.row_groups * dims.GateWidth() : 0),
+        copy_carry_blocks_(split.unit_blocks > 1 && !UsesBf16<T>(io.precision)),
+        carry_copy_(allocator, copy_carry_blocks_ ? cell_->CarryDepth() * dims.hidden_size : 0) {
     std::fill_n(grad_bias_.get(), split.row_groups * dims.GateWidth(), T(0));
     if (separate_rbias_) std::fill_n(grad_rbias_.get(), split.row_groups * dims.GateWidth(), T(0));
   }
@@ -246,13 +248,26 @@ class BackwardDriver {
     // `carry` the round ends by carrying its last step into dH (for the next window's first step,
     // or dH0), which a task can do for its own rows only when it owns every unit of them.
     // Each task's R[:K, units] for the carry, once per op call (a bf16 operand rounds it here).
+    // With blocks of units, a float one is first copied by its task into rows of its own block's
+    // width: a one-row GEMM (OpenBLAS, AMD Zen 4) ran 25-35 % faster from dense rows than from
+    // R's strided ones (GRU B1's 1 x 64 x 384: 1.02 vs 1.37 us, the LSTM's 1 x 64 x 512: 1.21 vs
+    // 1.53), and the copy lands in the cache of the core that reads it every step.
+    const int64_t depth = cell_->CarryDepth();
     std::vector<StepOperand<T>> carry_weights(static_cast<size_t>(split.Tasks()));
     executor.For(carry_weights.size(), [&](size_t k) {
       const Range units = split.Units(hidden, static_cast<int64_t>(k));
       const Range rows = split.Rows(dims.batch_size, static_cast<int64_t>(k));
-      if (units.end <= units.begin || rows.end <= rows.begin) return;
-      carry_weights[k] = StepOperand<T>(io.precision, false, false, rows.end - rows.begin, units.end - units.begin,
-                                        cell_->CarryDepth(), io.R + d * loop_.width * hidden + units.begin, hidden);
+      const int64_t count = units.end - units.begin;
+      if (count <= 0 || rows.end <= rows.begin) return;
+      const T* weight = io.R + d * loop_.width * hidden + units.begin;
+      int64_t ld = hidden;
+      if (copy_carry_blocks_) {
+        T* block = carry_copy_.get() + depth * units.begin;  // [K, count], the blocks side by side
+        for (int64_t j = 0; j < depth; ++j) std::copy_n(weight + j * hidden, count, block + j * count);
+        weight = block;
+        ld = count;
+      }
+      carry_weights[k] = StepOperand<T>(io.precision, false, false, rows.end - rows.begin, count, depth, weight, ld);
     });
     int64_t later_time = -1;  // the step processed last, until carried
     const int64_t steps = dims.seq_length;
@@ -412,6 +427,8 @@ class BackwardDriver {
   Scratch<T> grad_bias_;   // [groups, G*H] column sums of the gate gradients, each group's over its rows
                            // (a block of units owns its columns, so blocks share one row)
   Scratch<T> grad_rbias_;  // [groups, G*H] likewise of the cell's RecurrentBiasRow, where it has one
+  const bool copy_carry_blocks_;  // whether each block's R[:K, units] is copied for its carry GEMM
+  Scratch<T> carry_copy_;         // [K, H]: block by block, each [K, units] (Recurrence)
 };
 
 // The two directions of a bidirectional cell run as two parallel tasks, each serial inside, only
