@@ -28,6 +28,7 @@
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
 #include "lstm/lstm_math.h"
+#include "lstm/vector_loops.h"
 #include "recurrent/backward_driver.h"
 #include "recurrent/recurrent_gemm.h"
 
@@ -36,11 +37,12 @@ namespace {
 
 // The pointwise passes of a step over n units, as free functions with restrict pointers (every
 // row is a different buffer or a disjoint part of one): without them GCC left the loops scalar.
+// Inlined into the clones below (lstm/vector_loops.h: AVX-512, AVX2 or baseline, the same bits).
 // dH = dL/dH_t (carried) + grad_HAll; dz, da; dL/dH_{t-1} through z into dhp.
 template <typename T>
-void UpdateGateGradients(int64_t n, const T* __restrict grad_hall, const T* __restrict hp, const T* __restrict hh,
-                         const T* __restrict z, const T* __restrict fprime, const T* __restrict gprime,
-                         T* __restrict dz, T* __restrict da, T* __restrict dhp) {
+inline __attribute__((always_inline)) void UpdateGateGradientsLoop(
+    int64_t n, const T* __restrict grad_hall, const T* __restrict hp, const T* __restrict hh, const T* __restrict z,
+    const T* __restrict fprime, const T* __restrict gprime, T* __restrict dz, T* __restrict da, T* __restrict dhp) {
   for (int64_t i = 0; i < n; ++i) {
     const T dH = dhp[i] + grad_hall[i];
     dz[i] = dH * (hp[i] - hh[i]) * fprime[i];
@@ -51,9 +53,12 @@ void UpdateGateGradients(int64_t n, const T* __restrict grad_hall, const T* __re
 
 // linear_before_reset = 1: dr = da . (Q + Rbh) . f'(r), and the carry rows [dz dr dq], dq = da . r.
 template <typename T>
-void ResetGateGradients(int64_t n, const T* __restrict da, const T* __restrict q, const T* __restrict rbh,
-                        const T* __restrict r, const T* __restrict fprime, const T* __restrict dz, T* __restrict dr,
-                        T* __restrict rec_z, T* __restrict rec_r, T* __restrict rec_q) {
+inline __attribute__((always_inline)) void ResetGateGradientsLoop(int64_t n, const T* __restrict da,
+                                                                  const T* __restrict q, const T* __restrict rbh,
+                                                                  const T* __restrict r, const T* __restrict fprime,
+                                                                  const T* __restrict dz, T* __restrict dr,
+                                                                  T* __restrict rec_z, T* __restrict rec_r,
+                                                                  T* __restrict rec_q) {
   for (int64_t i = 0; i < n; ++i) {
     const T value = da[i] * (q[i] + rbh[i]) * fprime[i];
     dr[i] = value;
@@ -62,6 +67,25 @@ void ResetGateGradients(int64_t n, const T* __restrict da, const T* __restrict q
     rec_q[i] = da[i] * r[i];
   }
 }
+
+}  // namespace
+
+#define ORTLSTM_GRU_ROW_CLONES(T)                                                                                     \
+  ORTLSTM_VECTOR_CLONES void GruUpdateGateGradients(int64_t n, const T* grad_hall, const T* hp, const T* hh,        \
+                                                    const T* z, const T* fprime, const T* gprime, T* dz, T* da,     \
+                                                    T* dhp) {                                                       \
+    UpdateGateGradientsLoop(n, grad_hall, hp, hh, z, fprime, gprime, dz, da, dhp);                                \
+  }                                                                                                               \
+  ORTLSTM_VECTOR_CLONES void GruResetGateGradients(int64_t n, const T* da, const T* q, const T* rbh, const T* r,    \
+                                                   const T* fprime, const T* dz, T* dr, T* rec_z, T* rec_r,         \
+                                                   T* rec_q) {                                                      \
+    ResetGateGradientsLoop(n, da, q, rbh, r, fprime, dz, dr, rec_z, rec_r, rec_q);                                 \
+  }
+ORTLSTM_GRU_ROW_CLONES(float)
+ORTLSTM_GRU_ROW_CLONES(double)
+#undef ORTLSTM_GRU_ROW_CLONES
+
+namespace {
 
 template <typename T>
 class GruBackwardCell {
@@ -148,13 +172,13 @@ class GruBackwardCell {
       const T* grad_hall = (io_.grad_HAll ? io_.grad_HAll + seq_row * H : zeros_.get()) + u;
       f_.DerivativesFromOutputs(z + u, fprime, count);
       g_.DerivativesFromOutputs(hh + u, gprime, count);
-      UpdateGateGradients(count, grad_hall, hp + u, hh + u, z + u, fprime, gprime, dg + u, dg + 2 * H + u, dhp);
+      GruUpdateGateGradients(count, grad_hall, hp + u, hh + u, z + u, fprime, gprime, dg + u, dg + 2 * H + u, dhp);
       if (lbr_) {
         f_.DerivativesFromOutputs(r + u, fprime, count);
         const T* q = q_.get() + loop_.WindowRow(t, b) * H;
         const T* rbh = rb_ ? rb_ + 2 * H : zeros_.get();
         T* dq = RecRow(t, b);
-        ResetGateGradients(count, dg + 2 * H + u, q + u, rbh + u, r + u, fprime, dg + u, dg + H + u, dq + u, dq + H + u,
+        GruResetGateGradients(count, dg + 2 * H + u, q + u, rbh + u, r + u, fprime, dg + u, dg + H + u, dq + u, dq + H + u,
                            dq + 2 * H + u);
       } else {
         T* rhp = reset_hidden_.get() + loop_.WindowRow(t, b) * H;

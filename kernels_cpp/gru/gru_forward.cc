@@ -19,9 +19,58 @@
 
 #include "gru/gru_math.h"
 #include "lstm/gate_math.h"
+#include "lstm/vector_loops.h"
 #include "recurrent/forward_driver.h"
 
 namespace ortlstm {
+namespace {
+
+// The pointwise loops of a step over n units, with restrict pointers (every row is a different
+// buffer or a disjoint part of one), inlined into the clones below (lstm/vector_loops.h:
+// AVX-512, AVX2 or baseline, the same bits).
+// a += wb + rb + rec (z and r before their activation).
+template <typename T>
+inline __attribute__((always_inline)) void PreactivationLoop(const T* __restrict wb, const T* __restrict rb,
+                                                             const T* __restrict rec, T* __restrict a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) a[j] = a[j] + wb[j] + rb[j] + rec[j];
+}
+
+// h's pre-activation: hh + wb + r . (q + rb) with linear_before_reset = 1, else hh + wb + rb + q.
+template <typename T>
+inline __attribute__((always_inline)) void CandidateLoop(bool linear_before_reset, const T* __restrict wb,
+                                                         const T* __restrict rb, const T* __restrict r,
+                                                         const T* __restrict q, T* __restrict hh, int64_t n) {
+  if (linear_before_reset) {
+    for (int64_t j = 0; j < n; ++j) hh[j] = hh[j] + wb[j] + r[j] * (q[j] + rb[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) hh[j] = hh[j] + wb[j] + rb[j] + q[j];
+  }
+}
+
+// H_t = (1 - z) . hh + z . H_{t-1}
+template <typename T>
+inline __attribute__((always_inline)) void HiddenLoop(const T* __restrict z, const T* __restrict hh,
+                                                      const T* __restrict h_prev, T* __restrict h_out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) h_out[j] = (T(1) - z[j]) * hh[j] + z[j] * h_prev[j];
+}
+
+}  // namespace
+
+#define ORTLSTM_GRU_ROW_CLONES(T)                                                                                 \
+  ORTLSTM_VECTOR_CLONES void GruPreactivations(const T* wb, const T* rb, const T* rec, T* a, int64_t n) {       \
+    PreactivationLoop(wb, rb, rec, a, n);                                                                       \
+  }                                                                                                             \
+  ORTLSTM_VECTOR_CLONES void GruCandidate(bool linear_before_reset, const T* wb, const T* rb, const T* r,       \
+                                          const T* q, T* hh, int64_t n) {                                       \
+    CandidateLoop(linear_before_reset, wb, rb, r, q, hh, n);                                                    \
+  }                                                                                                             \
+  ORTLSTM_VECTOR_CLONES void GruHidden(const T* z, const T* hh, const T* h_prev, T* h_out, int64_t n) {         \
+    HiddenLoop(z, hh, h_prev, h_out, n);                                                                        \
+  }
+ORTLSTM_GRU_ROW_CLONES(float)
+ORTLSTM_GRU_ROW_CLONES(double)
+#undef ORTLSTM_GRU_ROW_CLONES
+
 namespace {
 
 template <typename T>
@@ -72,7 +121,7 @@ class GruForwardCell {
     const T* rec = rec_.get() + b * width_ + kGates * units.begin;
     T* a = row.gates;  // z, r, h of the block, activated in place
     if (s == 0) {
-      for (int64_t j = 0; j < 2 * count; ++j) a[j] = a[j] + wb[j] + rb[j] + rec[j];
+      GruPreactivations(wb, rb, rec, a, 2 * count);
       if (clip_) ClipInPlace(a, 2 * count, threshold_);
       ApplyInPlace(f_, a, 2 * count);
       if (!lbr_) {
@@ -86,14 +135,10 @@ class GruForwardCell {
     T* hh = a + 2 * count;
     const T* q = rec + 2 * count;
     const int64_t h = 2 * count;
-    if (lbr_) {
-      for (int64_t j = 0; j < count; ++j) hh[j] = hh[j] + wb[h + j] + r[j] * (q[j] + rb[h + j]);
-    } else {
-      for (int64_t j = 0; j < count; ++j) hh[j] = hh[j] + wb[h + j] + rb[h + j] + q[j];
-    }
+    GruCandidate(lbr_, wb + h, rb + h, r, q, hh, count);
     if (clip_) ClipInPlace(hh, count, threshold_);
     ApplyInPlace(g_, hh, count);
-    for (int64_t j = 0; j < count; ++j) row.h_out[j] = (T(1) - z[j]) * hh[j] + z[j] * row.h_prev[j];
+    GruHidden(z, hh, row.h_prev, row.h_out, count);
     if (io_.ZRH && !row.gates_in_stash) {
       for (int64_t g = 0; g < kGates; ++g) {
         std::copy_n(a + g * count, count, io_.ZRH + row.seq_row * width_ + g * H_ + units.begin);

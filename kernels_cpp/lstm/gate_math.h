@@ -85,10 +85,10 @@ struct GateActivation {
   void DerivativesFromOutputs(const T* y, T* out, int64_t n) const {
     switch (act.kind) {
       case ActivationKind::kSigmoid:
-        for (int64_t i = 0; i < n; ++i) out[i] = y[i] * (T(1) - y[i]);
+        SigmoidDerivativesFromOutputs(y, out, n);
         break;
       case ActivationKind::kTanh:
-        for (int64_t i = 0; i < n; ++i) out[i] = T(1) - y[i] * y[i];
+        TanhDerivativesFromOutputs(y, out, n);
         break;
       default:
         for (int64_t i = 0; i < n; ++i) out[i] = DerivativeFromOutput<T>(act, y[i]);

@@ -46,6 +46,7 @@
 #include "common/blas.h"
 #include "common/scratch.h"
 #include "lstm/lstm_math.h"
+#include "lstm/vector_loops.h"
 #include "recurrent/recurrent_gemm.h"
 #include "recurrent/recurrent_io.h"
 
@@ -381,13 +382,13 @@ class BackwardDriver {
       const T* grad = loop_.GradRow(t, b);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t first = g * hidden + units.begin;
-        for (int64_t j = first; j < first + count; ++j) grad_bias[j] += grad[j];
+        AddInto(grad + first, grad_bias + first, count);
       }
       if (!separate_rbias_) continue;
       const T* recurrent = cell_->RecurrentBiasRow(t, b);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t first = g * hidden + units.begin;
-        for (int64_t j = first; j < first + count; ++j) grad_rbias[j] += recurrent[j];
+        AddInto(recurrent + first, grad_rbias + first, count);
       }
     }
   }
