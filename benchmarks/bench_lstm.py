@@ -1276,6 +1276,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align_left: int
     return lines
 
 
+def core_round_trip_ns(seconds: float = 0.1) -> float | None:
+    """The round trip of a cache line between CPUs 0 and 1 in ns (median over ``seconds``), else None.
+
+    The library's OrtLstmCoreRoundTripNs (kernels_cpp/common/core_probe.cc): None with one CPU, where
+    CPUs 0 and 1 are not this process's to pin, or with a library that predates it.
+    """
+    if (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        probe = ctypes.CDLL(ortlstm.ops.library_path()).OrtLstmCoreRoundTripNs
+    except (OSError, AttributeError):
+        return None
+    probe.restype = ctypes.c_double
+    probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    value = float(probe(0, 1, seconds))
+    return value if value > 0 else None
+
+
 @dataclasses.dataclass
 class Results:
     """Everything one run measured."""
@@ -1295,6 +1313,8 @@ class Results:
     seconds: float
     other_load: dict[str, float | None]
     """Average cores used by other processes: per config name, and "run" for the whole run."""
+    core_round_trip: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
+    """Per config name: CPU 0 <-> 1 round trip (ns) before and after its rounds (core_round_trip_ns)."""
 
     def median(self, competitor: str, config: str, phase: str) -> float | None:
         """Median ms of a phase (or of the GEMM limit), None when the competitor did not run."""
@@ -1431,12 +1451,19 @@ def _ratio_lines(results: Results) -> list[str]:
             results.ratio("ortlstm", "com.microsoft", name),
             results.ratio("com.microsoft", "ortlstm", name),
         ]
-        rows.append([f"{name} {config.describe()}", *map(_number, cells), _number(results.other_load.get(name))])
+        trips = (results.core_round_trip or {}).get(name, (None, None))
+        trip = " / ".join("n/a" if ns is None else f"{ns:.0f}" for ns in trips)
+        rows.append([f"{name} {config.describe()}", *map(_number, cells), _number(results.other_load.get(name)), trip])
     header = [
         "config (T, N, I, H)", "ortlstm/torch", "fwd", "bwd", "ortlstm/limit", "fwd", "bwd",
-        "ortlstm/com.microsoft", "com.microsoft/ortlstm", "others' load (cores)",
+        "ortlstm/com.microsoft", "com.microsoft/ortlstm", "others' load (cores)", "CPU 0-1 round trip (ns)",
     ]  # fmt: skip
-    intro = "fwd+bwd unless the column says fwd or bwd; torch's fwd is its forward with grad."
+    intro = (
+        "fwd+bwd unless the column says fwd or bwd; torch's fwd is its forward with grad. The round trip of a "
+        "cache line between CPUs 0 and 1, before / after the config's rounds: where a VM's host moves its vCPUs "
+        "between nearby and distant cores it jumps (56 against ~320 ns on the 2-vCPU AMD Zen 4), and the configs "
+        "that hand data between cores every step (B1, S) slow down with it (docs/performance.md)."
+    )
     return [intro, "", *_table(header, rows)]
 
 
@@ -1654,6 +1681,7 @@ def main() -> None:
         wait_until_idle(monitor, args.wait_idle, log)
     run_mark = monitor.mark()
     other_load: dict[str, float | None] = {}
+    core_round_trip: dict[str, tuple[float | None, float | None]] = {}
     sources = gemm_sources(args.threads)  # sets torch's thread count too
     environment = environment_description(args.threads, sources)
     environment["ORT sessions"] = (
@@ -1674,6 +1702,7 @@ def main() -> None:
     for config in args.config_list:
         log(f"config {config.name} {config.describe()}")
         config_mark = monitor.mark()
+        trip_before = core_round_trip_ns()
         limit_runner = GemmLimitRunner(candidates[config.dtype])
         runners: dict[str, Runner] = {LIMIT: limit_runner}
         for competitor in args.competitor_list:
@@ -1710,6 +1739,9 @@ def main() -> None:
         log(f"    {LIMIT:14} fwd {_ms(limit['fwd']):>8} ms  bwd {_ms(limit['bwd']):>8} ms  (at {best:.0f} GFLOP/s)")
         other_load[config.name] = monitor.others_since(config_mark)
         log(f"    other processes' load: {_number(other_load[config.name])} cores")
+        core_round_trip[config.name] = (trip_before, core_round_trip_ns())
+        trip = " / ".join("n/a" if ns is None else f"{ns:.0f}" for ns in core_round_trip[config.name])
+        log(f"    CPU 0-1 round trip before / after: {trip} ns")
         del runners
         gc.collect()
 
@@ -1740,6 +1772,7 @@ def main() -> None:
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         seconds=time.perf_counter() - started,
         other_load=other_load,
+        core_round_trip=core_round_trip,
     )
     report = render_markdown(results)
     print()
@@ -1770,6 +1803,7 @@ def _json_payload(results: Results) -> dict[str, Any]:
             for (competitor, config), timing in results.timings.items()
         },
         "other_load_cores": results.other_load,
+        "core_round_trip_ns": results.core_round_trip,
         "memory_mib": {f"{competitor}/{config}": value for (competitor, config), value in results.memory.items()},
     }
 

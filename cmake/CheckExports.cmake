@@ -20,8 +20,8 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 list(SORT exported)
-set(expected OrtLstmBf16GemmBackend OrtLstmBlasBackend OrtLstmCpuHasBf16Units OrtLstmGemmBf16
-             OrtLstmRoundToBfloat16 RegisterCustomOps)
+set(expected OrtLstmBf16GemmBackend OrtLstmBlasBackend OrtLstmCoreRoundTripNs OrtLstmCpuHasBf16Units
+             OrtLstmGemmBf16 OrtLstmRoundToBfloat16 RegisterCustomOps)
 if(NOT exported STREQUAL expected)
   message(FATAL_ERROR
     "${LIBRARY} must export exactly ${expected}, but exports: '${exported}'.\n"

@@ -141,3 +141,43 @@ def test_short_names_keep_their_old_options() -> None:
     assert bench_lstm._parse_args(short_name_argv(old, "rnn,rnn_relu")).config_list == [
         bench_lstm.cell_config(bench_lstm.CONFIGS["B1"], "rnn_relu")
     ]
+
+
+def test_core_round_trip_is_measured_between_two_cpus_and_refused_otherwise() -> None:
+    """The probe behind each config's ratios row measures two CPUs and refuses anything else.
+
+    A positive figure between CPUs 0 and 1 of this (at least 2-CPU) machine; -1 from the library
+    for one CPU twice or a CPU that does not exist.
+    """
+    import ctypes
+    import os
+
+    import ortlstm.ops
+
+    probe = ctypes.CDLL(ortlstm.ops.library_path()).OrtLstmCoreRoundTripNs
+    probe.restype = ctypes.c_double
+    probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    assert probe(0, 0, 0.01) == -1.0
+    assert probe(0, 4096, 0.01) == -1.0
+    if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
+        pytest.skip("CPUs 0 and 1 are not both this process's")
+    ns = bench_lstm.core_round_trip_ns(0.02)
+    assert ns is not None and 1.0 < ns < 1e5
+
+
+def test_ratios_table_shows_each_configs_round_trip() -> None:
+    configs = [bench_lstm.CONFIGS["S"], bench_lstm.CONFIGS["B1"]]
+    fields = {f.name: None for f in dataclasses.fields(bench_lstm.Results)}
+    trips = {"S": (55.4, 324.0), "B1": (None, 56.0)}
+    results = bench_lstm.Results(
+        **{
+            **fields,
+            "configs": configs,
+            "timings": {},
+            "limit_ms": {c.name: {"fwd": 1.0, "bwd": 1.0} for c in configs},
+            "other_load": {},
+            "core_round_trip": trips,
+        }
+    )
+    rows = [line for line in bench_lstm._ratio_lines(results) if line.startswith("| S ") or line.startswith("| B1 ")]
+    assert rows[0].endswith("| 55 / 324 |") and rows[1].endswith("| n/a / 56 |")
