@@ -909,13 +909,22 @@ class Timing:
     phases: Phases = dataclasses.field(default_factory=dict)
     rounds: int = 0
     iterations_per_round: int = 0
+    round_log: list[tuple[float | None, float | None, Phases]] = dataclasses.field(default_factory=list)
+    """Per round: the CPU 0 <-> 1 round trip (ns) before and after it, and its calls."""
+    states: dict[str, Phases] = dataclasses.field(default_factory=dict)
+    """The calls of the rounds that ran wholly in one core state, "near" or "far" (tag_core_states)."""
+    state_trips: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """The round trips (ns) measured around those rounds, per state."""
 
-    def median_ms(self, phase: str) -> float | None:
-        """Median of one phase in milliseconds; ``fwd+bwd`` sums the medians of fwd and bwd."""
+    def median_ms(self, phase: str, state: str | None = None) -> float | None:
+        """Median of one phase in milliseconds; ``fwd+bwd`` sums the medians of fwd and bwd.
+
+        With ``state``, over the rounds of that core state only (None when there were none).
+        """
         if phase == "fwd+bwd":
-            forward, backward = self.median_ms("fwd"), self.median_ms("bwd")
+            forward, backward = self.median_ms("fwd", state), self.median_ms("bwd", state)
             return None if forward is None or backward is None else forward + backward
-        values = self.phases.get(phase)
+        values = (self.phases if state is None else self.states.get(state, {})).get(phase)
         return 1e3 * statistics.median(values) if values else None
 
     def best_ms(self, phase: str) -> float | None:
@@ -940,6 +949,13 @@ MIN_ROUND_SECONDS = 0.2
 SETTLE_SECONDS = 0.1
 """Pause before each competitor's round: longer than onnxruntime's and libgomp's spin-waits, so
 the threads of the competitor that ran before are asleep and do not compete for the cores."""
+ROUND_TRIP_PROBE_SECONDS = 0.002
+"""Length of the CPU 0 <-> 1 round-trip probe before and after each round (core_round_trip_ns)."""
+FAR_FACTOR = 2.0
+"""A round ran in the distant-core state when its round trips before and after both exceed this many
+times the fastest of the config's rounds, in the nearby state when neither does (tag_core_states)."""
+STATES = ("near", "far")
+"""The core states of tag_core_states, in the order the ratios table shows them."""
 ROUND_WARMUP_BELOW_SECONDS = 1.0
 """Iterations shorter than this get an untimed iteration at the start of every round: the first
 call after an idle pause runs measurably slower (tens of ms at M on a 2-vCPU VM: idle cores,
@@ -952,6 +968,7 @@ def time_config(
     min_round_seconds: float,
     max_seconds: float,
     log: Callable[[str], None],
+    round_trip: Callable[[], float | None] | None = None,
 ) -> dict[str, Timing]:
     """Interleaved rounds: each round runs every competitor once, the first one rotating.
 
@@ -959,21 +976,24 @@ def time_config(
     lasts at least ``min_round_seconds``. A competitor whose rounds would take longer than
     ``max_seconds`` in total gets fewer rounds (at least 3, or ``repeats`` if lower) and drops out
     of the later ones. Each round starts after a pause of ``SETTLE_SECONDS`` and, for iterations
-    shorter than ``ROUND_WARMUP_BELOW_SECONDS``, with one untimed iteration.
+    shorter than ``ROUND_WARMUP_BELOW_SECONDS``, with one untimed iteration. ``round_trip``
+    (default: core_round_trip_ns for ``ROUND_TRIP_PROBE_SECONDS``) is measured before and after
+    each round, and tag_core_states sorts the rounds by it.
     """
+    probe = round_trip or (lambda: core_round_trip_ns(ROUND_TRIP_PROBE_SECONDS))
     timings: dict[str, Timing] = {}
     rounds_of: dict[str, int] = {}
     round_warmup: dict[str, bool] = {}
     for name, runner in runners.items():
-        probe: Phases = {}
+        warm_up: Phases = {}
         # Warm-up: first-run allocations and planning, oneDNN primitive creation. A second,
         # representative iteration sets the round length, unless the first alone took long.
         start = time.perf_counter()
-        runner.iteration(probe)
+        runner.iteration(warm_up)
         seconds = time.perf_counter() - start
         if seconds < 1.0:
             start = time.perf_counter()
-            runner.iteration(probe)
+            runner.iteration(warm_up)
             seconds = time.perf_counter() - start
         iterations = max(1, math.ceil(min_round_seconds / max(seconds, 1e-9)))
         rounds_of[name] = min(repeats, max(3, int(max_seconds / (iterations * seconds))))
@@ -984,14 +1004,50 @@ def time_config(
 
     def run_round(name: str) -> None:
         timing = timings[name]
+        before = probe()
         if round_warmup[name]:
             runners[name].iteration({})
+        phases: Phases = {}
         for _ in range(timing.iterations_per_round):
-            runners[name].iteration(timing.phases)
+            runners[name].iteration(phases)
+        time.sleep(SETTLE_SECONDS)  # until the competitor's spinning threads sleep: the probe needs both CPUs
+        timing.round_log.append((before, probe(), phases))
+        for phase, values in phases.items():
+            timing.phases.setdefault(phase, []).extend(values)
         timing.rounds += 1
 
     run_interleaved_rounds(rounds_of, run_round)
+    tag_core_states(list(timings.values()))
     return timings
+
+
+def tag_core_states(timings: list[Timing]) -> None:
+    """Sorts each round's calls into ``Timing.states`` by the round trips before and after it.
+
+    Where a VM's host moves its vCPUs between nearby and distant cores, the configs that hand data
+    between cores every step (S, B1) run up to twice as long in the distant state
+    (docs/performance.md); these per-state medians show both states of one run side by side. The
+    bound is ``FAR_FACTOR`` times the fastest round trip of the config's rounds (all competitors):
+    "near" when both of a round's round trips are within it, "far" when both exceed it, neither when
+    the state changed during the round or the probe could not run. On cores that stay put every
+    round is "near".
+    """
+    trips = [ns for timing in timings for *pair, _ in timing.round_log for ns in pair if ns is not None]
+    if not trips:
+        return
+    bound = FAR_FACTOR * min(trips)
+    for timing in timings:
+        timing.states, timing.state_trips = {}, {}
+        for before, after, phases in timing.round_log:
+            if before is None or after is None:
+                continue
+            state = "near" if max(before, after) <= bound else "far" if min(before, after) > bound else None
+            if state is None:
+                continue
+            into = timing.states.setdefault(state, {})
+            for phase, values in phases.items():
+                into.setdefault(phase, []).extend(values)
+            timing.state_trips.setdefault(state, []).extend((before, after))
 
 
 def run_interleaved_rounds(rounds_of: dict[str, int], run_round: Callable[[str], None]) -> None:
@@ -1316,13 +1372,16 @@ class Results:
     core_round_trip: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
     """Per config name: CPU 0 <-> 1 round trip (ns) before and after its rounds (core_round_trip_ns)."""
 
-    def median(self, competitor: str, config: str, phase: str) -> float | None:
-        """Median ms of a phase (or of the GEMM limit), None when the competitor did not run."""
+    def median(self, competitor: str, config: str, phase: str, state: str | None = None) -> float | None:
+        """Median ms of a phase (or of the GEMM limit), None when the competitor did not run.
+
+        With ``state`` ("near" or "far"), over the competitor's rounds in that core state only.
+        """
         if competitor == LIMIT:
             limit = self.limit_ms[config]
             return limit["fwd"] + limit["bwd"] if phase == "fwd+bwd" else limit[phase]
         timing = self.timings.get((competitor, config))
-        return timing.median_ms(phase) if isinstance(timing, Timing) else None
+        return timing.median_ms(phase, state) if isinstance(timing, Timing) else None
 
     def reason(self, competitor: str, config: str) -> str | None:
         """Why a competitor did not run at a config, or None if it did."""
@@ -1345,9 +1404,15 @@ class Results:
             return None
         return ours / max(theirs, MEMORY_RESOLUTION_MIB)
 
-    def ratio(self, numerator: str, denominator: str, config: str, phase: str = "fwd+bwd") -> float | None:
-        """Median of ``numerator`` over median of ``denominator`` (competitor names or LIMIT)."""
-        top, bottom = self.median(numerator, config, phase), self.median(denominator, config, phase)
+    def ratio(
+        self, numerator: str, denominator: str, config: str, phase: str = "fwd+bwd", state: str | None = None
+    ) -> float | None:
+        """Median of ``numerator`` over median of ``denominator`` (competitor names or LIMIT).
+
+        With ``state``, both medians over the rounds in that core state only (tag_core_states).
+        """
+        top = self.median(numerator, config, phase, state)
+        bottom = self.median(denominator, config, phase, state)
         return None if top is None or bottom is None or bottom == 0 else top / bottom
 
 
@@ -1451,20 +1516,42 @@ def _ratio_lines(results: Results) -> list[str]:
             results.ratio("ortlstm", "com.microsoft", name),
             results.ratio("com.microsoft", "ortlstm", name),
         ]
+        by_state = " / ".join(_ratio_in_state(results, name, s) for s in STATES)
         trips = (results.core_round_trip or {}).get(name, (None, None))
         trip = " / ".join("n/a" if ns is None else f"{ns:.0f}" for ns in trips)
-        rows.append([f"{name} {config.describe()}", *map(_number, cells), _number(results.other_load.get(name)), trip])
+        rows.append([
+            f"{name} {config.describe()}", *map(_number, cells), by_state, _number(results.other_load.get(name)), trip
+        ])  # fmt: skip
     header = [
         "config (T, N, I, H)", "ortlstm/torch", "fwd", "bwd", "ortlstm/limit", "fwd", "bwd",
-        "ortlstm/com.microsoft", "com.microsoft/ortlstm", "others' load (cores)", "CPU 0-1 round trip (ns)",
+        "ortlstm/com.microsoft", "com.microsoft/ortlstm", "com.microsoft/ortlstm, near / far rounds",
+        "others' load (cores)", "CPU 0-1 round trip (ns)",
     ]  # fmt: skip
     intro = (
         "fwd+bwd unless the column says fwd or bwd; torch's fwd is its forward with grad. The round trip of a "
         "cache line between CPUs 0 and 1, before / after the config's rounds: where a VM's host moves its vCPUs "
         "between nearby and distant cores it jumps (56 against ~320 ns on the 2-vCPU AMD Zen 4), and the configs "
-        "that hand data between cores every step (B1, S) slow down with it (docs/performance.md)."
+        "that hand data between cores every step (B1, S) slow down with it (docs/performance.md). It is also "
+        "measured before and after each round: near / far rounds are those whose two round trips are both within, "
+        f"or both above, {FAR_FACTOR:g}x the config's fastest, shown with their median round trip (a config that "
+        "ran wholly in one state has near rounds only: read their round trip; n/a: no round in that state)."
     )
     return [intro, "", *_table(header, rows)]
+
+
+def _ratio_in_state(results: Results, config: str, state: str) -> str:
+    """com.microsoft/ortlstm over the rounds of one core state, with their median round trip."""
+    ratio = results.ratio("com.microsoft", "ortlstm", config, state=state)
+    if ratio is None:
+        return "n/a"
+    trips = [
+        ns
+        for competitor in ("ortlstm", "com.microsoft")
+        for timing in [results.timings.get((competitor, config))]
+        if isinstance(timing, Timing)
+        for ns in timing.state_trips.get(state, [])
+    ]
+    return f"{_number(ratio)} ({statistics.median(trips):.0f} ns)"
 
 
 def _memory_lines(results: Results) -> list[str]:
@@ -1804,6 +1891,11 @@ def _json_payload(results: Results) -> dict[str, Any]:
         },
         "other_load_cores": results.other_load,
         "core_round_trip_ns": results.core_round_trip,
+        "timings_by_core_state_s": {
+            f"{competitor}/{config}": timing.states
+            for (competitor, config), timing in results.timings.items()
+            if isinstance(timing, Timing)
+        },
         "memory_mib": {f"{competitor}/{config}": value for (competitor, config), value in results.memory.items()},
     }
 
