@@ -953,7 +953,7 @@ ROUND_TRIP_PROBE_SECONDS = 0.002
 """Length of the CPU 0 <-> 1 round-trip probe before and after each round (core_round_trip_ns)."""
 FAR_FACTOR = 2.0
 """A round ran in the distant-core state when its round trips before and after both exceed this many
-times the fastest of the config's rounds, in the nearby state when neither does (tag_core_states)."""
+times the fastest of the run's rounds, in the nearby state when neither does (tag_core_states)."""
 STATES = ("near", "far")
 """The core states of tag_core_states, in the order the ratios table shows them."""
 ROUND_WARMUP_BELOW_SECONDS = 1.0
@@ -1027,10 +1027,11 @@ def tag_core_states(timings: list[Timing]) -> None:
     Where a VM's host moves its vCPUs between nearby and distant cores, the configs that hand data
     between cores every step (S, B1) run up to twice as long in the distant state
     (docs/performance.md); these per-state medians show both states of one run side by side. The
-    bound is ``FAR_FACTOR`` times the fastest round trip of the config's rounds (all competitors):
-    "near" when both of a round's round trips are within it, "far" when both exceed it, neither when
-    the state changed during the round or the probe could not run. On cores that stay put every
-    round is "near".
+    bound is ``FAR_FACTOR`` times the fastest round trip of the given timings' rounds (time_config:
+    its config's competitors; main: the whole run's, so that a config that ran wholly in the distant
+    state is "far"): "near" when both of a round's round trips are within it, "far" when both
+    exceed it, neither when the state changed during the round or the probe could not run. On cores
+    that stay put every round is "near".
     """
     trips = [ns for timing in timings for *pair, _ in timing.round_log for ns in pair if ns is not None]
     if not trips:
@@ -1533,8 +1534,8 @@ def _ratio_lines(results: Results) -> list[str]:
         "between nearby and distant cores it jumps (56 against ~320 ns on the 2-vCPU AMD Zen 4), and the configs "
         "that hand data between cores every step (B1, S) slow down with it (docs/performance.md). It is also "
         "measured before and after each round: near / far rounds are those whose two round trips are both within, "
-        f"or both above, {FAR_FACTOR:g}x the config's fastest, shown with their median round trip (a config that "
-        "ran wholly in one state has near rounds only: read their round trip; n/a: no round in that state)."
+        f"or both above, {FAR_FACTOR:g}x the run's fastest, each with their median round trip (n/a: no round in "
+        "that state; a run that never saw the near state calls its rounds near: read the round trip)."
     )
     return [intro, "", *_table(header, rows)]
 
@@ -1831,6 +1832,9 @@ def main() -> None:
         log(f"    CPU 0-1 round trip before / after: {trip} ns")
         del runners
         gc.collect()
+
+    # Against the run's fastest round trip, so a config that ran wholly in the distant state is "far".
+    tag_core_states([timing for timing in timings.values() if isinstance(timing, Timing)])
 
     memory: dict[tuple[str, str], dict[str, float] | str] = {}
     if not args.no_memory:

@@ -246,13 +246,20 @@ def test_rounds_are_sorted_by_the_core_state_around_them(monkeypatch: pytest.Mon
     assert "| 7.00 (60 ns) / 4.00 (330 ns) |" in row
 
 
-def test_rounds_without_a_probe_have_no_state_and_cores_that_stay_put_are_near() -> None:
+def test_rounds_without_a_probe_have_no_state_and_states_are_relative_to_the_whole_run() -> None:
     timing = bench_lstm.Timing()
     timing.round_log = [(None, 60.0, {"fwd": [0.001]}), (80.0, 90.0, {"fwd": [0.003]}), (55.0, 61.0, {"fwd": [0.005]})]
     bench_lstm.tag_core_states([timing])
     assert timing.states == {"near": {"fwd": [0.003, 0.005]}}
     assert timing.state_trips == {"near": [80.0, 90.0, 55.0, 61.0]}
     assert timing.median_ms("fwd", "far") is None
+    # Tagged with the rest of the run, a config that ran wholly in the distant state is far.
+    distant = bench_lstm.Timing()
+    distant.round_log = [(320.0, 330.0, {"fwd": [0.002]}), (318.0, 325.0, {"fwd": [0.004]})]
+    bench_lstm.tag_core_states([distant])
+    assert set(distant.states) == {"near"}
+    bench_lstm.tag_core_states([timing, distant])
+    assert distant.states == {"far": {"fwd": [0.002, 0.004]}} and set(timing.states) == {"near"}
     silent = bench_lstm.Timing()
     silent.round_log = [(None, None, {"fwd": [0.001]})]
     bench_lstm.tag_core_states([silent])
